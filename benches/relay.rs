@@ -1,0 +1,195 @@
+//! Relay overhead, measured against the same agent spoken to directly.
+//!
+//! Each figure is a ratio against a baseline measured in the same run:
+//! the embedded shell agent driven directly over its stdio (baseline) and
+//! through `zcode-acp -- zcode-acp shell-agent` (bridged). Run with
+//! `bash scripts/bench`, which writes BENCHMARKS.md.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+    line: String,
+}
+
+impl Peer {
+    fn start(bridged: bool, state: &std::path::Path) -> Peer {
+        let mut cmd = Command::new(BIN);
+        if bridged {
+            cmd.args(["--max-frame-bytes", "64MiB", "--", BIN, "shell-agent"]);
+        } else {
+            cmd.arg("shell-agent");
+        }
+        let mut child = cmd
+            .env("ZCODE_SHELL_AGENT_HOME", state)
+            .env("ZCODE_ACP_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+        let mut p = Peer {
+            child,
+            stdin,
+            stdout,
+            next: 0,
+            line: String::new(),
+        };
+        p.round_trip(
+            "initialize",
+            r#"{"protocolVersion":1,"clientCapabilities":{}}"#,
+        );
+        p
+    }
+
+    /// One request and its answer (the agent answers unknown methods with
+    /// an error at once, so this measures the transport).
+    fn round_trip(&mut self, method: &str, params: &str) -> usize {
+        self.next += 1;
+        let frame = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"{method}","params":{params}}}"#,
+            self.next
+        );
+        self.stdin.write_all(frame.as_bytes()).unwrap();
+        self.stdin.write_all(b"\n").unwrap();
+        self.stdin.flush().unwrap();
+        self.line.clear();
+        self.stdout.read_line(&mut self.line).unwrap();
+        assert!(
+            self.line.contains(&format!(r#""id":{}"#, self.next)),
+            "unexpected: {:.200}",
+            self.line
+        );
+        self.line.len()
+    }
+
+    /// Peak resident memory of the process we started, in KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn agent_pid(&self) -> Option<u32> {
+        // The bridge's only child is the agent.
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.child.id()))
+                .ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn time<F: FnMut()>(mut f: F) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let state = tempfile::tempdir().unwrap();
+    // `cargo bench` passes --bench; `cargo test` runs this once, small, so
+    // a broken benchmark is noticed without paying for a real run.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (rounds, small_n, big_n) = if full { (5, 3000, 8) } else { (1, 20, 1) };
+    let big = format!(r#"{{"blob":"{}"}}"#, "b".repeat(16 << 20));
+
+    let mut rows = Vec::new();
+    let mut direct_small = Vec::new();
+    let mut bridged_small = Vec::new();
+    let mut direct_big = Vec::new();
+    let mut bridged_big = Vec::new();
+    let mut rss = (0u64, 0u64);
+    for _ in 0..rounds {
+        for bridged in [false, true] {
+            let mut p = Peer::start(bridged, state.path());
+            let small = time(|| {
+                for _ in 0..small_n {
+                    p.round_trip("_bench/ping", "{}");
+                }
+            });
+            let large = time(|| {
+                for _ in 0..big_n {
+                    p.round_trip("_bench/big", &big);
+                }
+            });
+            if bridged {
+                bridged_small.push(small);
+                bridged_big.push(large);
+                let agent_rss = p
+                    .agent_pid()
+                    .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmHWM:"))
+                            .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+                    })
+                    .unwrap_or(0);
+                rss = (p.peak_rss_kib(), agent_rss);
+            } else {
+                direct_small.push(small);
+                direct_big.push(large);
+            }
+        }
+    }
+    let per = |d: Duration, n: u32| d / n;
+    let (ds, bs) = (median(direct_small), median(bridged_small));
+    let (db, bb) = (median(direct_big), median(bridged_big));
+    rows.push(format!(
+        "| small request round trip ({small_n} sequential) | {:.1} µs | {:.1} µs | {:.2}x |",
+        per(ds, small_n).as_secs_f64() * 1e6,
+        per(bs, small_n).as_secs_f64() * 1e6,
+        bs.as_secs_f64() / ds.as_secs_f64()
+    ));
+    rows.push(format!(
+        "| 16 MiB request round trip ({big_n} sequential) | {:.1} ms | {:.1} ms | {:.2}x |",
+        per(db, big_n).as_secs_f64() * 1e3,
+        per(bb, big_n).as_secs_f64() * 1e3,
+        bb.as_secs_f64() / db.as_secs_f64()
+    ));
+    rows.push(format!(
+        "| peak RSS after the 16 MiB frames: bridge vs the agent behind it | {} KiB (agent) | {} KiB (bridge) | {:.2}x |",
+        rss.1,
+        rss.0,
+        rss.0 as f64 / rss.1.max(1) as f64
+    ));
+    println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
+    println!("|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!();
+    let build = if full {
+        "release build"
+    } else {
+        "smoke run under cargo test"
+    };
+    println!(
+        "medians of {rounds} rounds; {build}; the agent is `zcode-acp shell-agent` in both columns"
+    );
+}

@@ -1,0 +1,19 @@
+//! Backend processes: how a generation is spawned, watched and stopped.
+
+pub mod generation;
+pub mod procs;
+pub mod spawn;
+
+pub use generation::{BackendEvent, EventSender, Generation};
+pub use spawn::{RefuseUnsandboxed, SpawnContext, SpawnError, SpawnHook, Unconfined};
+
+/// Makes this process a child subreaper (Linux), so processes an old
+/// generation double-forked or `setsid`-ed away are re-parented to the
+/// bridge, where it can still find and kill them. Elsewhere the process
+/// group is the best the bridge can do.
+pub fn become_subreaper() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!("could not become a child subreaper ({e}); processes that leave the backend's process group may outlive it");
+    }
+}

@@ -1,0 +1,162 @@
+//! Finding and reaping the processes a backend generation left behind.
+//!
+//! A backend may start processes that leave its process group (`setsid`,
+//! double forks). On Linux the bridge is a child subreaper, so such orphans
+//! are re-parented to the bridge instead of init: they stay the bridge's
+//! descendants, and walking the `/proc` parent links from the bridge finds
+//! every one of them. On other systems there is no `/proc` to walk and the
+//! process group is all the bridge can reach.
+
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// One process as `/proc/PID/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    /// The state letter: `R`, `S`, `Z` (zombie), ...
+    pub state: char,
+}
+
+impl ProcInfo {
+    pub fn is_zombie(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// Parses the fields we need from a `/proc/PID/stat` line. The command name
+/// sits in parentheses and may itself contain spaces and parentheses, so
+/// the fields are read after the last `)`.
+pub fn parse_stat(line: &str) -> Option<ProcInfo> {
+    let pid = line.split_whitespace().next()?.parse().ok()?;
+    let rest = &line[line.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some(ProcInfo { pid, ppid, state })
+}
+
+/// All processes visible in `/proc`. Empty where there is no `/proc`.
+pub fn snapshot() -> Vec<ProcInfo> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let name = e.file_name();
+        let name = name.to_str()?;
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        // A process can exit between readdir and read: skip it quietly.
+        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).ok()?;
+        parse_stat(&stat)
+    })
+    .collect()
+}
+
+/// Every descendant of `root` in `procs` (children, their children, ...).
+pub fn descendants_in(procs: &[ProcInfo], root: i32) -> Vec<ProcInfo> {
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.pid != root) {
+            if !found.iter().any(|f: &ProcInfo| f.pid == p.pid) {
+                found.push(*p);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    found
+}
+
+/// Descendants of this process, right now.
+pub fn my_descendants() -> Vec<ProcInfo> {
+    descendants_in(&snapshot(), std::process::id() as i32)
+}
+
+/// Reaps zombie children of this process, except `spare` (a child whose
+/// exit status another owner, such as tokio's child handle, will collect).
+/// Returns how many were reaped.
+pub fn reap_zombie_children(spare: &[i32]) -> usize {
+    let me = std::process::id() as i32;
+    let mut reaped = 0;
+    for p in snapshot() {
+        if p.ppid == me && p.is_zombie() && !spare.contains(&p.pid) {
+            if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
+                if status.pid().is_some() {
+                    reaped += 1;
+                }
+            }
+        }
+    }
+    reaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_names() {
+        let p = parse_stat("123 (a) b (c)) S 45 123 123 0 -1").unwrap();
+        assert_eq!(
+            p,
+            ProcInfo {
+                pid: 123,
+                ppid: 45,
+                state: 'S'
+            }
+        );
+        let z = parse_stat("9 (x) Z 1 9 9").unwrap();
+        assert!(z.is_zombie());
+    }
+
+    #[test]
+    fn descendants_follow_parent_links() {
+        let procs = [
+            ProcInfo {
+                pid: 10,
+                ppid: 1,
+                state: 'S',
+            },
+            ProcInfo {
+                pid: 11,
+                ppid: 10,
+                state: 'S',
+            },
+            ProcInfo {
+                pid: 12,
+                ppid: 11,
+                state: 'S',
+            },
+            ProcInfo {
+                pid: 13,
+                ppid: 1,
+                state: 'S',
+            },
+            ProcInfo {
+                pid: 14,
+                ppid: 10,
+                state: 'Z',
+            },
+        ];
+        let mut pids: Vec<i32> = descendants_in(&procs, 10).iter().map(|p| p.pid).collect();
+        pids.sort();
+        assert_eq!(pids, vec![11, 12, 14]);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn sees_a_real_child() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let found = my_descendants().iter().any(|p| p.pid == child.id() as i32);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(found);
+    }
+}

@@ -1,0 +1,272 @@
+//! Frames from the backend, and its death.
+
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, warn};
+
+use super::editor_side::{cancel_target, rewrite_request_id};
+use super::{track, AtEditor, Bridge, CallOutcome, Mode, Origin, RestartReason};
+use crate::relay::codes;
+use crate::relay::envelope::{error_response, recover_id};
+use crate::relay::{Frame, Kind};
+
+impl Bridge {
+    pub(super) fn on_backend_bytes(&mut self, bytes: Vec<u8>) {
+        let frame = match Frame::parse(bytes) {
+            Ok(frame) => frame,
+            Err((bytes, err)) => {
+                let preview = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
+                return warn!("dropped a malformed frame from the backend ({err}): {preview}");
+            }
+        };
+        let generation = self.generation.as_ref().map(|g| g.id).unwrap_or_default();
+        match frame.kind.clone() {
+            Kind::Request { id, method } => {
+                let bid = self.alloc_id();
+                let terminal_for = (method == "terminal/create")
+                    .then(|| frame.session_id())
+                    .flatten();
+                if method == "terminal/release" {
+                    self.forget_terminal(&frame);
+                }
+                self.at_editor.insert(
+                    bid,
+                    AtEditor::Backend {
+                        generation,
+                        id: id.clone(),
+                        terminal_for,
+                    },
+                );
+                self.backend_ids.insert((generation, id), bid);
+                self.to_editor(frame.with_id(&bid.to_string()));
+            }
+            Kind::Notification { method } => match method.as_str() {
+                "session/update" => {
+                    if let Some(sid) = frame.session_id() {
+                        if self.swallow_updates.contains(&sid) {
+                            return debug!(
+                                session = sid,
+                                "swallowed a history replay update of a restored session"
+                            );
+                        }
+                    }
+                    if let Some((sid, mode)) = track::mode_change(&frame) {
+                        if let Some(s) = self.sessions.get_mut(&sid) {
+                            s.mode = Some(mode);
+                        }
+                    }
+                    self.to_editor(frame.bytes);
+                }
+                "$/cancel_request" => {
+                    let target = cancel_target(&frame)
+                        .and_then(|t| self.backend_ids.get(&(generation, t)).copied());
+                    match target.and_then(|bid| rewrite_request_id(&frame, &bid.to_string())) {
+                        Some(bytes) => self.to_editor(bytes),
+                        None => debug!("dropped a $/cancel_request from the backend for a request not in flight"),
+                    }
+                }
+                _ => self.to_editor(frame.bytes),
+            },
+            Kind::Response { id, is_error } => {
+                let entry = id
+                    .as_bridge_number()
+                    .and_then(|n| self.at_backend.remove(&n).map(|e| (n, e)));
+                let Some((bid, entry)) = entry else {
+                    return warn!(%id, "the backend answered a request that is not in flight; dropped");
+                };
+                match entry.origin {
+                    Origin::Editor {
+                        id: editor_id,
+                        track,
+                        ..
+                    } => {
+                        self.editor_ids.remove(&editor_id);
+                        if !is_error {
+                            track::apply_success(track.clone(), &frame, &mut self.sessions);
+                            match track {
+                                track::Track::Initialize { params } => {
+                                    self.caps =
+                                        track::restore_caps(frame.payload_raw().unwrap_or("null"));
+                                    self.initialize = Some(params);
+                                }
+                                track::Track::Authenticate { params } => {
+                                    self.authenticate = Some(params)
+                                }
+                                _ => {}
+                            }
+                        }
+                        self.to_editor(frame.with_id(editor_id.as_str()));
+                    }
+                    Origin::Bridge => {
+                        let outcome = if is_error {
+                            let (code, message) = error_fields(&frame);
+                            CallOutcome::Rejected { code, message }
+                        } else {
+                            CallOutcome::Ok(frame.payload_raw().unwrap_or("null").to_owned())
+                        };
+                        self.bridge_results.insert(bid, outcome);
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget_terminal(&mut self, frame: &Frame) {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Release {
+            terminal_id: String,
+        }
+        if let Ok(r) = frame.params_as::<Release>() {
+            self.terminals.retain(|t| t.id != r.terminal_id);
+        }
+    }
+
+    /// A frame too large to relay still must not leave its peer waiting.
+    pub(super) fn on_backend_too_large(&mut self, prefix: &[u8], size: usize) {
+        let limit = self.cfg.max_frame_bytes;
+        let id = recover_id(prefix);
+        error!(size, limit, id = ?id, "dropped a frame from the backend that exceeds --max-frame-bytes");
+        let Some(id) = id else { return };
+        let message = format!(
+            "zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
+        );
+        if let Some(n) = id.as_bridge_number() {
+            if let Some(entry) = self.at_backend.remove(&n) {
+                match entry.origin {
+                    Origin::Editor { id: editor_id, .. } => {
+                        self.editor_ids.remove(&editor_id);
+                        self.answer_error(&editor_id, codes::FRAME_TOO_LARGE, &message);
+                    }
+                    Origin::Bridge => {
+                        self.bridge_results.insert(
+                            n,
+                            CallOutcome::Rejected {
+                                code: codes::FRAME_TOO_LARGE,
+                                message,
+                            },
+                        );
+                    }
+                }
+                return;
+            }
+        }
+        // Otherwise it was a request of the backend's own: answer it.
+        let message = format!(
+            "zcode-acp dropped this request: it is {size} bytes, over the limit of {limit} bytes"
+        );
+        if let Some(g) = &self.generation {
+            g.send(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
+        }
+    }
+
+    /// The backend died (or closed its stdout) without being asked to.
+    pub(super) fn on_backend_lost(&mut self, status: Option<ExitStatus>) {
+        let Some(generation) = self.generation.take() else {
+            return;
+        };
+        let how = match status {
+            Some(s) => format!("{s}"),
+            None => "with an unknown status".into(),
+        };
+        if self.shutting_down {
+            tracing::info!(
+                generation = generation.id,
+                "the agent backend exited ({how})"
+            );
+            self.fail_in_flight(
+                generation.id,
+                codes::SHUTTING_DOWN,
+                "zcode-acp is shutting down",
+            );
+            self.dying.push(generation);
+            return;
+        }
+        error!(
+            generation = generation.id,
+            pid = generation.pid,
+            "the agent backend exited unexpectedly ({how})"
+        );
+        self.last_failure = Some(format!("it exited {how}"));
+        self.fail_in_flight(
+            generation.id,
+            codes::BACKEND_CRASHED,
+            &format!("the agent crashed ({how}) and is being restarted; send the request again once it is back"),
+        );
+        self.dying.push(generation);
+        if self.note_crash() {
+            self.pending_restart = Some(RestartReason {
+                text: format!("the backend crashed ({how})"),
+                crash: true,
+            });
+            if !matches!(self.mode, Mode::Failed(_)) {
+                self.mode = Mode::Restarting;
+            }
+        }
+    }
+
+    /// Records a crash. Returns false, and puts the bridge in the failed
+    /// mode, once there were too many within the window.
+    pub(super) fn note_crash(&mut self) -> bool {
+        let now = Instant::now();
+        self.crashes.push_back(now);
+        while self
+            .crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.cfg.crash_window)
+        {
+            self.crashes.pop_front();
+        }
+        if self.crashes.len() < self.cfg.crash_limit {
+            return true;
+        }
+        let message = format!(
+            "the agent failed {} times within {} s (last: {}), so zcode-acp stopped restarting it; see the agent's messages in the log, then restart the agent from your editor",
+            self.crashes.len(),
+            self.cfg.crash_window.as_secs(),
+            self.last_failure.as_deref().unwrap_or("unknown")
+        );
+        error!("{message}");
+        self.give_up(message);
+        false
+    }
+
+    pub(super) fn give_up(&mut self, message: String) {
+        for frame in std::mem::take(&mut self.queue) {
+            if let Kind::Request { id, .. } = &frame.kind {
+                self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
+            }
+        }
+        self.mode = Mode::Failed(message);
+        self.pending_restart = None;
+    }
+
+    /// How long to wait before the next start, given recent crashes.
+    pub(super) fn backoff(&self) -> Duration {
+        let now = Instant::now();
+        let recent = self
+            .crashes
+            .iter()
+            .filter(|t| now.duration_since(**t) <= self.cfg.crash_window)
+            .count();
+        match recent {
+            0 => Duration::ZERO,
+            n => Duration::from_millis(200u64 << (n - 1).min(5)),
+        }
+    }
+}
+
+fn error_fields(frame: &Frame) -> (i64, String) {
+    #[derive(serde::Deserialize)]
+    struct E {
+        #[serde(default)]
+        code: i64,
+        #[serde(default)]
+        message: String,
+    }
+    frame
+        .payload_as::<E>()
+        .map(|e| (e.code, e.message))
+        .unwrap_or((0, "unreadable error".into()))
+}

@@ -1,0 +1,273 @@
+//! Frames from the editor.
+
+use tracing::{debug, warn};
+
+use super::{track, AtBackend, AtEditor, Bridge, Mode, Origin, Terminal};
+use crate::relay::codes;
+use crate::relay::envelope::{recover_id, result_response, FrameError};
+use crate::relay::{Frame, Kind, RawId};
+
+impl Bridge {
+    pub(super) fn on_editor_bytes(&mut self, bytes: Vec<u8>) {
+        match Frame::parse(bytes) {
+            Ok(frame) => self.on_editor_frame(frame),
+            Err((bytes, err)) => self.on_malformed_editor_frame(&bytes, &err),
+        }
+    }
+
+    fn on_malformed_editor_frame(&mut self, bytes: &[u8], err: &FrameError) {
+        let id = recover_id(bytes);
+        warn!(id = ?id, "malformed frame from the editor: {err}");
+        if let Some(id) = id {
+            self.answer_error(
+                &id,
+                err.code(),
+                &format!("zcode-acp could not read this message: {err}"),
+            );
+        }
+    }
+
+    pub(super) fn on_editor_frame(&mut self, frame: Frame) {
+        if let Kind::Response { id, .. } = &frame.kind {
+            let id = id.clone();
+            return self.on_editor_response(id, frame);
+        }
+        match self.mode.clone() {
+            Mode::Failed(message) => {
+                if let Kind::Request { id, .. } = &frame.kind {
+                    self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
+                }
+            }
+            Mode::Running => self.dispatch(frame),
+            Mode::Draining if is_cancellation(&frame) => self.dispatch(frame),
+            Mode::Draining | Mode::Restarting => {
+                if frame.method() == Some("$/cancel_request") && self.cancel_queued(&frame) {
+                    return;
+                }
+                debug!(
+                    method = frame.method(),
+                    "queued an editor message until the backend restart completes"
+                );
+                self.queue.push_back(frame);
+            }
+        }
+    }
+
+    /// Sends queued editor frames on, in order, while the backend is up.
+    pub(super) fn release_queue(&mut self) {
+        while self.mode == Mode::Running {
+            let Some(frame) = self.queue.pop_front() else {
+                return;
+            };
+            self.dispatch(frame);
+        }
+    }
+
+    /// A `$/cancel_request` for a request still in the queue answers that
+    /// request right here: it never reached the backend.
+    fn cancel_queued(&mut self, frame: &Frame) -> bool {
+        let Some(target) = cancel_target(frame) else {
+            return false;
+        };
+        let Some(pos) = self
+            .queue
+            .iter()
+            .position(|f| matches!(&f.kind, Kind::Request { id, .. } if *id == target))
+        else {
+            return false;
+        };
+        self.queue.remove(pos);
+        self.answer_error(
+            &target,
+            codes::REQUEST_CANCELLED,
+            "request cancelled before it reached the agent",
+        );
+        true
+    }
+
+    fn dispatch(&mut self, frame: Frame) {
+        let Some(generation) = self.generation.as_ref().map(|g| g.id) else {
+            // No backend right now (it just died): hold the frame for the
+            // next generation.
+            self.queue.push_back(frame);
+            return;
+        };
+        match frame.kind.clone() {
+            Kind::Notification { method } => {
+                if method == "$/cancel_request" {
+                    return self.forward_editor_cancel(&frame);
+                }
+                if let Some(sid) = frame.session_id() {
+                    if let Some(reason) = self.sessions.lost_reason(&sid) {
+                        debug!(
+                            session = sid,
+                            method,
+                            "dropping a notification for a session that was not restored: {reason}"
+                        );
+                        return;
+                    }
+                }
+                self.send_to_backend(frame.bytes);
+            }
+            Kind::Request { id, method } => {
+                if let Some(sid) = frame.session_id() {
+                    if let Some(reason) = self.sessions.lost_reason(&sid).map(str::to_owned) {
+                        match method.as_str() {
+                            // These may bring it back.
+                            "session/load" | "session/resume" => {}
+                            "session/close" => {
+                                self.sessions.forget_lost(&sid);
+                                return self.to_editor(result_response(&id, "{}"));
+                            }
+                            _ => {
+                                let message = format!(
+                                    "session {sid} could not be carried over to the restarted agent: {reason}. Open a new session (or load this one again if the agent supports it)."
+                                );
+                                return self.answer_error(
+                                    &id,
+                                    codes::SESSION_NOT_RESTORED,
+                                    &message,
+                                );
+                            }
+                        }
+                    }
+                }
+                let track = track::editor_request(&method, &frame);
+                if let Some(message) = self.refused_for_sandbox(&track) {
+                    warn!(method, "{message}");
+                    return self.answer_error(&id, codes::SANDBOX_UNAVAILABLE, &message);
+                }
+                let bid = self.alloc_id();
+                if self.editor_ids.insert(id.clone(), bid).is_some() {
+                    warn!(%id, "the editor reused the id of a request still in flight");
+                }
+                self.at_backend.insert(
+                    bid,
+                    AtBackend {
+                        generation,
+                        origin: Origin::Editor { id, method, track },
+                    },
+                );
+                self.send_to_backend(frame.with_id(&bid.to_string()));
+            }
+            Kind::Response { .. } => unreachable!("responses are routed before dispatch"),
+        }
+    }
+
+    /// A session whose project turns the sandbox on cannot be opened on an
+    /// unconfined backend: the user asked for confinement and must not get
+    /// the opposite silently.
+    fn refused_for_sandbox(&self, track: &track::Track) -> Option<String> {
+        if !self.cfg.refuse_sandboxed_projects {
+            return None;
+        }
+        let session = match track {
+            track::Track::Create(s) | track::Track::Reopen(s) => s,
+            _ => return None,
+        };
+        let config = session
+            .roots()
+            .find_map(|root| crate::config::project_requests_sandbox(root))?;
+        Some(format!(
+            "{} turns the sandbox on for this project, but this version of zcode-acp cannot arm a sandbox yet, so the session was not opened; \
+             set \"enabled\": false there, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",
+            config.display()
+        ))
+    }
+
+    fn forward_editor_cancel(&mut self, frame: &Frame) {
+        let Some(target) = cancel_target(frame) else {
+            return warn!("ignoring a $/cancel_request without a readable requestId");
+        };
+        match self.editor_ids.get(&target) {
+            Some(bid) => {
+                let bid = *bid;
+                match rewrite_request_id(frame, &bid.to_string()) {
+                    Some(bytes) => self.send_to_backend(bytes),
+                    None => warn!("could not rewrite a $/cancel_request; dropped"),
+                }
+            }
+            None => {
+                if !self.cancel_queued(frame) {
+                    debug!(%target, "$/cancel_request for a request that is no longer in flight");
+                }
+            }
+        }
+    }
+
+    fn send_to_backend(&mut self, bytes: Vec<u8>) {
+        match &self.generation {
+            Some(g) if g.send(bytes) => {}
+            _ => debug!("the backend is gone; its stdin no longer takes frames"),
+        }
+    }
+
+    fn on_editor_response(&mut self, id: RawId, frame: Frame) {
+        let entry = id
+            .as_bridge_number()
+            .and_then(|n| self.at_editor.remove(&n).map(|e| (n, e)));
+        let Some((bid, entry)) = entry else {
+            return warn!(%id, "the editor answered a request that is not in flight; dropped");
+        };
+        match entry {
+            AtEditor::Bridge => debug!(bid, "the editor answered a bridge request"),
+            AtEditor::Backend {
+                generation,
+                id: backend_id,
+                terminal_for,
+            } => {
+                self.backend_ids.remove(&(generation, backend_id.clone()));
+                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                    return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
+                }
+                if let (
+                    Some(session),
+                    Kind::Response {
+                        is_error: false, ..
+                    },
+                ) = (terminal_for, &frame.kind)
+                {
+                    #[derive(serde::Deserialize)]
+                    #[serde(rename_all = "camelCase")]
+                    struct Created {
+                        terminal_id: String,
+                    }
+                    if let Ok(c) = frame.payload_as::<Created>() {
+                        self.terminals.push(Terminal {
+                            generation,
+                            session,
+                            id: c.terminal_id,
+                        });
+                    }
+                }
+                self.send_to_backend(frame.with_id(backend_id.as_str()));
+            }
+        }
+    }
+}
+
+/// Notifications that must reach a busy backend even while a restart waits
+/// for it to finish: they are how the user stops the turn being waited on.
+fn is_cancellation(frame: &Frame) -> bool {
+    matches!(frame.method(), Some("session/cancel" | "$/cancel_request"))
+}
+
+/// The `requestId` of a `$/cancel_request`.
+pub(super) fn cancel_target(frame: &Frame) -> Option<RawId> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Cancel<'a> {
+        #[serde(borrow)]
+        request_id: &'a serde_json::value::RawValue,
+    }
+    let c: Cancel<'_> = serde_json::from_str(frame.params_raw()?).ok()?;
+    Some(RawId(c.request_id.get().to_owned()))
+}
+
+/// The frame with `params.requestId` replaced by `new_id` (JSON text).
+pub(super) fn rewrite_request_id(frame: &Frame, new_id: &str) -> Option<Vec<u8>> {
+    let mut value = frame.to_value().ok()?;
+    let slot = value.get_mut("params")?.get_mut("requestId")?;
+    *slot = serde_json::from_str(new_id).ok()?;
+    serde_json::to_vec(&value).ok()
+}

@@ -1,0 +1,515 @@
+//! The bridge: owns the editor connection for its whole life while backend
+//! generations come and go beneath it.
+//!
+//! Everything happens on one task that owns all state. Frames are handled
+//! one at a time, in arrival order, so per-session ordering is kept by
+//! construction, and every "exactly one response" decision is made in one
+//! place. Readers and writers are separate tasks connected by channels;
+//! writers are unbounded so the loop never blocks on a slow peer while the
+//! other peer is waiting on it.
+
+mod backend_side;
+mod editor_side;
+mod restart;
+pub mod track;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use crate::backend::{procs, BackendEvent, Generation, SpawnHook};
+use crate::relay::codes;
+use crate::relay::envelope::{error_response, recover_id};
+use crate::relay::framing::{FrameReader, ReadItem};
+use crate::relay::{Frame, RawId};
+use crate::session::SessionTable;
+use track::{RestoreCaps, Track};
+
+/// How the bridge is run.
+#[derive(Debug, Clone)]
+pub struct BridgeConfig {
+    /// The backend command line.
+    pub backend: Vec<String>,
+    /// The largest frame accepted from either side.
+    pub max_frame_bytes: usize,
+    /// How long a backend gets between SIGTERM and SIGKILL.
+    pub stop_grace: Duration,
+    /// Stop restarting after this many crashes within `crash_window`.
+    pub crash_limit: usize,
+    pub crash_window: Duration,
+    /// Refuse sessions whose project turns the sandbox on, since this
+    /// build cannot arm one (false with --no-sandbox).
+    pub refuse_sandboxed_projects: bool,
+}
+
+/// Where the loop is in a backend's life.
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    /// Editor frames go straight to the backend.
+    Running,
+    /// A restart is waiting for in-flight requests to finish; new editor
+    /// requests are queued.
+    Draining,
+    /// The old generation is gone and the next is being set up.
+    Restarting,
+    /// The bridge gave up on the backend; requests get this message.
+    Failed(String),
+}
+
+/// A request in flight at the backend.
+#[derive(Debug)]
+struct AtBackend {
+    generation: u64,
+    origin: Origin,
+}
+
+#[derive(Debug)]
+enum Origin {
+    Editor {
+        id: RawId,
+        method: String,
+        track: Track,
+    },
+    /// The bridge's own request; its answer goes to `bridge_results`.
+    Bridge,
+}
+
+/// A request in flight at the editor.
+#[derive(Debug)]
+enum AtEditor {
+    Backend {
+        generation: u64,
+        id: RawId,
+        /// For `terminal/create`: the session the terminal belongs to.
+        terminal_for: Option<String>,
+    },
+    /// The bridge's own request, answered into the void.
+    Bridge,
+}
+
+/// The answer to a bridge-originated request.
+#[derive(Debug)]
+enum CallOutcome {
+    Ok(String),
+    Rejected {
+        code: i64,
+        message: String,
+    },
+    /// The generation died before answering.
+    Lost,
+}
+
+/// A terminal a backend generation created through the editor.
+#[derive(Debug, Clone)]
+struct Terminal {
+    generation: u64,
+    session: String,
+    id: String,
+}
+
+/// Why the loop should restart the backend.
+#[derive(Debug, Clone)]
+pub struct RestartReason {
+    pub text: String,
+    /// A crash is not waited on: there is nothing left to drain.
+    pub crash: bool,
+}
+
+enum EditorEvent {
+    Frame(Vec<u8>),
+    TooLarge { prefix: Vec<u8>, size: usize },
+    Closed,
+}
+
+enum Event {
+    Editor(EditorEvent),
+    Backend(u64, BackendEvent),
+    Terminate(&'static str),
+    Hangup,
+    Child,
+}
+
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+    chld: Signal,
+}
+
+pub struct Bridge {
+    cfg: BridgeConfig,
+    hook: Box<dyn SpawnHook>,
+    editor_out: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    editor_in: mpsc::Receiver<EditorEvent>,
+    backend_tx: crate::backend::EventSender,
+    backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
+    signals: Signals,
+
+    mode: Mode,
+    generation: Option<Generation>,
+    /// A generation that died; stopped (leftovers killed) by the restart.
+    dying: Vec<Generation>,
+    generations_started: u64,
+    next_id: u64,
+
+    queue: VecDeque<Frame>,
+    at_backend: HashMap<u64, AtBackend>,
+    editor_ids: HashMap<RawId, u64>,
+    at_editor: HashMap<u64, AtEditor>,
+    backend_ids: HashMap<(u64, RawId), u64>,
+    bridge_results: HashMap<u64, CallOutcome>,
+
+    sessions: SessionTable,
+    /// Sessions being restored with `session/load`: their replayed history
+    /// is not the editor's business.
+    swallow_updates: HashSet<String>,
+    initialize: Option<String>,
+    authenticate: Option<String>,
+    caps: RestoreCaps,
+    terminals: Vec<Terminal>,
+    crashes: VecDeque<Instant>,
+    last_failure: Option<String>,
+    pending_restart: Option<RestartReason>,
+    shutdown: Option<String>,
+    shutting_down: bool,
+}
+
+impl Bridge {
+    /// Runs the bridge on this process's stdin/stdout until the editor
+    /// leaves or a signal ends it.
+    pub async fn run(cfg: BridgeConfig, hook: Box<dyn SpawnHook>) -> anyhow::Result<()> {
+        crate::backend::become_subreaper();
+        let (editor_tx, editor_in) = mpsc::channel(64);
+        let reader_tx = editor_tx.clone();
+        let max = cfg.max_frame_bytes;
+        tokio::spawn(async move {
+            let mut reader =
+                FrameReader::new(BufReader::with_capacity(1 << 20, tokio::io::stdin()), max);
+            loop {
+                let event = match reader.next().await {
+                    Ok(ReadItem::Frame(bytes)) => EditorEvent::Frame(bytes),
+                    Ok(ReadItem::TooLarge { prefix, size }) => {
+                        EditorEvent::TooLarge { prefix, size }
+                    }
+                    Ok(ReadItem::Eof) => EditorEvent::Closed,
+                    Err(e) => {
+                        warn!("reading from the editor failed: {e}");
+                        EditorEvent::Closed
+                    }
+                };
+                let closed = matches!(event, EditorEvent::Closed);
+                if reader_tx.send(event).await.is_err() || closed {
+                    return;
+                }
+            }
+        });
+
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            let mut stdout = tokio::io::stdout();
+            while let Some(mut frame) = out_rx.recv().await {
+                frame.push(b'\n');
+                if let Err(e) = async {
+                    stdout.write_all(&frame).await?;
+                    stdout.flush().await
+                }
+                .await
+                {
+                    warn!("writing to the editor failed: {e}");
+                    let _ = editor_tx.send(EditorEvent::Closed).await;
+                    return;
+                }
+            }
+        });
+
+        let (backend_tx, backend_rx) = mpsc::unbounded_channel();
+        let signals = Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+            chld: signal(SignalKind::child())?,
+        };
+        let mut bridge = Bridge {
+            cfg,
+            hook,
+            editor_out: Some(out_tx),
+            editor_in,
+            backend_tx,
+            backend_rx,
+            signals,
+            mode: Mode::Restarting,
+            generation: None,
+            dying: Vec::new(),
+            generations_started: 0,
+            next_id: 0,
+            queue: VecDeque::new(),
+            at_backend: HashMap::new(),
+            editor_ids: HashMap::new(),
+            at_editor: HashMap::new(),
+            backend_ids: HashMap::new(),
+            bridge_results: HashMap::new(),
+            sessions: SessionTable::default(),
+            swallow_updates: HashSet::new(),
+            initialize: None,
+            authenticate: None,
+            caps: RestoreCaps::default(),
+            terminals: Vec::new(),
+            crashes: VecDeque::new(),
+            last_failure: None,
+            pending_restart: None,
+            shutdown: None,
+            shutting_down: false,
+        };
+        bridge.main_loop().await;
+        // Every queued frame reaches the editor before the process exits.
+        bridge.editor_out.take();
+        let _ = writer.await;
+        Ok(())
+    }
+
+    async fn main_loop(&mut self) {
+        // The first generation starts at once so the agent warms up while
+        // the editor is still connecting.
+        self.pending_restart = Some(RestartReason {
+            text: "start".into(),
+            crash: true,
+        });
+        loop {
+            if let Some(why) = self.shutdown.take() {
+                self.shut_down(&why).await;
+                return;
+            }
+            if let Some(reason) = self.pending_restart.take() {
+                if !matches!(self.mode, Mode::Failed(_)) {
+                    self.restart(reason).await;
+                }
+                continue;
+            }
+            for generation in std::mem::take(&mut self.dying) {
+                self.stop_generation(generation).await;
+            }
+            let event = self.next_event().await;
+            self.handle(event);
+        }
+    }
+
+    async fn next_event(&mut self) -> Event {
+        tokio::select! {
+            Some((generation, event)) = self.backend_rx.recv() => Event::Backend(generation, event),
+            event = self.editor_in.recv() => Event::Editor(event.unwrap_or(EditorEvent::Closed)),
+            _ = self.signals.term.recv() => Event::Terminate("SIGTERM"),
+            _ = self.signals.int.recv() => Event::Terminate("SIGINT"),
+            _ = self.signals.hup.recv() => Event::Hangup,
+            _ = self.signals.chld.recv() => Event::Child,
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Editor(EditorEvent::Frame(bytes)) => self.on_editor_bytes(bytes),
+            Event::Editor(EditorEvent::TooLarge { prefix, size }) => {
+                let id = recover_id(&prefix);
+                error!(size, limit = self.cfg.max_frame_bytes, id = ?id, "dropped a frame from the editor that exceeds --max-frame-bytes");
+                if let Some(id) = id {
+                    let message = format!(
+                        "zcode-acp dropped this request: the frame is {size} bytes, over the limit of {} bytes; raise it with --max-frame-bytes",
+                        self.cfg.max_frame_bytes
+                    );
+                    self.to_editor(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
+                }
+            }
+            Event::Editor(EditorEvent::Closed) => {
+                self.shutdown
+                    .get_or_insert_with(|| "the editor closed the connection".into());
+            }
+            Event::Backend(generation, event) => {
+                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                    debug!(
+                        generation,
+                        "ignoring an event from a stopped backend generation"
+                    );
+                    return;
+                }
+                match event {
+                    BackendEvent::Frame(bytes) => self.on_backend_bytes(bytes),
+                    BackendEvent::TooLarge { prefix, size } => {
+                        self.on_backend_too_large(&prefix, size)
+                    }
+                    BackendEvent::Lost { status } => self.on_backend_lost(status),
+                }
+            }
+            Event::Terminate(signal) => {
+                self.shutdown
+                    .get_or_insert_with(|| format!("received {signal}"));
+            }
+            Event::Hangup => {
+                self.request_restart("SIGHUP received (restart requested by the user)")
+            }
+            Event::Child => {
+                let spare: Vec<i32> = self
+                    .generation
+                    .iter()
+                    .chain(self.dying.iter())
+                    .map(|g| g.pid)
+                    .collect();
+                let reaped = procs::reap_zombie_children(&spare);
+                if reaped > 0 {
+                    debug!(reaped, "reaped processes a backend left behind");
+                }
+            }
+        }
+    }
+
+    /// Asks for a restart at the next quiescent point. Editor requests that
+    /// arrive from now on are queued until the new generation is ready.
+    pub fn request_restart(&mut self, reason: &str) {
+        if matches!(self.mode, Mode::Failed(_)) {
+            warn!("not restarting ({reason}): the backend has failed for good");
+            return;
+        }
+        if self.pending_restart.is_none() {
+            self.pending_restart = Some(RestartReason {
+                text: reason.to_owned(),
+                crash: false,
+            });
+        }
+        if self.mode == Mode::Running {
+            self.mode = Mode::Draining;
+        }
+    }
+
+    fn alloc_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn to_editor(&self, frame: Vec<u8>) {
+        if let Some(out) = &self.editor_out {
+            let _ = out.send(frame);
+        }
+    }
+
+    fn answer_error(&self, id: &RawId, code: i64, message: &str) {
+        self.to_editor(error_response(id, code, message, None));
+    }
+
+    /// Answers every editor request of `generation` still in flight with
+    /// one error, and fails the bridge's own calls. Requests the dead
+    /// generation sent to the editor are withdrawn with `$/cancel_request`.
+    fn fail_in_flight(&mut self, generation: u64, code: i64, message: &str) {
+        let ids: Vec<u64> = self
+            .at_backend
+            .iter()
+            .filter(|(_, r)| r.generation == generation)
+            .map(|(id, _)| *id)
+            .collect();
+        for bid in ids {
+            let Some(req) = self.at_backend.remove(&bid) else {
+                continue;
+            };
+            match req.origin {
+                Origin::Editor { id, method, .. } => {
+                    self.editor_ids.remove(&id);
+                    warn!(%id, method, "answering an in-flight request with an error: {message}");
+                    self.answer_error(&id, code, message);
+                }
+                Origin::Bridge => {
+                    self.bridge_results.insert(bid, CallOutcome::Lost);
+                }
+            }
+        }
+        let withdrawn: Vec<u64> = self
+            .at_editor
+            .iter()
+            .filter(
+                |(_, r)| matches!(r, AtEditor::Backend { generation: g, .. } if *g == generation),
+            )
+            .map(|(id, _)| *id)
+            .collect();
+        for bid in withdrawn {
+            self.to_editor(crate::relay::envelope::notification(
+                "$/cancel_request",
+                &serde_json::json!({ "requestId": bid }).to_string(),
+            ));
+        }
+    }
+
+    async fn stop_generation(&mut self, generation: Generation) {
+        let id = generation.id;
+        let survivors = generation.stop(self.cfg.stop_grace).await;
+        if survivors.is_empty() {
+            debug!(
+                generation = id,
+                "backend generation stopped; no process of it is left"
+            );
+        } else {
+            error!(
+                generation = id,
+                ?survivors,
+                "processes of a stopped backend generation could not be killed"
+            );
+        }
+        self.release_terminals(id);
+    }
+
+    /// Terminals of a stopped generation are released toward the editor:
+    /// the next generation cannot know them.
+    fn release_terminals(&mut self, generation: u64) {
+        let (gone, kept): (Vec<Terminal>, Vec<Terminal>) = std::mem::take(&mut self.terminals)
+            .into_iter()
+            .partition(|t| t.generation == generation);
+        self.terminals = kept;
+        for t in gone {
+            let bid = self.alloc_id();
+            self.at_editor.insert(bid, AtEditor::Bridge);
+            let params = serde_json::json!({ "sessionId": t.session, "terminalId": t.id });
+            info!(
+                terminal = t.id,
+                session = t.session,
+                "releasing a terminal of the stopped backend"
+            );
+            self.to_editor(crate::relay::envelope::request(
+                bid,
+                "terminal/release",
+                &params.to_string(),
+            ));
+        }
+    }
+
+    /// Ends the bridge. The backend is asked politely first (stdin closed),
+    /// and what it still answers within the grace period reaches the editor;
+    /// then its process group and every leftover descendant is killed.
+    async fn shut_down(&mut self, why: &str) {
+        info!("shutting down: {why}");
+        self.shutting_down = true;
+        self.mode = Mode::Failed("zcode-acp is shutting down".into());
+        for frame in std::mem::take(&mut self.queue) {
+            if let crate::relay::Kind::Request { id, .. } = &frame.kind {
+                self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
+            }
+        }
+        if let Some(generation) = self.generation.as_mut() {
+            generation.close_stdin();
+            let deadline = tokio::time::Instant::now() + self.cfg.stop_grace;
+            while self.generation.is_some() {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    event = self.next_event() => self.handle(event),
+                }
+            }
+        }
+        if let Some(generation) = self.generation.take() {
+            let id = generation.id;
+            self.fail_in_flight(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
+            self.stop_generation(generation).await;
+        }
+        for generation in std::mem::take(&mut self.dying) {
+            self.stop_generation(generation).await;
+        }
+    }
+}

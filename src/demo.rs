@@ -1,0 +1,215 @@
+//! `zcode-acp demo`: a scripted editor drives the bridge and the embedded
+//! shell agent in a temporary workspace, and prints what crosses the wire
+//! in a readable form.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+struct Client {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+    next_id: u64,
+}
+
+impl Client {
+    async fn send(&mut self, msg: Value) -> anyhow::Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        stdin.write_all(format!("{msg}\n").as_bytes()).await?;
+        Ok(())
+    }
+
+    /// Sends a request and prints what the agent streams until it answers.
+    async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await?;
+        loop {
+            let line = self
+                .lines
+                .next_line()
+                .await?
+                .ok_or_else(|| anyhow!("the bridge closed its stdout"))?;
+            let msg: Value =
+                serde_json::from_str(&line).context("the bridge wrote a non-JSON line")?;
+            if msg.get("method").is_none() && msg["id"] == id {
+                if let Some(e) = msg.get("error") {
+                    bail!("{method} failed: {}", e["message"]);
+                }
+                return Ok(msg["result"].clone());
+            }
+            match (msg["method"].as_str(), msg.get("id")) {
+                (Some("session/update"), None) => show_update(&msg["params"]["update"]),
+                (Some(m), Some(rid)) => {
+                    let rid = rid.clone();
+                    let result = self.answer(m, &msg["params"]).await;
+                    self.send(json!({"jsonrpc": "2.0", "id": rid, "result": result}))
+                        .await?;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What this little editor does when the agent asks it for something.
+    async fn answer(&mut self, method: &str, params: &Value) -> Value {
+        match method {
+            "fs/write_text_file" => {
+                let path = params["path"].as_str().unwrap_or_default();
+                println!("   <> the agent asks the editor to write {path}");
+                if let Err(e) = std::fs::write(path, params["content"].as_str().unwrap_or_default())
+                {
+                    println!("   <> the write failed: {e}");
+                }
+                json!({})
+            }
+            _ => json!({}),
+        }
+    }
+}
+
+fn show_update(update: &Value) {
+    match update["sessionUpdate"].as_str() {
+        Some("tool_call") => println!(
+            "   [tool] {} ({})",
+            update["title"].as_str().unwrap_or(""),
+            update["status"].as_str().unwrap_or("")
+        ),
+        Some("tool_call_update") => {
+            let code = &update["rawOutput"]["exitCode"];
+            println!(
+                "   [tool] {} (exit {code})",
+                update["status"].as_str().unwrap_or("")
+            );
+        }
+        Some("agent_message_chunk") => {
+            for line in update["content"]["text"].as_str().unwrap_or("").lines() {
+                println!("   | {line}");
+            }
+        }
+        _ => {}
+    }
+}
+
+async fn prompt(client: &mut Client, sid: &str, text: &str) -> anyhow::Result<()> {
+    println!("-> prompt: {text}");
+    let r = client
+        .call(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}),
+        )
+        .await?;
+    println!("<- {}", r["stopReason"].as_str().unwrap_or("?"));
+    Ok(())
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the zcode-acp binary")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("zcode-acp-demo-")
+        .tempdir()?;
+    let workspace = tmp.path().join("workspace");
+    std::fs::create_dir_all(&workspace)?;
+    println!("zcode-acp demo: a scripted editor talks to `zcode-acp -- zcode-acp shell-agent`");
+    println!("workspace: {}\n", workspace.display());
+
+    let mut child = Command::new(&exe)
+        .arg("--")
+        .arg(&exe)
+        .arg("shell-agent")
+        .env("ZCODE_SHELL_AGENT_HOME", tmp.path().join("agent-state"))
+        .env(
+            "ZCODE_ACP_LOG",
+            std::env::var("ZCODE_ACP_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the bridge")?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut client = Client {
+        child,
+        stdin,
+        lines: BufReader::new(stdout).lines(),
+        next_id: 0,
+    };
+
+    println!("-> initialize");
+    let init = client
+        .call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": true}}}),
+        )
+        .await?;
+    let caps = &init["agentCapabilities"];
+    println!(
+        "<- agent: {} {} (can load sessions: {}, can resume: {})",
+        init["agentInfo"]["title"].as_str().unwrap_or("?"),
+        init["agentInfo"]["version"].as_str().unwrap_or(""),
+        caps["loadSession"],
+        caps["sessionCapabilities"].get("resume").is_some()
+    );
+    println!("-> session/new in the workspace");
+    let session = client
+        .call("session/new", json!({"cwd": workspace, "mcpServers": []}))
+        .await?;
+    let sid = session["sessionId"]
+        .as_str()
+        .context("no sessionId")?
+        .to_owned();
+    println!("<- session {sid}\n");
+
+    prompt(
+        &mut client,
+        &sid,
+        "echo \"hello from the agent\" > hello.txt && cat hello.txt && echo \"agent pid: $PPID\"",
+    )
+    .await?;
+
+    println!("\n-> SIGHUP to the bridge: restart the backend, as a sandbox re-arm does");
+    let pid = client.child.id().context("the bridge already exited")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )?;
+    prompt(
+        &mut client,
+        &sid,
+        "echo \"same session, new agent pid: $PPID\"; cat hello.txt",
+    )
+    .await?;
+
+    println!();
+    prompt(
+        &mut client,
+        &sid,
+        "/write notes.txt written by the editor for the agent",
+    )
+    .await?;
+
+    println!("\n-> the editor quits (closes the bridge's stdin)");
+    client.stdin.take();
+    let status = client.child.wait().await?;
+    println!("<- bridge exited: {status}");
+    print_files(&workspace)?;
+    Ok(())
+}
+
+fn print_files(dir: &Path) -> anyhow::Result<()> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    println!("files in the workspace: {}", names.join(", "));
+    Ok(())
+}

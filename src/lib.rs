@@ -1,0 +1,13 @@
+//! zcode-acp: an ACP bridge that sits between an editor and an agent
+//! backend, relays every message both ways, and keeps the editor connection
+//! alive while backend generations are restarted (to re-arm a sandbox, or
+//! after a crash).
+
+pub mod backend;
+pub mod bridge;
+pub mod config;
+pub mod demo;
+pub mod logging;
+pub mod relay;
+pub mod session;
+pub mod shell_agent;

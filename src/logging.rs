@@ -1,0 +1,45 @@
+//! Logging: stderr (and optionally a file), never stdout.
+//!
+//! stdout carries the ACP protocol; a single stray log line there would be
+//! read by the editor as a broken frame.
+
+use std::path::Path;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, EnvFilter, Layer};
+
+/// Installs the global subscriber. The level comes from `ZCODE_ACP_LOG`,
+/// else `RUST_LOG`, else `info`.
+pub fn init(log_file: Option<&Path>) -> anyhow::Result<()> {
+    let directives = std::env::var("ZCODE_ACP_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    let filter = || EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let stderr = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .with_filter(filter());
+    let file = match log_file {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open the log file {}: {e}", path.display()))?;
+            Some(
+                fmt::layer()
+                    .with_writer(std::sync::Mutex::new(f))
+                    .with_ansi(false)
+                    .with_filter(filter()),
+            )
+        }
+        None => None,
+    };
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(file)
+        .try_init()?;
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! The `zcode-acp` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use zcode_acp::{backend, bridge, config, demo, logging, relay, shell_agent};
+
+const USAGE_HINT: &str = r#"zcode-acp needs an agent backend to run.
+
+  zcode-acp [OPTIONS] -- BACKEND [ARGS...]
+
+or set ZCODE_ACP_BACKEND, or put {"backend": ["codex-acp"]} in the user config
+file (~/.config/zcode-acp/config.json on Linux).
+
+In Zed, add this to settings.json:
+
+  "agent_servers": {
+    "Sandboxed agent": {
+      "type": "custom",
+      "command": "zcode-acp",
+      "args": ["--", "claude-agent-acp"],
+      "env": {}
+    }
+  }
+
+Try it first with the embedded agent:  zcode-acp demo
+"#;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "zcode-acp",
+    version,
+    about = "A bridge between an ACP editor and an agent backend",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Also write logs to this file (logs never go to stdout).
+    #[arg(long, global = true, value_name = "PATH")]
+    log_file: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    bridge: BridgeArgs,
+}
+
+#[derive(Args, Debug)]
+struct BridgeArgs {
+    /// Largest frame accepted from either side (e.g. 256MiB).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = relay::framing::parse_byte_size)]
+    max_frame_bytes: usize,
+
+    /// Milliseconds a backend gets between SIGTERM and SIGKILL when stopped.
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    stop_grace_ms: u64,
+
+    /// Run the agent unconfined on purpose, even where a sandbox is requested.
+    #[arg(long)]
+    no_sandbox: bool,
+
+    /// The agent backend command line.
+    #[arg(last = true, value_name = "BACKEND")]
+    backend: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the embedded shell agent (an ACP agent whose prompts are shell commands).
+    ShellAgent,
+    /// Run a scripted editor against the bridge and the shell agent, and print what happens.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(cli.log_file.as_deref()) {
+        eprintln!("zcode-acp: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("zcode-acp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // One thread: the backend's parent-death signal is tied to the thread
+    // that spawned it, and the main thread lives as long as the process.
+    let result = runtime.block_on(async {
+        match cli.command {
+            Some(Command::ShellAgent) => shell_agent::run().await.map(|_| ExitCode::SUCCESS),
+            Some(Command::Demo) => demo::run().await.map(|_| ExitCode::SUCCESS),
+            None => run_bridge(cli.bridge).await,
+        }
+    });
+    // A blocking read of stdin may still be parked in the runtime's thread
+    // pool (the editor has not closed it); do not wait for it.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("zcode-acp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
+    let Some(backend) = config::resolve_backend(&args.backend)? else {
+        eprint!("{USAGE_HINT}");
+        return Ok(ExitCode::from(2));
+    };
+    let user = config::load_user_config()?;
+    let hook: Box<dyn backend::SpawnHook> = match config::sandbox_requested_globally(&user) {
+        Some(requested_by) if !args.no_sandbox => {
+            Box::new(backend::RefuseUnsandboxed { requested_by })
+        }
+        Some(requested_by) => {
+            tracing::warn!("the sandbox is requested ({requested_by}) but --no-sandbox was given: the agent runs UNCONFINED");
+            Box::new(backend::Unconfined)
+        }
+        None => Box::new(backend::Unconfined),
+    };
+    let cfg = bridge::BridgeConfig {
+        backend,
+        max_frame_bytes: args.max_frame_bytes,
+        stop_grace: Duration::from_millis(args.stop_grace_ms),
+        crash_limit: 3,
+        crash_window: Duration::from_secs(30),
+        refuse_sandboxed_projects: !args.no_sandbox,
+    };
+    bridge::Bridge::run(cfg, hook).await?;
+    Ok(ExitCode::SUCCESS)
+}

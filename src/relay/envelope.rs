@@ -1,0 +1,475 @@
+//! The JSON-RPC envelope: just enough of a frame to route it.
+//!
+//! The relay parses `id`, `method`, and whether a frame carries `result` or
+//! `error`; everything else stays as the peer wrote it. When an id must change
+//! (id remapping), the new id is spliced into the original bytes at the exact
+//! span the old one occupied, so every other byte, unknown fields, `_meta`,
+//! key order and whitespace included, reaches the other side unchanged.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+/// A JSON-RPC id exactly as a peer wrote it (`7`, `"abc"`), as JSON text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RawId(pub String);
+
+impl RawId {
+    /// The id as a bridge-allocated number, if it is one.
+    pub fn as_bridge_number(&self) -> Option<u64> {
+        self.0.parse().ok()
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RawId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a frame is, by JSON-RPC's rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Request { id: RawId, method: String },
+    Notification { method: String },
+    Response { id: RawId, is_error: bool },
+}
+
+/// A parsed frame: the original bytes plus its envelope.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub bytes: Vec<u8>,
+    pub kind: Kind,
+    id_span: Option<Range<usize>>,
+    params_span: Option<Range<usize>>,
+    payload_span: Option<Range<usize>>,
+}
+
+/// Why a frame could not be routed.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("not valid JSON: {0}")]
+    Parse(serde_json::Error),
+    #[error("not a JSON-RPC 2.0 message: {0}")]
+    Invalid(String),
+}
+
+impl FrameError {
+    /// The JSON-RPC error code that answers this failure.
+    pub fn code(&self) -> i64 {
+        match self {
+            FrameError::Parse(_) => crate::relay::codes::PARSE_ERROR,
+            FrameError::Invalid(_) => crate::relay::codes::INVALID_REQUEST,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// A field that is present, even as `null`, is `Some`: a response whose
+/// result is `null` is still a response.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn span_of(base: &[u8], part: &RawValue) -> Range<usize> {
+    // `part` borrows from `base`, so its address lies within it.
+    let start = part.get().as_ptr() as usize - base.as_ptr() as usize;
+    start..start + part.get().len()
+}
+
+impl Frame {
+    /// Parses the envelope of one frame. Duplicate keys are rejected: a frame
+    /// whose two `id`s are read differently by the two peers could be used to
+    /// smuggle a response past the remapping.
+    pub fn parse(bytes: Vec<u8>) -> Result<Frame, (Vec<u8>, FrameError)> {
+        match parse_envelope(&bytes) {
+            Ok(parts) => Ok(Frame {
+                bytes,
+                kind: parts.kind,
+                id_span: parts.id_span,
+                params_span: parts.params_span,
+                payload_span: parts.payload_span,
+            }),
+            Err(e) => Err((bytes, e)),
+        }
+    }
+
+    pub fn method(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method),
+            Kind::Response { .. } => None,
+        }
+    }
+
+    /// The raw `params` JSON text, if any.
+    pub fn params_raw(&self) -> Option<&str> {
+        self.params_span.clone().map(|r| self.text(r))
+    }
+
+    /// The raw `result` (or `error`) JSON text of a response.
+    pub fn payload_raw(&self) -> Option<&str> {
+        self.payload_span.clone().map(|r| self.text(r))
+    }
+
+    fn text(&self, r: Range<usize>) -> &str {
+        // The whole frame parsed as JSON, which is UTF-8, and spans come from
+        // the parser's own token boundaries.
+        std::str::from_utf8(&self.bytes[r]).unwrap_or("null")
+    }
+
+    /// Reads `params` with a typed (schema) struct.
+    pub fn params_as<T: for<'de> Deserialize<'de>>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.params_raw().unwrap_or("null"))
+    }
+
+    /// Reads the response payload with a typed (schema) struct.
+    pub fn payload_as<T: for<'de> Deserialize<'de>>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.payload_raw().unwrap_or("null"))
+    }
+
+    /// The `sessionId` named in `params`, if any.
+    pub fn session_id(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct SessionRef<'a> {
+            #[serde(rename = "sessionId", borrow, default)]
+            session_id: Option<Cow<'a, str>>,
+        }
+        let raw = self.params_raw()?;
+        serde_json::from_str::<SessionRef<'_>>(raw)
+            .ok()
+            .and_then(|s| s.session_id.map(Cow::into_owned))
+    }
+
+    /// The frame's bytes with its id replaced by `new_id` (JSON text); all
+    /// other bytes are kept exactly.
+    pub fn with_id(&self, new_id: &str) -> Vec<u8> {
+        match &self.id_span {
+            Some(span) => {
+                let mut out = Vec::with_capacity(self.bytes.len() + new_id.len());
+                out.extend_from_slice(&self.bytes[..span.start]);
+                out.extend_from_slice(new_id.as_bytes());
+                out.extend_from_slice(&self.bytes[span.end..]);
+                out
+            }
+            None => self.bytes.clone(),
+        }
+    }
+
+    /// The whole frame as an editable value (key order preserved), for the
+    /// few frames whose content the bridge must change.
+    pub fn to_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_slice(&self.bytes)
+    }
+}
+
+struct Parts {
+    kind: Kind,
+    id_span: Option<Range<usize>>,
+    params_span: Option<Range<usize>>,
+    payload_span: Option<Range<usize>>,
+}
+
+fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
+    let env: Envelope<'_> = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => FrameError::Invalid(e.to_string()),
+        _ => FrameError::Parse(e),
+    })?;
+    let id_span = env.id.map(|id| span_of(bytes, id));
+    let params_span = env.params.map(|p| span_of(bytes, p));
+    let id = env.id.map(|id| RawId(id.get().to_owned()));
+    let (kind, payload_span) = match (env.method, id, env.result, env.error) {
+        (Some(method), Some(id), None, None) => (
+            Kind::Request {
+                id,
+                method: method.into_owned(),
+            },
+            None,
+        ),
+        (Some(method), None, None, None) => (
+            Kind::Notification {
+                method: method.into_owned(),
+            },
+            None,
+        ),
+        (None, Some(id), Some(result), None) => (
+            Kind::Response {
+                id,
+                is_error: false,
+            },
+            Some(span_of(bytes, result)),
+        ),
+        (None, Some(id), None, Some(error)) => (Kind::Response { id, is_error: true }, Some(span_of(bytes, error))),
+        _ => {
+            return Err(FrameError::Invalid(
+                "a message needs `method` (request or notification) or `id` with exactly one of `result` and `error`".into(),
+            ))
+        }
+    };
+    Ok(Parts {
+        kind,
+        id_span,
+        params_span,
+        payload_span,
+    })
+}
+
+/// Best-effort recovery of the top-level `id` of a frame that did not parse
+/// (or was too large to keep), so the sender can still be answered.
+///
+/// Scans only the top level of the outermost object and gives up at the
+/// first sign of a structure it does not understand: an id recovered from a
+/// nested object would answer the wrong request.
+pub fn recover_id(bytes: &[u8]) -> Option<RawId> {
+    let mut i = skip_ws(bytes, 0);
+    if bytes.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(bytes, i);
+        let (key, after_key) = scan_string(bytes, i)?;
+        i = skip_ws(bytes, after_key);
+        if bytes.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(bytes, i + 1);
+        let value_end = scan_value(bytes, i)?;
+        if key == b"\"id\"" {
+            let text = std::str::from_utf8(&bytes[i..value_end]).ok()?;
+            let valid =
+                text.starts_with('"') || text.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+            return (valid && !text.is_empty()).then(|| RawId(text.to_owned()));
+        }
+        i = skip_ws(bytes, value_end);
+        match bytes.get(i) {
+            Some(b',') => i += 1,
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Returns the string token (with quotes) and the index after it.
+fn scan_string(b: &[u8], start: usize) -> Option<(&[u8], usize)> {
+    if b.get(start) != Some(&b'"') {
+        return None;
+    }
+    let mut i = start + 1;
+    loop {
+        match *b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some((&b[start..=i], i + 1)),
+            _ => i += 1,
+        }
+    }
+}
+
+/// Returns the index just after one JSON value starting at `start`.
+fn scan_value(b: &[u8], start: usize) -> Option<usize> {
+    match *b.get(start)? {
+        b'"' => scan_string(b, start).map(|(_, end)| end),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = start;
+            loop {
+                match *b.get(i)? {
+                    b'"' => {
+                        i = scan_string(b, i)?.1;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            let mut i = start;
+            while let Some(c) = b.get(i) {
+                if matches!(c, b',' | b'}' | b' ' | b'\t' | b'\n' | b'\r') {
+                    break;
+                }
+                i += 1;
+            }
+            (i > start).then_some(i)
+        }
+    }
+}
+
+/// A JSON-RPC error response, as one line (no terminator).
+pub fn error_response(
+    id: &RawId,
+    code: i64,
+    message: &str,
+    data: Option<serde_json::Value>,
+) -> Vec<u8> {
+    let mut error = serde_json::Map::new();
+    error.insert("code".into(), code.into());
+    error.insert("message".into(), message.into());
+    if let Some(data) = data {
+        error.insert("data".into(), data);
+    }
+    let error = serde_json::Value::Object(error);
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#).into_bytes()
+}
+
+/// A request built by the bridge itself. `params` is JSON text.
+pub fn request(id: u64, method: &str, params: &str) -> Vec<u8> {
+    let method = serde_json::Value::from(method);
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":{method},"params":{params}}}"#).into_bytes()
+}
+
+/// A notification built by the bridge itself. `params` is JSON text.
+pub fn notification(method: &str, params: &str) -> Vec<u8> {
+    let method = serde_json::Value::from(method);
+    format!(r#"{{"jsonrpc":"2.0","method":{method},"params":{params}}}"#).into_bytes()
+}
+
+/// A success response built by the bridge itself. `result` is JSON text.
+pub fn result_response(id: &RawId, result: &str) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Frame {
+        Frame::parse(s.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn classifies_the_four_shapes() {
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","id":1,"method":"a"}"#).kind,
+            Kind::Request { .. }
+        ));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","method":"a"}"#).kind,
+            Kind::Notification { .. }
+        ));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","id":"x","result":null}"#).kind,
+            Kind::Response {
+                is_error: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","id":2,"error":{"code":1,"message":"m"}}"#).kind,
+            Kind::Response { is_error: true, .. }
+        ));
+    }
+
+    #[test]
+    fn rejects_what_cannot_be_routed() {
+        for bad in [
+            r#"[1,2]"#,
+            r#"{"jsonrpc":"2.0"}"#,
+            r#"{"id":1,"result":1,"error":{}}"#,
+            r#"{"id":1,"id":2,"method":"x"}"#,
+            r#""str""#,
+        ] {
+            let (_, err) = Frame::parse(bad.as_bytes().to_vec()).unwrap_err();
+            assert!(matches!(err, FrameError::Invalid(_)), "{bad}: {err}");
+        }
+        let (_, err) = Frame::parse(b"{\"id\":1,".to_vec()).unwrap_err();
+        assert!(matches!(err, FrameError::Parse(_)));
+    }
+
+    #[test]
+    fn id_splice_keeps_every_other_byte() {
+        let src = r#"{ "jsonrpc" : "2.0", "params":{"_meta":{"id":9},"z":"\u00e9"} ,"id" : "abc" , "method":"_x/y"}"#;
+        let f = parse(src);
+        assert_eq!(
+            f.kind,
+            Kind::Request {
+                id: RawId("\"abc\"".into()),
+                method: "_x/y".into()
+            }
+        );
+        let out = String::from_utf8(f.with_id("42")).unwrap();
+        assert_eq!(out, src.replace(r#""id" : "abc""#, r#""id" : 42"#));
+        assert_eq!(
+            f.params_raw().unwrap(),
+            r#"{"_meta":{"id":9},"z":"\u00e9"}"#
+        );
+    }
+
+    #[test]
+    fn session_id_is_read_from_params() {
+        let f =
+            parse(r#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s-1"}}"#);
+        assert_eq!(f.session_id().as_deref(), Some("s-1"));
+        let f = parse(r#"{"jsonrpc":"2.0","method":"x","params":[1]}"#);
+        assert_eq!(f.session_id(), None);
+    }
+
+    #[test]
+    fn recovers_top_level_ids_only() {
+        assert_eq!(
+            recover_id(br#"{"jsonrpc":"2.0","id":7,"method":"x","params":{"#),
+            Some(RawId("7".into()))
+        );
+        assert_eq!(
+            recover_id(br#"{"params":{"id":5},"id":"q\"r","#),
+            Some(RawId(r#""q\"r""#.into()))
+        );
+        assert_eq!(recover_id(br#"{"params":{"id":5}"#), None);
+        assert_eq!(recover_id(br#"{"method":"x""#), None);
+        assert_eq!(recover_id(b"garbage"), None);
+        assert_eq!(recover_id(br#"{"id":{"nested":1}}"#), None);
+    }
+
+    #[test]
+    fn builders_produce_parseable_frames() {
+        let e = error_response(&RawId("\"a\"".into()), -32700, "bad \"frame\"", None);
+        assert!(matches!(
+            Frame::parse(e).unwrap().kind,
+            Kind::Response { is_error: true, .. }
+        ));
+        let r = request(3, "session/load", r#"{"sessionId":"s"}"#);
+        assert_eq!(
+            parse(std::str::from_utf8(&r).unwrap())
+                .session_id()
+                .as_deref(),
+            Some("s")
+        );
+        let n = notification("terminal/release", "{}");
+        assert!(matches!(
+            Frame::parse(n).unwrap().kind,
+            Kind::Notification { .. }
+        ));
+    }
+}

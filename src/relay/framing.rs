@@ -1,0 +1,186 @@
+//! Newline-delimited frame reading with an upper bound.
+//!
+//! ACP frames are single lines of JSON. A frame can legitimately be tens of
+//! megabytes (file contents, images), so the reader grows its buffer as
+//! needed, but never past `max_frame_bytes`: past that it keeps a short prefix
+//! (enough to recover a request id for an error answer), discards the rest of
+//! the line, and reports the oversize frame instead of buffering without end.
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+/// How many leading bytes of an oversize frame are kept for id recovery.
+const OVERSIZE_PREFIX: usize = 64 * 1024;
+
+/// One item read from a newline-delimited stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadItem {
+    /// A complete frame, without its line terminator (`\n` or `\r\n`).
+    Frame(Vec<u8>),
+    /// A frame longer than the configured bound; it was discarded.
+    TooLarge {
+        /// The first bytes of the frame, for id recovery.
+        prefix: Vec<u8>,
+        /// How many bytes the frame had in total.
+        size: usize,
+    },
+    /// The stream ended.
+    Eof,
+}
+
+/// Reads frames from an async buffered reader.
+pub struct FrameReader<R> {
+    inner: R,
+    max_frame_bytes: usize,
+}
+
+impl<R: AsyncBufRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R, max_frame_bytes: usize) -> Self {
+        Self {
+            inner,
+            max_frame_bytes,
+        }
+    }
+
+    /// Reads the next non-empty frame. Blank lines are skipped: some peers
+    /// send them as keep-alives, and they carry nothing to route.
+    pub async fn next(&mut self) -> std::io::Result<ReadItem> {
+        loop {
+            match self.next_line().await? {
+                ReadItem::Frame(line) if line.iter().all(u8::is_ascii_whitespace) => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    async fn next_line(&mut self) -> std::io::Result<ReadItem> {
+        let mut line: Vec<u8> = Vec::new();
+        let mut size = 0usize;
+        let mut oversize = false;
+        loop {
+            let available = self.inner.fill_buf().await?;
+            if available.is_empty() {
+                // EOF. A final frame without a trailing newline still counts.
+                return Ok(if size == 0 {
+                    ReadItem::Eof
+                } else {
+                    finish(line, size, oversize)
+                });
+            }
+            let (chunk, consumed, complete) = match memchr::memchr(b'\n', available) {
+                Some(i) => (&available[..i], i + 1, true),
+                None => (available, available.len(), false),
+            };
+            size += chunk.len();
+            if !oversize && size > self.max_frame_bytes {
+                oversize = true;
+                line.truncate(OVERSIZE_PREFIX);
+            }
+            if oversize {
+                let room = OVERSIZE_PREFIX.saturating_sub(line.len());
+                line.extend_from_slice(&chunk[..room.min(chunk.len())]);
+            } else {
+                line.extend_from_slice(chunk);
+            }
+            self.inner.consume(consumed);
+            if complete {
+                return Ok(finish(line, size, oversize));
+            }
+        }
+    }
+}
+
+fn finish(mut line: Vec<u8>, size: usize, oversize: bool) -> ReadItem {
+    if oversize {
+        return ReadItem::TooLarge { prefix: line, size };
+    }
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    ReadItem::Frame(line)
+}
+
+/// Parses a byte size such as `16777216`, `64K`, `16MiB` or `1G`.
+pub fn parse_byte_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; write it like 16777216, 64K or 16MiB"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit `{other}`; use K, M or G")),
+    };
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("`{text}` is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::BufReader;
+
+    async fn read_all(input: &[u8], max: usize, cap: usize) -> Vec<ReadItem> {
+        let mut r = FrameReader::new(BufReader::with_capacity(cap, input), max);
+        let mut out = Vec::new();
+        loop {
+            let item = r.next().await.unwrap();
+            let eof = item == ReadItem::Eof;
+            out.push(item);
+            if eof {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn splits_lines_and_strips_crlf() {
+        let items = read_all(b"{\"a\":1}\r\n\n  \n{\"b\":2}", 1024, 3).await;
+        assert_eq!(
+            items,
+            vec![
+                ReadItem::Frame(b"{\"a\":1}".to_vec()),
+                ReadItem::Frame(b"{\"b\":2}".to_vec()),
+                ReadItem::Eof
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn oversize_frame_is_reported_and_the_next_one_survives() {
+        let mut input = vec![b'x'; 100];
+        input.push(b'\n');
+        input.extend_from_slice(b"ok\n");
+        let items = read_all(&input, 50, 7).await;
+        match &items[0] {
+            ReadItem::TooLarge { prefix, size } => {
+                assert_eq!(*size, 100);
+                assert_eq!(prefix.len(), 100.min(OVERSIZE_PREFIX));
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert_eq!(items[1], ReadItem::Frame(b"ok".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn frame_exactly_at_the_bound_passes() {
+        let mut input = vec![b'y'; 64];
+        input.push(b'\n');
+        let items = read_all(&input, 64, 5).await;
+        assert_eq!(items[0], ReadItem::Frame(vec![b'y'; 64]));
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_byte_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_byte_size("123").unwrap(), 123);
+        assert!(parse_byte_size("0").is_err());
+        assert!(parse_byte_size("12Q").is_err());
+        assert!(parse_byte_size("lots").is_err());
+    }
+}

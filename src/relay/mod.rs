@@ -1,0 +1,7 @@
+//! Framing, the JSON-RPC envelope, and the bridge's error codes.
+
+pub mod codes;
+pub mod envelope;
+pub mod framing;
+
+pub use envelope::{Frame, Kind, RawId};

@@ -1,0 +1,374 @@
+//! A scripted editor for integration tests: drives the real `zcode-acp`
+//! binary over pipes and records every frame it writes.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
+
+/// Generous: CI machines are small and share their cores.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn fake_agent() -> Vec<String> {
+    vec![
+        "python3".into(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py").into(),
+    ]
+}
+
+pub fn shell_agent() -> Vec<String> {
+    vec![BIN.into(), "shell-agent".into()]
+}
+
+/// One line the bridge wrote to stdout, raw and parsed.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub raw: String,
+    pub value: Value,
+}
+
+pub struct Editor {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    rx: mpsc::Receiver<Option<Line>>,
+    /// Every frame received so far, in order.
+    pub seen: Vec<Line>,
+    /// Frames up to here were looked at for auto-answering.
+    cursor: usize,
+    /// Frames already returned by `wait_for`.
+    taken: std::collections::HashSet<usize>,
+    next_id: u64,
+    pub home: tempfile::TempDir,
+}
+
+pub struct Options {
+    pub backend: Vec<String>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Options {
+    pub fn new(backend: Vec<String>) -> Self {
+        Options {
+            backend,
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn arg(mut self, a: &str) -> Self {
+        self.args.push(a.into());
+        self
+    }
+}
+
+impl Editor {
+    pub fn start(backend: Vec<String>) -> Editor {
+        Self::start_with(Options::new(backend))
+    }
+
+    pub fn start_with(opts: Options) -> Editor {
+        let home = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(&opts.args)
+            .arg("--")
+            .args(&opts.backend)
+            .env("ZCODE_SHELL_AGENT_HOME", home.path().join("shell-agent"))
+            .env("FAKE_AGENT_DIR", home.path())
+            .env("ZCODE_ACP_LOG", "debug")
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start zcode-acp");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::with_capacity(1 << 20, stdout);
+            loop {
+                let mut raw = String::new();
+                match reader.read_line(&mut raw) {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.send(None);
+                        return;
+                    }
+                    Ok(_) => {
+                        let raw = raw.trim_end_matches('\n').to_owned();
+                        let value = serde_json::from_str(&raw).unwrap_or_else(|e| {
+                            panic!("the bridge wrote a non-JSON line to stdout ({e}): {raw:.200}")
+                        });
+                        if tx.send(Some(Line { raw, value })).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Editor {
+            child,
+            stdin,
+            rx,
+            seen: Vec::new(),
+            cursor: 0,
+            taken: Default::default(),
+            next_id: 1000,
+            home,
+        }
+    }
+
+    pub fn home(&self) -> &Path {
+        self.home.path()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn send_raw(&mut self, raw: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(raw.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    pub fn send(&mut self, v: &Value) {
+        self.send_raw(&v.to_string());
+    }
+
+    /// Sends a request and returns its id.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    pub fn notify(&mut self, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    /// Pulls one more frame; None on EOF or timeout.
+    fn pull(&mut self, deadline: Instant) -> Option<Line> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.rx.recv_timeout(left) {
+            Ok(Some(line)) => {
+                self.seen.push(line.clone());
+                Some(line)
+            }
+            _ => None,
+        }
+    }
+
+    /// Waits for a frame matching `pred` that has not been returned before
+    /// (looking at everything received so far, in order), answering
+    /// requests from the bridge meanwhile.
+    pub fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Line {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            while self.cursor < self.seen.len() {
+                let v = self.seen[self.cursor].value.clone();
+                self.cursor += 1;
+                self.auto_answer(&v);
+            }
+            if let Some(i) =
+                (0..self.seen.len()).find(|i| !self.taken.contains(i) && pred(&self.seen[*i].value))
+            {
+                self.taken.insert(i);
+                return self.seen[i].clone();
+            }
+            if self.pull(deadline).is_none() {
+                panic!(
+                    "timed out waiting for {what}; last seen: {:#?}",
+                    self.seen
+                        .iter()
+                        .rev()
+                        .take(10)
+                        .map(|l| &l.raw)
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    /// The response to request `id`.
+    pub fn response(&mut self, id: &Value) -> Value {
+        let id = id.clone();
+        self.wait_for(&format!("the response to {id}"), move |v| {
+            v.get("id") == Some(&id) && v.get("method").is_none()
+        })
+        .value
+    }
+
+    /// Sends a request and waits for its successful result.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.request(method, params);
+        let r = self.response(&id);
+        match r.get("result") {
+            Some(result) => result.clone(),
+            None => panic!("{method} failed: {r}"),
+        }
+    }
+
+    /// Collects frames for `d` (answering bridge requests meanwhile).
+    pub fn drain_for(&mut self, d: Duration) {
+        let deadline = Instant::now() + d;
+        while self.pull(deadline).is_some() {}
+        while self.cursor < self.seen.len() {
+            let v = self.seen[self.cursor].value.clone();
+            self.cursor += 1;
+            self.auto_answer(&v);
+        }
+    }
+
+    /// What an editor does with requests from the agent, minimally.
+    fn auto_answer(&mut self, v: &Value) {
+        let (Some(method), Some(id)) = (v.get("method").and_then(Value::as_str), v.get("id"))
+        else {
+            return;
+        };
+        let id = id.clone();
+        let result = match method {
+            "fs/write_text_file" => {
+                let p = &v["params"];
+                std::fs::write(p["path"].as_str().unwrap(), p["content"].as_str().unwrap())
+                    .unwrap();
+                json!({})
+            }
+            "terminal/release" => json!({}),
+            _ => return,
+        };
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
+    pub fn initialize(&mut self) -> Value {
+        self.call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": true}}),
+        )
+    }
+
+    pub fn new_session(&mut self, cwd: &Path) -> String {
+        let r = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+        r["sessionId"].as_str().unwrap().to_owned()
+    }
+
+    pub fn prompt_request(&mut self, sid: &str, text: &str) -> Value {
+        self.request(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}),
+        )
+    }
+
+    /// Runs a prompt and returns (response, text of the agent's chunks).
+    pub fn prompt(&mut self, sid: &str, text: &str) -> (Value, String) {
+        let start = self.seen.len();
+        let id = self.prompt_request(sid, text);
+        let r = self.response(&id);
+        (r, self.agent_text_since(start, sid))
+    }
+
+    pub fn agent_text_since(&self, start: usize, sid: &str) -> String {
+        self.seen[start..]
+            .iter()
+            .filter(|l| {
+                l.value["method"] == "session/update" && l.value["params"]["sessionId"] == sid
+            })
+            .filter(|l| l.value["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+            .map(|l| {
+                l.value["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    /// Frames received that answer request `id` (to check "exactly one").
+    pub fn responses_to(&self, id: &Value) -> usize {
+        self.seen
+            .iter()
+            .filter(|l| l.value.get("id") == Some(id) && l.value.get("method").is_none())
+            .count()
+    }
+
+    /// Waits for the bridge to exit; returns its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("zcode-acp did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Editor {
+    fn drop(&mut self) {
+        self.stdin.take();
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A fresh workspace directory.
+pub fn workspace(editor: &Editor, name: &str) -> PathBuf {
+    let p = editor.home().join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+pub fn alive(pid: i32) -> bool {
+    // Zombies count as gone: they run nothing.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            !matches!(state, Some("Z" | "X"))
+        }
+        Err(_) => false,
+    }
+}
+
+pub fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !f() {
+        if Instant::now() > deadline {
+            panic!("timed out waiting until {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn sighup(pid: i32) {
+    // SAFETY: kill(2) with a pid this test started.
+    unsafe {
+        libc::kill(pid, libc::SIGHUP);
+    }
+}

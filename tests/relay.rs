@@ -1,0 +1,413 @@
+//! The relay, driven through the real binary against a scripted backend.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn read_log(editor: &Editor, name: &str) -> Vec<String> {
+    std::fs::read_to_string(editor.home().join(name))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// SIGHUPs the bridge and waits until the new generation got its replayed
+/// initialize: from then on, editor requests wait for the restore.
+fn restart(ed: &Editor) {
+    let count = || {
+        read_log(ed, "received.log")
+            .iter()
+            .filter(|l| l.contains("\"initialize\""))
+            .count()
+    };
+    let before = count();
+    sighup(ed.pid());
+    wait_until("the restarted backend is initialized", || count() > before);
+}
+
+fn error_code(r: &Value) -> i64 {
+    r["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("expected an error, got {r}"))
+}
+
+#[test]
+fn unknown_methods_fields_and_meta_arrive_byte_identical() {
+    let mut ed = Editor::start(fake_agent());
+    let init_id = ed.request(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}, "_meta": {"editor": "x"}}),
+    );
+    let init = ed.response(&init_id);
+    // The legacy `models` field and `_meta` of the agent's answer survive.
+    assert_eq!(init["result"]["models"]["legacy"], true);
+
+    // A request with odd spacing, a string id, unknown fields and _meta.
+    let sent = r#"{ "jsonrpc":"2.0", "id" : "str-1", "method":"_test/echo", "params":{"a":1,"_meta":{"trace":"t"},"unknownField":[true,null,"\u00e9"]} }"#;
+    ed.send_raw(sent);
+    let reply = ed.wait_for("the echo", |v| v["id"] == "str-1").raw;
+
+    // What the backend got is what the editor sent, but for the id.
+    let got = read_log(&ed, "received.log")
+        .into_iter()
+        .find(|l| l.contains("_test/echo"))
+        .unwrap();
+    let bridge_id = serde_json::from_str::<Value>(&got).unwrap()["id"].clone();
+    assert!(
+        bridge_id.is_u64(),
+        "the bridge remaps editor ids to its own: {got}"
+    );
+    assert_eq!(got, sent.replace(r#""str-1""#, &bridge_id.to_string()));
+
+    // What the editor got is what the backend wrote, but for the id.
+    let wrote = read_log(&ed, "sent.log")
+        .into_iter()
+        .find(|l| l.contains("\"echo\""))
+        .unwrap();
+    assert_eq!(
+        reply,
+        wrote.replacen(&format!(r#""id" : {bridge_id}"#), r#""id" : "str-1""#, 1)
+    );
+    assert!(
+        reply.contains(r#""_meta": {"k": "\u00e9"}"#) && reply.contains("2.50"),
+        "{reply}"
+    );
+
+    // Notifications pass untouched both ways.
+    let note =
+        r#"{"jsonrpc":"2.0","method":"_test/notify","params":{"x":  [1, 2.0],"_meta":{"m":1}}}"#;
+    ed.send_raw(note);
+    let back = ed
+        .wait_for("the notified echo", |v| v["method"] == "_test/notified")
+        .raw;
+    assert!(read_log(&ed, "received.log").iter().any(|l| l == note));
+    let wrote = read_log(&ed, "sent.log")
+        .into_iter()
+        .find(|l| l.contains("_test/notified"))
+        .unwrap();
+    assert_eq!(back, wrote);
+}
+
+#[test]
+fn backend_requests_get_collision_free_ids_across_restarts() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+    ed.initialize();
+    let mut question_ids = Vec::new();
+    for round in 0..2 {
+        let ask = ed.request("_test/ask", json!({}));
+        let q = ed
+            .wait_for("the backend's question", |v| {
+                v["method"] == "_test/question"
+            })
+            .value;
+        question_ids.push(q["id"].clone());
+        ed.send(&json!({"jsonrpc": "2.0", "id": q["id"], "result": {"answer": round}}));
+        let r = ed.response(&ask);
+        assert_eq!(r["result"]["editorSaid"]["answer"], round, "{r}");
+        if round == 0 {
+            restart(&ed);
+        }
+    }
+    // Each backend generation numbers its requests from the start, but the
+    // editor never sees the same id twice.
+    assert_ne!(question_ids[0], question_ids[1]);
+    // The replayed initialize was answered to the bridge, not the editor.
+    let inits = ed
+        .seen
+        .iter()
+        .filter(|l| l.value["result"]["protocolVersion"] == 1)
+        .count();
+    assert_eq!(inits, 1);
+}
+
+#[test]
+fn frames_of_sixteen_mib_and_more_pass_both_ways() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let size = 17 * 1024 * 1024;
+    let pad = "p".repeat(size);
+    let id = ed.request("_test/big", json!({"size": size, "pad": pad}));
+    let r = ed.response(&id);
+    assert_eq!(r["result"]["blob"].as_str().unwrap().len(), size);
+    let got = read_log(&ed, "received.log")
+        .into_iter()
+        .find(|l| l.contains("_test/big"))
+        .unwrap();
+    assert!(got.len() > size);
+}
+
+#[test]
+fn oversize_frames_are_refused_with_a_clear_error() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .arg("--max-frame-bytes")
+            .arg("1MiB"),
+    );
+    ed.initialize();
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":77,"method":"_test/echo","params":{{"pad":"{}"}}}}"#,
+        "q".repeat(2 << 20)
+    ));
+    let r = ed.response(&json!(77));
+    assert_eq!(error_code(&r), -32094);
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-frame-bytes"));
+
+    // A too-large answer from the backend still answers the editor once.
+    let id = ed.request("_test/big", json!({"size": 2 << 20}));
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32094, "{r}");
+
+    let ok = ed.call("_test/echo", json!({"small": true}));
+    assert_eq!(ok["echo"]["small"], true);
+}
+
+#[test]
+fn malformed_frames_from_either_side_leave_the_relay_running() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    ed.send_raw(r#"{"jsonrpc":"2.0","id":5,"method":"session/new","params":{"#);
+    let r = ed.response(&json!(5));
+    assert_eq!(error_code(&r), -32700);
+    ed.send_raw(r#"{"jsonrpc":"2.0","id":6}"#);
+    let r = ed.response(&json!(6));
+    assert_eq!(error_code(&r), -32600);
+    ed.send_raw("complete garbage");
+    ed.send_raw("[1,2,3]");
+
+    let r = ed.call("_test/garbage", json!({}));
+    assert_eq!(r["ok"], true);
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let (r, text) = ed.prompt(&sid, "malformed");
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    assert_eq!(text, "after garbage");
+}
+
+#[test]
+fn a_crash_mid_turn_answers_once_and_the_session_survives() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let (_, pid_before) = ed.prompt(&sid, "pid");
+    let id = ed.prompt_request(&sid, "crash");
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32090);
+    assert!(r["error"]["message"].as_str().unwrap().contains("crashed"));
+
+    let (r, pid_after) = ed.prompt(&sid, "pid");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert_ne!(pid_before, pid_after, "a new backend generation answers");
+    ed.drain_for(Duration::from_millis(200));
+    assert_eq!(ed.responses_to(&id), 1);
+    let restores = std::fs::read_to_string(ed.home().join("restores.log")).unwrap();
+    assert!(restores.contains(&format!("session/resume {sid}")));
+}
+
+#[test]
+fn load_restores_without_showing_replayed_history() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_LOAD", "1"));
+    ed.initialize();
+    let sids: Vec<String> = (0..3)
+        .map(|i| ed.new_session(&workspace(&ed, &format!("w{i}"))))
+        .collect();
+    restart(&ed);
+    for sid in &sids {
+        let (r, _) = ed.prompt(sid, "notify 2");
+        assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    }
+    let restores = std::fs::read_to_string(ed.home().join("restores.log")).unwrap();
+    for sid in &sids {
+        assert!(
+            restores.contains(&format!("session/load {sid}")),
+            "{restores}"
+        );
+    }
+    assert!(!ed.seen.iter().any(|l| l.raw.contains("REPLAYED HISTORY")));
+}
+
+#[test]
+fn a_session_that_cannot_be_restored_says_why_and_others_go_on() {
+    for (env, why) in [
+        (None, "neither session/resume nor session/load"),
+        (Some("FAKE_REFUSE_RESTORE"), "refused"),
+    ] {
+        let mut opts =
+            Options::new(fake_agent()).env("FAKE_LOAD", if env.is_some() { "1" } else { "0" });
+        if let Some(k) = env {
+            opts = opts.env(k, "1");
+        }
+        let mut ed = Editor::start_with(opts);
+        ed.initialize();
+        let sid = ed.new_session(&workspace(&ed, "w"));
+        restart(&ed);
+        let id = ed.prompt_request(&sid, "notify 1");
+        let r = ed.response(&id);
+        assert_eq!(error_code(&r), -32092, "{r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(why) && msg.contains(&sid), "{msg}");
+        // A new session works.
+        let other = ed.new_session(&workspace(&ed, "w2"));
+        let (r, _) = ed.prompt(&other, "notify 1");
+        assert_eq!(r["result"]["stopReason"], "end_turn");
+    }
+}
+
+#[test]
+fn repeated_crashes_stop_the_restarts_but_not_the_connection() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_EXIT_AT_START", "1"));
+    // A request may reach a generation just before it dies (-32090); once
+    // the bridge gives up, every request gets -32091 with the reason.
+    let mut gave_up = None;
+    for _ in 0..20 {
+        let id = ed.request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        );
+        let r = ed.response(&id);
+        match error_code(&r) {
+            -32090 => std::thread::sleep(Duration::from_millis(100)),
+            -32091 => {
+                gave_up = Some(r);
+                break;
+            }
+            other => panic!("unexpected code {other}: {r}"),
+        }
+    }
+    let r = gave_up.expect("the bridge gives up after repeated crashes");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("stopped restarting") && msg.contains("exit status: 3"),
+        "{msg}"
+    );
+    let id = ed.request("session/new", json!({"cwd": "/", "mcpServers": []}));
+    assert_eq!(error_code(&ed.response(&id)), -32091);
+    assert!(
+        ed.child.try_wait().unwrap().is_none(),
+        "the bridge keeps the editor connection"
+    );
+    ed.close_stdin();
+    assert_eq!(ed.wait_exit(), Some(0));
+}
+
+#[test]
+fn a_missing_backend_is_reported_to_the_editor() {
+    let mut ed = Editor::start(vec!["/nonexistent/agent-binary".into()]);
+    let id = ed.request(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32091);
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/agent-binary"),
+        "{r}"
+    );
+}
+
+#[test]
+fn no_backend_prints_the_zed_setup_and_exits_2() {
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .env_remove("ZCODE_ACP_BACKEND")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing but ACP on stdout");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent_servers") && err.contains("\"type\": \"custom\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_backend_can_come_from_the_environment_or_the_user_config() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = home.path().join("zcode-acp");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(
+        cfg.join("config.json"),
+        format!(r#"{{"backend": ["{BIN}", "shell-agent"]}}"#),
+    )
+    .unwrap();
+    for env in [Some(format!("{BIN} shell-agent")), None] {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path())
+            .env("ZCODE_SHELL_AGENT_HOME", home.path().join("sa"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        match &env {
+            Some(v) => cmd.env("ZCODE_ACP_BACKEND", v),
+            None => cmd.env_remove("ZCODE_ACP_BACKEND"),
+        };
+        let mut child = cmd.spawn().unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("zcode-acp-shell-agent"), "{env:?}: {text}");
+        assert_eq!(out.status.code(), Some(0));
+    }
+}
+
+#[test]
+fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfined() {
+    // Globally requested: the agent is never started.
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("ZCODE_ACP_SANDBOX", "1"));
+    let id = ed.request(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32091);
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("ZCODE_ACP_SANDBOX=1") && msg.contains("--no-sandbox"),
+        "{msg}"
+    );
+    assert!(
+        !ed.home().join("received.log").exists(),
+        "the agent never ran"
+    );
+
+    // Requested by the project: its sessions are refused, others open.
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let ws = workspace(&ed, "armed");
+    std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+    std::fs::write(ws.join(".zcode/acp/sandbox.json"), r#"{"enabled": true}"#).unwrap();
+    let id = ed.request("session/new", json!({"cwd": ws, "mcpServers": []}));
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32095, "{r}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("sandbox.json"));
+    ed.new_session(&workspace(&ed, "plain"));
+
+    // --no-sandbox runs it unconfined on purpose.
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("ZCODE_ACP_SANDBOX", "1")
+            .arg("--no-sandbox"),
+    );
+    ed.initialize();
+    ed.new_session(&ws);
+}
