@@ -411,3 +411,131 @@ fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfine
     ed.initialize();
     ed.new_session(&ws);
 }
+
+#[test]
+fn terminals_of_a_stopped_backend_are_released_toward_the_editor() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let id = ed.prompt_request(&sid, "terminal");
+    let create = ed
+        .wait_for("terminal/create", |v| v["method"] == "terminal/create")
+        .value;
+    ed.send(&json!({"jsonrpc": "2.0", "id": create["id"], "result": {"terminalId": "term-7"}}));
+    assert_eq!(ed.response(&id)["result"]["stopReason"], "end_turn");
+    restart(&ed);
+    let release = ed
+        .wait_for("terminal/release", |v| v["method"] == "terminal/release")
+        .value;
+    assert_eq!(
+        release["params"],
+        json!({"sessionId": sid, "terminalId": "term-7"})
+    );
+    assert!(release["id"].is_u64(), "a request of the bridge's own");
+}
+
+#[test]
+fn cancel_requests_are_rewritten_both_ways() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let ask = ed.request("_test/ask", json!({}));
+    let question = ed
+        .wait_for("the question", |v| v["method"] == "_test/question")
+        .value;
+    let backend_id = read_log(&ed, "received.log")
+        .iter()
+        .find(|l| l.contains("_test/ask"))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].clone())
+        .unwrap();
+
+    // Editor -> agent: the id the editor names becomes the id the agent knows.
+    ed.notify("$/cancel_request", json!({"requestId": ask}));
+    wait_until("the agent got the cancel", || {
+        std::fs::read_to_string(ed.home().join("restores.log"))
+            .unwrap_or_default()
+            .contains(&format!("cancel {backend_id}"))
+    });
+    // Agent -> editor: the agent's own id becomes the one the editor saw.
+    ed.notify("_test/withdraw", json!({}));
+    let cancel = ed
+        .wait_for("the withdrawal", |v| v["method"] == "$/cancel_request")
+        .value;
+    assert_eq!(cancel["params"]["requestId"], question["id"]);
+    ed.send(&json!({"jsonrpc": "2.0", "id": question["id"], "result": {}}));
+    ed.response(&ask);
+}
+
+#[test]
+fn authenticate_is_replayed_only_when_the_editor_called_it() {
+    for call_it in [false, true] {
+        let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+        ed.initialize();
+        if call_it {
+            ed.call("authenticate", json!({"methodId": "token"}));
+        }
+        let sid = ed.new_session(&workspace(&ed, "w"));
+        restart(&ed);
+        ed.prompt(&sid, "notify 1");
+        let log = std::fs::read_to_string(ed.home().join("restores.log")).unwrap();
+        let auths = log
+            .lines()
+            .filter(|l| l.starts_with("authenticate"))
+            .count();
+        assert_eq!(auths, if call_it { 2 } else { 0 }, "{log}");
+    }
+}
+
+#[test]
+fn a_session_that_needs_a_new_login_is_not_logged_in_by_the_bridge() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_RESUME", "1")
+            .env("FAKE_AUTH_REQUIRED", "1"),
+    );
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    restart(&ed);
+    let id = ed.prompt_request(&sid, "notify 1");
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32092);
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("log in again"),
+        "{r}"
+    );
+    let log = std::fs::read_to_string(ed.home().join("restores.log")).unwrap();
+    assert!(
+        !log.contains("authenticate"),
+        "the bridge never logs in on its own"
+    );
+    // Closing the lost session is answered without troubling the agent.
+    assert_eq!(
+        ed.call("session/close", json!({"sessionId": sid})),
+        json!({})
+    );
+}
+
+#[test]
+fn logs_go_to_stderr_and_the_log_file_never_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("bridge.log");
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .arg("--log-file")
+            .arg(log.to_str().unwrap()),
+    );
+    ed.initialize();
+    restart(&ed);
+    ed.close_stdin();
+    assert_eq!(ed.wait_exit(), Some(0));
+    // Every stdout line parsed as JSON (the reader panics otherwise) and
+    // is a JSON-RPC message.
+    assert!(ed.seen.iter().all(|l| l.value["jsonrpc"] == "2.0"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("agent backend started") && text.contains("restarting the agent backend"),
+        "{text}"
+    );
+}

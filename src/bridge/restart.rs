@@ -104,7 +104,8 @@ impl Bridge {
             }
             self.mode = Mode::Restarting;
         }
-        self.pending_restart = None;
+        // A restart asked for while this one was setting up (after the
+        // command was prepared) stays pending: the main loop runs it next.
         self.mode = Mode::Running;
         self.release_queue();
     }
