@@ -5,9 +5,12 @@
 
 pub mod backend;
 pub mod bridge;
+pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod logging;
+pub mod policy;
 pub mod relay;
+pub mod seatbelt;
 pub mod session;
 pub mod shell_agent;

@@ -73,6 +73,8 @@ enum Command {
     ShellAgent,
     /// Run a scripted editor against the bridge and the shell agent, and print what happens.
     Demo,
+    /// Print the sandbox profile for workspaces, or the decision for one path.
+    Profile(zcode_acp::commands::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +99,9 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::ShellAgent) => shell_agent::run().await.map(|_| ExitCode::SUCCESS),
             Some(Command::Demo) => demo::run().await.map(|_| ExitCode::SUCCESS),
+            Some(Command::Profile(args)) => {
+                zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
+            }
             None => run_bridge(cli.bridge).await,
         }
     });
@@ -136,6 +141,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         crash_limit: 3,
         crash_window: Duration::from_secs(30),
         refuse_sandboxed_projects: !args.no_sandbox,
+        managed: config::managed::ManagedRoot::user_default()?,
     };
     bridge::Bridge::run(cfg, hook).await?;
     Ok(ExitCode::SUCCESS)

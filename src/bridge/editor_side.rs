@@ -165,9 +165,13 @@ impl Bridge {
             track::Track::Create(s) | track::Track::Reopen(s) => s,
             _ => return None,
         };
-        let config = session
-            .roots()
-            .find_map(|root| crate::config::project_requests_sandbox(root))?;
+        let config = session.roots().find_map(|root| {
+            let real = crate::policy::resolve_real(root).ok()?;
+            let project = crate::config::project::load(&real, false, &self.cfg.managed);
+            project
+                .armed
+                .then(|| crate::config::project::config_path(&real))
+        })?;
         Some(format!(
             "{} turns the sandbox on for this project, but this version of zcode-acp cannot arm a sandbox yet, so the session was not opened; \
              set \"enabled\": false there, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",

@@ -44,6 +44,8 @@ pub struct BridgeConfig {
     /// Refuse sessions whose project turns the sandbox on, since this
     /// build cannot arm one (false with --no-sandbox).
     pub refuse_sandboxed_projects: bool,
+    /// `~/.zcode-acp`: the approval ledger lives there.
+    pub managed: crate::config::managed::ManagedRoot,
 }
 
 /// Where the loop is in a backend's life.

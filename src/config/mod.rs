@@ -4,6 +4,11 @@
 //! sandbox switch, extra state paths) join this file later; unknown keys are
 //! ignored so an older bridge still reads a newer file.
 
+pub mod atomic;
+pub mod ledger;
+pub mod managed;
+pub mod project;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -22,10 +27,15 @@ pub struct UserConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SandboxSettings {
     /// The global switch: arm the sandbox for every workspace.
     #[serde(default)]
     pub enabled: bool,
+    /// State directories of backends the built-in profiles do not know
+    /// (`~/...` allowed). Never the whole home directory.
+    #[serde(default)]
+    pub state_paths: Vec<PathBuf>,
 }
 
 /// Whether the user asked for the sandbox globally: `ZCODE_ACP_SANDBOX=1`
@@ -42,32 +52,6 @@ pub fn sandbox_requested_globally(user: &UserConfig) -> Option<String> {
     user.sandbox
         .enabled
         .then(|| "\"sandbox\": {\"enabled\": true} in the user config".to_owned())
-}
-
-/// The project's sandbox config file inside a workspace root.
-pub fn project_config_path(root: &std::path::Path) -> PathBuf {
-    root.join(".zcode").join("acp").join("sandbox.json")
-}
-
-/// Whether a project turns the sandbox on. A file that cannot be read as a
-/// JSON object with a boolean `enabled` counts as on: a half-saved edit of
-/// a user who opted in must not silently disarm.
-pub fn project_requests_sandbox(root: &std::path::Path) -> Option<PathBuf> {
-    let path = project_config_path(root);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(_) => return Some(path),
-    };
-    let enabled = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(serde_json::Value::Object(map)) => match map.get("enabled") {
-            None => false,
-            Some(serde_json::Value::Bool(b)) => *b,
-            Some(_) => true,
-        },
-        _ => true,
-    };
-    enabled.then_some(path)
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,26 +122,6 @@ mod tests {
         let c: UserConfig =
             serde_json::from_str(r#"{"backend":["codex-acp","-c","x y"]}"#).unwrap();
         assert_eq!(c.backend.unwrap().argv(), vec!["codex-acp", "-c", "x y"]);
-    }
-
-    #[test]
-    fn a_project_switch_that_cannot_be_read_counts_as_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        assert_eq!(project_requests_sandbox(root), None);
-        let path = project_config_path(root);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        for (text, on) in [
-            (r#"{"enabled": false}"#, false),
-            (r#"{"allow": []}"#, false),
-            (r#"{"enabled": true}"#, true),
-            (r#"{"enabled": "no"}"#, true),
-            (r#"{"enabled": fal"#, true),
-            ("[]", true),
-        ] {
-            std::fs::write(&path, text).unwrap();
-            assert_eq!(project_requests_sandbox(root).is_some(), on, "{text}");
-        }
     }
 
     #[test]

@@ -1,0 +1,3 @@
+//! Subcommands that inspect or change the sandbox from a terminal.
+
+pub mod profile;

@@ -1,0 +1,149 @@
+//! File writes that can neither be redirected nor half-done: the bridge
+//! writes sandbox.json and the ledger on the user's behalf, next to paths an
+//! agent may have been able to touch.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Reads a regular file without following a symlink at its last component.
+pub fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Writes `bytes` to `path` atomically: a fresh temp file in the same
+/// directory (created exclusively, so a planted file or symlink makes it
+/// fail), fsynced, renamed over the target (rename replaces a symlink
+/// rather than following it), then the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("no parent directory"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no file name"))?
+        .to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Creates `dir` and its missing parents as real directories, refusing to
+/// go through a symlink anywhere below `base`.
+pub fn create_real_dirs(
+    base: &Path,
+    rel: &[&str],
+    mode: u32,
+) -> std::io::Result<std::path::PathBuf> {
+    let mut cur = base.to_path_buf();
+    for part in rel {
+        cur.push(part);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(std::io::Error::other(format!(
+                    "{} is a symlink",
+                    cur.display()
+                )))
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a directory",
+                    cur.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                match std::fs::DirBuilder::new().mode(mode).create(&cur) {
+                    Ok(()) => {}
+                    // Someone else created it meanwhile: fine if it is a
+                    // real directory.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let m = std::fs::symlink_metadata(&cur)?;
+                        if m.file_type().is_symlink() || !m.is_dir() {
+                            return Err(std::io::Error::other(format!(
+                                "{} is not a real directory",
+                                cur.display()
+                            )));
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(cur)
+}
+
+/// Whether `path` is a regular file with one link (not a symlink, not
+/// hardlinked elsewhere). `Ok(None)` when it does not exist.
+pub fn plain_file(path: &Path) -> std::io::Result<Option<bool>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m.file_type().is_file() && m.nlink() == 1)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_writes_replace_symlinks_instead_of_following_them() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let target = d.path().join("config.json");
+        std::os::unix::fs::symlink(&victim, &target).unwrap();
+        write_atomic(&target, b"new", 0o644).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
+        assert!(!std::fs::symlink_metadata(&target)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // No temp file is left behind.
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn nofollow_reads_refuse_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a"), "x").unwrap();
+        std::os::unix::fs::symlink(d.path().join("a"), d.path().join("b")).unwrap();
+        assert!(read_nofollow(&d.path().join("a")).is_ok());
+        assert!(read_nofollow(&d.path().join("b")).is_err());
+    }
+
+    #[test]
+    fn real_dirs_are_created_but_never_through_a_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let made = create_real_dirs(d.path(), &[".zcode", "acp"], 0o755).unwrap();
+        assert!(made.is_dir());
+        let e = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(d.path(), e.path().join(".zcode")).unwrap();
+        assert!(create_real_dirs(e.path(), &[".zcode", "acp"], 0o755).is_err());
+    }
+}

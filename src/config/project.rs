@@ -1,0 +1,659 @@
+//! A project's `.zcode/acp/sandbox.json`, with the rules that make it the
+//! users' security contract:
+//!
+//! - first touch creates the template with `enabled: false`: the file's
+//!   presence is never the switch, only `enabled` is;
+//! - malformed JSON, a non-object, or a field of the wrong type counts as
+//!   `enabled: true` with no allow entries, and the file is not rewritten
+//!   (corruption fails closed; a half-saved edit is never clobbered);
+//! - a symlinked or hardlinked file: armed, persistence disabled;
+//! - a file that was armed and then becomes unreadable or disappears stays
+//!   armed (only the sandboxed agent could have done that);
+//! - what differs from the approval ledger in the permissive direction
+//!   (new allow entries, `enabled: false`, `strictGit: false`) is ignored
+//!   until the user approves it.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::atomic::{create_real_dirs, plain_file, read_nofollow, write_atomic};
+use super::ledger::{Approved, Ledger};
+use super::managed::{project_key, ManagedRoot};
+use crate::policy::build::ProjectRules;
+use crate::policy::resolve_real;
+
+pub const CONFIG_DIR: [&str; 2] = [".zcode", "acp"];
+pub const CONFIG_FILE: &str = "sandbox.json";
+
+pub fn config_path(root: &Path) -> PathBuf {
+    root.join(CONFIG_DIR[0])
+        .join(CONFIG_DIR[1])
+        .join(CONFIG_FILE)
+}
+
+/// The file's fields as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProjectConfig {
+    pub enabled: bool,
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    pub strict_git: bool,
+}
+
+/// How the file was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileState {
+    Ok,
+    /// The template was just created.
+    Created,
+    /// Missing and could not be created (e.g. a read-only workspace).
+    Missing,
+    /// Unparseable or of the wrong shape: armed, entries ignored.
+    Malformed(String),
+    /// Symlinked, hardlinked or behind a symlinked directory: armed.
+    Untrusted(String),
+    /// Armed earlier in this bridge, now gone or unreadable: still armed.
+    LostAfterArm(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectRead {
+    pub config: ProjectConfig,
+    pub state: FileState,
+    /// Whether the bridge may write this file (append_allow/deny).
+    pub persist: bool,
+}
+
+fn armed_without_entries(state: FileState) -> ProjectRead {
+    ProjectRead {
+        config: ProjectConfig {
+            enabled: true,
+            ..ProjectConfig::default()
+        },
+        state,
+        persist: false,
+    }
+}
+
+/// Parses the file's bytes; `Err` says what is wrong with them.
+pub fn parse(bytes: &[u8]) -> Result<ProjectConfig, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    let obj = value.as_object().ok_or("not a JSON object")?;
+    let flag = |key: &str| match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(format!("`{key}` must be true or false")),
+    };
+    let list = |key: &str| match obj.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_owned)
+                    .ok_or(format!("`{key}` must be a list of paths"))
+            })
+            .collect(),
+        Some(_) => Err(format!("`{key}` must be a list of paths")),
+    };
+    Ok(ProjectConfig {
+        enabled: flag("enabled")?,
+        allow: list("allow")?,
+        deny: list("deny")?,
+        strict_git: flag("strictGit")?,
+    })
+}
+
+fn template() -> Vec<u8> {
+    let t = json!({"enabled": false, "allow": [], "deny": [], "strictGit": false});
+    let mut bytes = serde_json::to_vec_pretty(&t).expect("static JSON");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// Where the config directory chain goes through a symlink, if it does.
+fn symlinked_dir(root: &Path) -> Option<PathBuf> {
+    let mut cur = root.to_path_buf();
+    for part in CONFIG_DIR {
+        cur.push(part);
+        if std::fs::symlink_metadata(&cur).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(cur);
+        }
+    }
+    None
+}
+
+/// Reads a project's sandbox.json (creating the template on first touch).
+/// `was_armed`: this bridge armed the project before.
+pub fn read(root: &Path, was_armed: bool) -> ProjectRead {
+    read_with(root, was_armed, true)
+}
+
+/// Like [`read`]; `create_template` false leaves a missing file missing
+/// (for commands that only look).
+pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> ProjectRead {
+    let path = config_path(root);
+    if let Some(link) = symlinked_dir(root) {
+        return armed_without_entries(FileState::Untrusted(format!(
+            "{} is a symlink",
+            link.display()
+        )));
+    }
+    match plain_file(&path) {
+        Ok(None) => {
+            if was_armed {
+                return armed_without_entries(FileState::LostAfterArm(format!(
+                    "{} disappeared",
+                    path.display()
+                )));
+            }
+            if !create_template {
+                return ProjectRead {
+                    config: ProjectConfig::default(),
+                    state: FileState::Missing,
+                    persist: false,
+                };
+            }
+            let created = create_real_dirs(root, &CONFIG_DIR, 0o755)
+                .and_then(|dir| write_new(&dir.join(CONFIG_FILE), &template()));
+            ProjectRead {
+                config: ProjectConfig::default(),
+                state: if created.is_ok() {
+                    FileState::Created
+                } else {
+                    FileState::Missing
+                },
+                persist: created.is_ok(),
+            }
+        }
+        Ok(Some(false)) => {
+            // Symlinked, hardlinked, or not a regular file.
+            let mut read = armed_without_entries(FileState::Untrusted(format!(
+                "{} is a symlink, has other hard links, or is not a regular file",
+                path.display()
+            )));
+            // Its deny entries still count: they only take rights away.
+            if let Ok(c) = std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| parse(&b))
+            {
+                read.config.deny = c.deny;
+            }
+            read
+        }
+        Ok(Some(true)) => match read_nofollow(&path) {
+            Ok(bytes) => match parse(&bytes) {
+                Ok(config) => ProjectRead {
+                    config,
+                    state: FileState::Ok,
+                    persist: true,
+                },
+                Err(why) => armed_without_entries(FileState::Malformed(why)),
+            },
+            Err(e) if was_armed => {
+                armed_without_entries(FileState::LostAfterArm(format!("{}: {e}", path.display())))
+            }
+            Err(e) => armed_without_entries(FileState::Malformed(format!("unreadable: {e}"))),
+        },
+        Err(e) if was_armed => {
+            armed_without_entries(FileState::LostAfterArm(format!("{}: {e}", path.display())))
+        }
+        Err(e) => armed_without_entries(FileState::Malformed(format!("unreadable: {e}"))),
+    }
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// What the bridge acts on: the file, minus what the user has not approved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    pub armed: bool,
+    pub rules: ProjectRules,
+    /// Each permissive difference from the ledger that was ignored, in
+    /// words for the log and `doctor`.
+    pub ignored: Vec<String>,
+    /// The ledger after recording what needs no approval (the restrictive
+    /// direction); the caller saves it if it changed.
+    pub ledger: Approved,
+    pub persist: bool,
+    pub state: FileState,
+}
+
+/// Applies the ledger to what was read.
+pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
+    let mut ledger = approved.clone();
+    let mut ignored = Vec::new();
+    let config = &read.config;
+
+    let mut armed = config.enabled;
+    if config.enabled {
+        ledger.enabled = Some(true);
+    } else if approved.enabled == Some(true) {
+        armed = true;
+        ignored.push("`enabled: false` was not approved: the sandbox stays on".to_owned());
+    }
+    let mut strict_git = config.strict_git;
+    if config.strict_git {
+        ledger.strict_git = Some(true);
+    } else if approved.strict_git == Some(true) {
+        strict_git = true;
+        ignored.push("`strictGit: false` was not approved: .git stays protected".to_owned());
+    }
+    // Entries removed from the file leave the ledger: adding them back
+    // needs a new approval.
+    ledger.allow.retain(|a| config.allow.contains(a));
+
+    let mut allow = Vec::new();
+    for entry in &config.allow {
+        if !approved.allow.contains(entry) {
+            ignored.push(format!("allow entry `{entry}` was not approved"));
+            continue;
+        }
+        match absolute_real(entry) {
+            Ok(p) => allow.push(p),
+            Err(why) => ignored.push(format!("allow entry `{entry}`: {why}")),
+        }
+    }
+    let mut deny = Vec::new();
+    for entry in &config.deny {
+        match absolute_real(entry) {
+            Ok(p) => deny.push(p),
+            Err(why) => ignored.push(format!("deny entry `{entry}`: {why}")),
+        }
+    }
+    Effective {
+        armed,
+        rules: ProjectRules {
+            allow,
+            deny,
+            strict_git,
+        },
+        ignored,
+        ledger,
+        persist: read.persist,
+        state: read.state.clone(),
+    }
+}
+
+fn absolute_real(entry: &str) -> Result<PathBuf, String> {
+    let p = Path::new(entry);
+    if !p.is_absolute() {
+        return Err("not an absolute path".into());
+    }
+    resolve_real(p).map_err(|e| e.to_string())
+}
+
+/// Reads, applies the ledger and records what needs no approval.
+pub fn load(root: &Path, was_armed: bool, managed: &ManagedRoot) -> Effective {
+    let read = read(root, was_armed);
+    let ledger = Ledger::new(managed.clone());
+    let approved = ledger.load(root);
+    let eff = effective(&read, &approved);
+    if eff.ledger != approved {
+        if let Err(e) = ledger.save(&eff.ledger) {
+            tracing::warn!(root = %root.display(), "could not update the approval ledger: {e}");
+        }
+    }
+    for why in &eff.ignored {
+        tracing::warn!(root = %root.display(), "sandbox.json: {why}; approve it with `zcode-acp allow` or in the editor's prompt");
+    }
+    eff
+}
+
+/// Reads and applies the ledger without writing anything (no template, no
+/// ledger update): for `profile` and `doctor`.
+pub fn inspect(root: &Path, managed: &ManagedRoot) -> Effective {
+    let read = read_with(root, false, false);
+    effective(&read, &Ledger::new(managed.clone()).load(root))
+}
+
+/// Which list an entry goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    Allow,
+    Deny,
+}
+
+impl List {
+    fn key(self) -> &'static str {
+        match self {
+            List::Allow => "allow",
+            List::Deny => "deny",
+        }
+    }
+}
+
+/// Adds `entry` to a project's allow (or deny) list, on the user's behalf:
+/// the whole file round-trips (unknown keys kept), entries are deduped by
+/// exact string, the ledger is updated in the same step, the write is
+/// atomic and never goes through a symlink, and an advisory lock keeps two
+/// bridges on one project from losing each other's entries. Returns false
+/// when persistence is impossible; the caller then keeps the grant for
+/// this bridge's lifetime only.
+pub fn append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> bool {
+    match try_append(root, list, entry, managed) {
+        Ok(()) => true,
+        Err(why) => {
+            tracing::warn!(root = %root.display(), "could not record `{entry}` in sandbox.json ({why}); it holds for this session only");
+            false
+        }
+    }
+}
+
+pub fn append_allow(root: &Path, entry: &str, managed: &ManagedRoot) -> bool {
+    append(root, List::Allow, entry, managed)
+}
+
+pub fn append_deny(root: &Path, entry: &str, managed: &ManagedRoot) -> bool {
+    append(root, List::Deny, entry, managed)
+}
+
+fn lock_project(
+    root: &Path,
+    managed: &ManagedRoot,
+) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    let locks = managed.locks_dir().map_err(|e| e.to_string())?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(locks.join(format!("{}.lock", project_key(root))))
+        .map_err(|e| e.to_string())?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e.to_string())
+}
+
+fn try_append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> Result<(), String> {
+    let _lock = lock_project(root, managed)?;
+    if let Some(link) = symlinked_dir(root) {
+        return Err(format!("{} is a symlink", link.display()));
+    }
+    let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).map_err(|e| e.to_string())?;
+    let path = dir.join(CONFIG_FILE);
+    let mut value: Value = match plain_file(&path).map_err(|e| e.to_string())? {
+        None => serde_json::from_slice(&template()).expect("static JSON"),
+        Some(false) => return Err("sandbox.json is a symlink or has other hard links".into()),
+        Some(true) => {
+            let bytes = read_nofollow(&path).map_err(|e| e.to_string())?;
+            // A file we cannot read correctly is never rewritten.
+            parse(&bytes).map_err(|why| {
+                format!("sandbox.json is malformed ({why}); fix it by hand first")
+            })?;
+            serde_json::from_slice(&bytes).map_err(|e| e.to_string())?
+        }
+    };
+    let obj = value.as_object_mut().ok_or("not an object")?;
+    let items = obj
+        .entry(list.key())
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if items.is_null() {
+        *items = Value::Array(Vec::new());
+    }
+    let items = items.as_array_mut().ok_or("list is not an array")?;
+    if !items.iter().any(|i| i.as_str() == Some(entry)) {
+        items.push(Value::from(entry));
+    }
+    let mut bytes = serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+
+    let ledger = Ledger::new(managed.clone());
+    let mut approved = ledger.load(root);
+    if list == List::Allow && !approved.allow.iter().any(|a| a == entry) {
+        approved.allow.push(entry.to_owned());
+    }
+    // Ledger first: a crash between the two writes leaves an approved entry
+    // the file does not have yet (harmless), never the reverse.
+    ledger.save(&approved).map_err(|e| e.to_string())?;
+    write_atomic(&path, &bytes, 0o644).map_err(|e| e.to_string())
+}
+
+/// Approves the file as it is now (the user confirmed a hand edit, or ran
+/// `zcode-acp allow` outside the sandbox).
+pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), String> {
+    let _lock = lock_project(root, managed)?;
+    let read = read(root, false);
+    if read.state != FileState::Ok && read.state != FileState::Created {
+        return Err(format!(
+            "sandbox.json cannot be approved as it is: {:?}",
+            read.state
+        ));
+    }
+    let approved = Approved {
+        root: root.to_path_buf(),
+        enabled: Some(read.config.enabled),
+        strict_git: Some(read.config.strict_git),
+        allow: read.config.allow.clone(),
+    };
+    Ledger::new(managed.clone())
+        .save(&approved)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixture {
+        _dirs: (tempfile::TempDir, tempfile::TempDir),
+        root: PathBuf,
+        managed: ManagedRoot,
+    }
+
+    fn fixture() -> Fixture {
+        let ws = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(ws.path()).unwrap();
+        let managed = ManagedRoot::for_home(home.path());
+        Fixture {
+            _dirs: (ws, home),
+            root,
+            managed,
+        }
+    }
+
+    fn write(root: &Path, text: &str) {
+        let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).unwrap();
+        std::fs::write(dir.join(CONFIG_FILE), text).unwrap();
+    }
+
+    fn file(root: &Path) -> String {
+        std::fs::read_to_string(config_path(root)).unwrap()
+    }
+
+    #[test]
+    fn first_touch_creates_a_disarmed_template() {
+        let f = fixture();
+        let r = read(&f.root, false);
+        assert_eq!(r.state, FileState::Created);
+        assert!(!r.config.enabled);
+        assert_eq!(
+            parse(file(&f.root).as_bytes()).unwrap(),
+            ProjectConfig::default()
+        );
+        // Presence is not the switch.
+        assert_eq!(read(&f.root, false).state, FileState::Ok);
+        assert!(!load(&f.root, false, &f.managed).armed);
+    }
+
+    #[test]
+    fn malformed_non_object_and_wrong_types_fail_closed_without_a_rewrite() {
+        let f = fixture();
+        for text in [
+            r#"{"enabled": false, "allow": ["/x"]"#,
+            r#"["enabled", false]"#,
+            r#"{"enabled": "false"}"#,
+            r#"{"enabled": false, "allow": "/x"}"#,
+            r#"{"enabled": false, "deny": [1]}"#,
+        ] {
+            write(&f.root, text);
+            let r = read(&f.root, false);
+            assert!(
+                matches!(r.state, FileState::Malformed(_)),
+                "{text}: {:?}",
+                r.state
+            );
+            assert!(
+                r.config.enabled && r.config.allow.is_empty() && !r.persist,
+                "{text}"
+            );
+            assert!(!append_allow(&f.root, "/y", &f.managed), "{text}");
+            assert_eq!(file(&f.root), text, "the user's bytes are untouched");
+        }
+    }
+
+    #[test]
+    fn symlinked_and_hardlinked_configs_are_armed_and_not_persisted() {
+        let f = fixture();
+        let elsewhere = f.root.join("elsewhere.json");
+        std::fs::write(&elsewhere, r#"{"enabled": false}"#).unwrap();
+        create_real_dirs(&f.root, &CONFIG_DIR, 0o755).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, config_path(&f.root)).unwrap();
+        let r = read(&f.root, false);
+        assert!(r.config.enabled && !r.persist && matches!(r.state, FileState::Untrusted(_)));
+        assert!(!append_allow(&f.root, "/y", &f.managed));
+        assert_eq!(
+            std::fs::read_to_string(&elsewhere).unwrap(),
+            r#"{"enabled": false}"#
+        );
+
+        std::fs::remove_file(config_path(&f.root)).unwrap();
+        std::fs::hard_link(&elsewhere, config_path(&f.root)).unwrap();
+        let r = read(&f.root, false);
+        assert!(r.config.enabled && !r.persist);
+        assert!(!append_deny(&f.root, "/y", &f.managed));
+
+        // A symlinked .zcode directory is untrusted too.
+        let g = fixture();
+        let real = g.root.join("real");
+        std::fs::create_dir_all(real.join("acp")).unwrap();
+        std::os::unix::fs::symlink(&real, g.root.join(".zcode")).unwrap();
+        assert!(matches!(
+            read(&g.root, false).state,
+            FileState::Untrusted(_)
+        ));
+    }
+
+    #[test]
+    fn an_armed_config_that_vanishes_or_turns_unreadable_stays_armed() {
+        let f = fixture();
+        write(&f.root, r#"{"enabled": true}"#);
+        assert!(load(&f.root, false, &f.managed).armed);
+        std::fs::remove_file(config_path(&f.root)).unwrap();
+        let r = read(&f.root, true);
+        assert!(r.config.enabled && matches!(r.state, FileState::LostAfterArm(_)));
+        // And it is not recreated as a disarmed template behind our back.
+        assert!(!config_path(&f.root).exists());
+    }
+
+    #[test]
+    fn append_keeps_unknown_keys_dedupes_and_writes_atomically() {
+        let f = fixture();
+        write(
+            &f.root,
+            r#"{"enabled": true, "allow": ["/a"], "future": {"x": 1}}"#,
+        );
+        assert!(append_allow(&f.root, "/b", &f.managed));
+        assert!(append_allow(&f.root, "/b", &f.managed));
+        assert!(append_deny(&f.root, "/c", &f.managed));
+        let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
+        assert_eq!(v["allow"], json!(["/a", "/b"]));
+        assert_eq!(v["deny"], json!(["/c"]));
+        assert_eq!(v["future"], json!({"x": 1}));
+        assert_eq!(v["enabled"], true);
+        let leftovers: Vec<_> = std::fs::read_dir(config_path(&f.root).parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "no temp files left: {leftovers:?}");
+    }
+
+    #[test]
+    fn the_ledger_gates_permissive_changes() {
+        let f = fixture();
+        // A hand-added allow entry is ignored until approved.
+        write(&f.root, r#"{"enabled": true, "allow": ["/usr"]}"#);
+        let e = load(&f.root, false, &f.managed);
+        assert!(e.armed && e.rules.allow.is_empty());
+        assert!(
+            e.ignored.iter().any(|i| i.contains("/usr")),
+            "{:?}",
+            e.ignored
+        );
+        // The bridge's own append is approved in the same step.
+        assert!(append_allow(&f.root, "/var", &f.managed));
+        let e = load(&f.root, false, &f.managed);
+        assert_eq!(
+            e.rules.allow,
+            vec![resolve_real(Path::new("/var")).unwrap()]
+        );
+        // An unapproved `enabled: false` keeps the sandbox armed.
+        let text = file(&f.root).replace("\"enabled\": true", "\"enabled\": false");
+        write(&f.root, &text);
+        let e = load(&f.root, false, &f.managed);
+        assert!(e.armed, "{:?}", e.ignored);
+        // Approving the hand edit makes both count.
+        approve_current(&f.root, &f.managed).unwrap();
+        let e = load(&f.root, false, &f.managed);
+        assert!(!e.armed);
+        assert_eq!(e.rules.allow.len(), 2);
+        assert!(e.ignored.is_empty());
+    }
+
+    #[test]
+    fn removed_entries_need_a_new_approval() {
+        let f = fixture();
+        write(&f.root, r#"{"enabled": true}"#);
+        assert!(append_allow(&f.root, "/opt", &f.managed));
+        write(&f.root, r#"{"enabled": true, "allow": []}"#);
+        load(&f.root, false, &f.managed);
+        write(&f.root, r#"{"enabled": true, "allow": ["/opt"]}"#);
+        assert!(load(&f.root, false, &f.managed).rules.allow.is_empty());
+    }
+
+    #[test]
+    fn two_writers_never_lose_each_others_entries() {
+        let f = fixture();
+        write(&f.root, r#"{"enabled": true}"#);
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (root, managed) = (f.root.clone(), f.managed.clone());
+                std::thread::spawn(move || {
+                    for j in 0..10 {
+                        assert!(append_allow(&root, &format!("/p{i}-{j}"), &managed));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
+        assert_eq!(v["allow"].as_array().unwrap().len(), 80);
+        assert_eq!(Ledger::new(f.managed.clone()).load(&f.root).allow.len(), 80);
+    }
+
+    #[test]
+    fn persistence_is_refused_where_the_file_cannot_be_written() {
+        let f = fixture();
+        let ro = f.root.join("ro");
+        std::fs::create_dir_all(&ro).unwrap();
+        // A regular file where the .zcode directory should be.
+        std::fs::write(ro.join(".zcode"), "").unwrap();
+        assert!(!append_allow(&ro, "/x", &f.managed));
+        // Something odd in the way reads as armed, never as "off".
+        let r = read(&ro, false);
+        assert!(r.config.enabled && !r.persist, "{r:?}");
+    }
+}

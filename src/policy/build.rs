@@ -1,0 +1,505 @@
+//! Assembling a [`Policy`] from what discovery found. Pure: every path in
+//! the input is already real, and nothing here touches the filesystem, so
+//! the exact rule list is unit- and property-tested.
+
+use std::path::{Path, PathBuf};
+
+use super::protected::{Shape, IN_GIT_DIR, IN_WORK_TREE};
+use super::{Kind, Matcher, Ops, Policy, Rule};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    Linux,
+    Macos,
+}
+
+impl Platform {
+    pub fn current() -> Platform {
+        if cfg!(target_os = "macos") {
+            Platform::Macos
+        } else {
+            Platform::Linux
+        }
+    }
+}
+
+/// A git repository found under a root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repo {
+    pub work_tree: PathBuf,
+    /// `.git`, or what a `gitdir:` file points to (worktrees, submodules).
+    pub git_dir: PathBuf,
+    /// Where hooks and the shared config live (`commondir`), often `git_dir`.
+    pub common_dir: PathBuf,
+}
+
+/// What a project's sandbox.json contributes, after the approval ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProjectRules {
+    pub allow: Vec<PathBuf>,
+    pub deny: Vec<PathBuf>,
+    pub strict_git: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootInput {
+    pub path: PathBuf,
+    pub project: ProjectRules,
+    pub repos: Vec<Repo>,
+}
+
+/// A writable place with the reason it is writable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub matcher: Matcher,
+    pub why: String,
+}
+
+/// Everything a policy is built from. All paths are real.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyInput {
+    pub platform: Platform,
+    pub home: PathBuf,
+    pub roots: Vec<RootInput>,
+    /// The backend's own state (built-in profiles and the user's list).
+    pub backend_state: Vec<Grant>,
+    /// System temp and regenerable caches.
+    pub temp_and_caches: Vec<Grant>,
+    /// Bridge-lifetime grants from the allow flow.
+    pub once_allows: Vec<PathBuf>,
+    /// The directory holding the profile of this generation, if any.
+    pub profile_dir: Option<PathBuf>,
+    /// `~/.zcode-acp`: every generation's profile, the approval ledger.
+    pub managed_root: PathBuf,
+}
+
+fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
+    Rule {
+        kind: Kind::Allow,
+        matcher,
+        ops: Ops::All,
+        why: why.into(),
+        promptable: false,
+        dangerous: false,
+    }
+}
+
+fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
+    Rule {
+        kind: Kind::Protected,
+        matcher,
+        ops: Ops::All,
+        why: why.into(),
+        promptable,
+        dangerous: false,
+    }
+}
+
+fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
+    Rule {
+        kind: Kind::Island,
+        matcher,
+        ops: Ops::All,
+        why: why.into(),
+        promptable: false,
+        dangerous: false,
+    }
+}
+
+fn pin(kind: Kind, dir: &Path, why: impl Into<String>) -> Rule {
+    Rule {
+        kind,
+        matcher: Matcher::Literal(dir.to_path_buf()),
+        ops: Ops::RemoveOnly,
+        why: why.into(),
+        promptable: false,
+        dangerous: false,
+    }
+}
+
+fn devices(platform: Platform) -> Vec<Rule> {
+    let why = "a device every program may write (null sink, terminal, ptys)";
+    let mut rules: Vec<Rule> = ["/dev/null", "/dev/zero", "/dev/tty", "/dev/ptmx"]
+        .iter()
+        .map(|d| allow(Matcher::Literal(d.into()), why))
+        .collect();
+    match platform {
+        Platform::Linux => {
+            rules.push(allow(Matcher::Literal("/dev/full".into()), why));
+            rules.push(allow(
+                Matcher::Subpath("/dev/pts".into()),
+                "pseudo-terminals (script, ssh, editors' terminals)",
+            ));
+            rules.push(allow(
+                Matcher::Subpath("/dev/shm".into()),
+                "POSIX shared memory (Python multiprocessing fails without it)",
+            ));
+        }
+        Platform::Macos => {
+            rules.push(allow(
+                Matcher::NamePrefix {
+                    dir: "/dev".into(),
+                    prefix: "ttys".into(),
+                },
+                "pseudo-terminals",
+            ));
+            for d in ["/dev/stdout", "/dev/stderr", "/dev/dtracehelper"] {
+                rules.push(allow(Matcher::Literal(d.into()), why));
+            }
+            rules.push(allow(
+                Matcher::Subpath("/dev/fd".into()),
+                "the process's own open files",
+            ));
+        }
+    }
+    rules
+}
+
+/// Directories strictly between `root` (inclusive) and `path` (exclusive).
+fn dirs_between(root: &Path, path: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut cur = path.parent();
+    while let Some(dir) = cur {
+        if !dir.starts_with(root) {
+            break;
+        }
+        out.push(dir.to_path_buf());
+        if dir == root {
+            break;
+        }
+        cur = dir.parent();
+    }
+    out.reverse();
+    out
+}
+
+impl Policy {
+    pub fn build(input: &PolicyInput) -> Policy {
+        let mut allows: Vec<Rule> = Vec::new();
+        let mut protected: Vec<Rule> = Vec::new();
+        let mut islands: Vec<Rule> = Vec::new();
+        // Directories the allow band opens; islands and pins are laid over them.
+        let mut open_dirs: Vec<PathBuf> = Vec::new();
+
+        for root in &input.roots {
+            let mut r = allow(
+                Matcher::Subpath(root.path.clone()),
+                format!("workspace root of a live session: {}", root.path.display()),
+            );
+            r.dangerous = root.path == Path::new("/") || root.path == input.home;
+            allows.push(r);
+            open_dirs.push(root.path.clone());
+            for repo in &root.repos {
+                for dir in [&repo.git_dir, &repo.common_dir] {
+                    if !dir.starts_with(&root.path) && !open_dirs.contains(dir) {
+                        allows.push(allow(
+                            Matcher::Subpath(dir.clone()),
+                            format!(
+                                "git directory of the worktree or submodule {}",
+                                repo.work_tree.display()
+                            ),
+                        ));
+                        open_dirs.push(dir.clone());
+                    }
+                }
+            }
+        }
+        for grant in input.backend_state.iter().chain(&input.temp_and_caches) {
+            allows.push(allow(grant.matcher.clone(), grant.why.clone()));
+            if let Matcher::Subpath(d) = &grant.matcher {
+                open_dirs.push(d.clone());
+            }
+        }
+        for root in &input.roots {
+            for p in &root.project.allow {
+                allows.push(allow(
+                    Matcher::Subpath(p.clone()),
+                    format!("allowed by {}/.zcode/acp/sandbox.json", root.path.display()),
+                ));
+                open_dirs.push(p.clone());
+            }
+        }
+        for p in &input.once_allows {
+            allows.push(allow(
+                Matcher::Subpath(p.clone()),
+                "allowed once, for this bridge's lifetime",
+            ));
+            open_dirs.push(p.clone());
+        }
+        allows.extend(devices(input.platform));
+
+        // Protected: the delayed escapes.
+        let mut subjects: Vec<PathBuf> = Vec::new();
+        for root in &input.roots {
+            let mut trees: Vec<&Path> = vec![&root.path];
+            trees.extend(root.repos.iter().map(|r| r.work_tree.as_path()));
+            for tree in trees {
+                for e in IN_WORK_TREE {
+                    let p = tree.join(e.name);
+                    if subjects.contains(&p) {
+                        continue;
+                    }
+                    protected.push(protect(shape_matcher(&p, e.shape), e.why, true));
+                    subjects.push(p);
+                }
+            }
+            for repo in &root.repos {
+                for dir in dedup([&repo.common_dir, &repo.git_dir]) {
+                    if root.project.strict_git {
+                        protected.push(protect(
+                            Matcher::Subpath(dir.clone()),
+                            "strictGit: the whole git directory is behind the allow prompt",
+                            true,
+                        ));
+                        subjects.push(dir.clone());
+                        continue;
+                    }
+                    for e in IN_GIT_DIR {
+                        let p = dir.join(e.name);
+                        if subjects.contains(&p) {
+                            continue;
+                        }
+                        protected.push(protect(shape_matcher(&p, e.shape), e.why, true));
+                        subjects.push(p);
+                    }
+                }
+            }
+            for p in &root.project.deny {
+                protected.push(protect(
+                    Matcher::Subpath(p.clone()),
+                    format!(
+                        "never allowed, by {}/.zcode/acp/sandbox.json",
+                        root.path.display()
+                    ),
+                    false,
+                ));
+                subjects.push(p.clone());
+            }
+        }
+        // Pin every directory between an open root and a protected path, so
+        // the path cannot be moved away from its rule.
+        let mut pinned: Vec<PathBuf> = Vec::new();
+        for subject in &subjects {
+            if let Some(root) = open_dirs
+                .iter()
+                .filter(|d| subject.starts_with(d) && *d != subject)
+                .max_by_key(|d| d.as_os_str().len())
+            {
+                for dir in dirs_between(root, subject) {
+                    if !pinned.contains(&dir) {
+                        protected.push(pin(
+                            Kind::Protected,
+                            &dir,
+                            format!(
+                                "holds the protected {}: cannot be renamed or removed",
+                                subject.display()
+                            ),
+                        ));
+                        pinned.push(dir);
+                    }
+                }
+            }
+        }
+
+        // Islands: the sandbox's own configuration, last of all.
+        let mut seen_beneath: Vec<&PathBuf> = Vec::new();
+        for dir in &open_dirs {
+            if seen_beneath.contains(&dir) {
+                continue;
+            }
+            seen_beneath.push(dir);
+            islands.push(island(
+                Matcher::ZcodeConfig { beneath: dir.clone() },
+                "a project's sandbox config (.zcode/acp) is never writable by the agent, nor any .zcode entry that could be renamed into one",
+            ));
+        }
+        for root in &input.roots {
+            if !pinned.contains(&root.path) {
+                islands.push(pin(
+                    Kind::Island,
+                    &root.path,
+                    "a workspace root cannot be renamed or removed: the islands inside it would move with it",
+                ));
+            }
+        }
+        if let Some(dir) = &input.profile_dir {
+            islands.push(island(
+                Matcher::Subpath(dir.clone()),
+                "the directory of this generation's sandbox profile",
+            ));
+        }
+        islands.push(island(
+            Matcher::Subpath(input.managed_root.clone()),
+            "zcode-acp's managed root: every generation's profile and the approval ledger",
+        ));
+
+        let mut rules = allows;
+        rules.extend(protected);
+        rules.extend(islands);
+        Policy { rules }
+    }
+}
+
+fn shape_matcher(p: &Path, shape: Shape) -> Matcher {
+    match shape {
+        Shape::Dir => Matcher::Subpath(p.to_path_buf()),
+        Shape::File => Matcher::Literal(p.to_path_buf()),
+    }
+}
+
+fn dedup(dirs: [&PathBuf; 2]) -> Vec<&PathBuf> {
+    if dirs[0] == dirs[1] {
+        vec![dirs[0]]
+    } else {
+        dirs.to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Decision, Op};
+    use super::*;
+
+    pub(crate) fn sample() -> PolicyInput {
+        PolicyInput {
+            platform: Platform::Linux,
+            home: "/home/u".into(),
+            roots: vec![RootInput {
+                path: "/home/u/proj".into(),
+                project: ProjectRules {
+                    allow: vec!["/data/shared".into()],
+                    deny: vec!["/home/u/proj/secrets".into()],
+                    strict_git: false,
+                },
+                repos: vec![
+                    Repo {
+                        work_tree: "/home/u/proj".into(),
+                        git_dir: "/home/u/proj/.git".into(),
+                        common_dir: "/home/u/proj/.git".into(),
+                    },
+                    Repo {
+                        work_tree: "/home/u/proj/vendor/lib".into(),
+                        git_dir: "/home/u/proj/.git/modules/lib".into(),
+                        common_dir: "/home/u/proj/.git/modules/lib".into(),
+                    },
+                ],
+            }],
+            backend_state: vec![Grant {
+                matcher: Matcher::NamePrefix {
+                    dir: "/home/u".into(),
+                    prefix: ".zcode".into(),
+                },
+                why: "zcode backend state".into(),
+            }],
+            temp_and_caches: vec![Grant {
+                matcher: Matcher::Subpath("/tmp".into()),
+                why: "temp".into(),
+            }],
+            once_allows: vec![],
+            profile_dir: Some("/home/u/.zcode-acp/sandbox/abc".into()),
+            managed_root: "/home/u/.zcode-acp".into(),
+        }
+    }
+
+    fn decide(p: &Policy, path: &str, op: Op) -> Decision {
+        p.evaluate_resolved(Path::new(path), op)
+    }
+
+    #[test]
+    fn the_sample_policy_decides_as_documented() {
+        let p = Policy::build(&sample());
+        let k = |path: &str, op: Op| decide(&p, path, op).kind;
+        assert_eq!(k("/home/u/proj/src/main.rs", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/proj/.git/objects/ab/cd", Op::Write), Kind::Allow);
+        assert_eq!(
+            k("/home/u/proj/.git/hooks/pre-commit", Op::Write),
+            Kind::Protected
+        );
+        assert_eq!(k("/home/u/proj/.git/config", Op::Write), Kind::Protected);
+        assert_eq!(
+            k("/home/u/proj/.git/modules/lib/hooks/x", Op::Write),
+            Kind::Protected
+        );
+        assert_eq!(
+            k("/home/u/proj/vendor/lib/.envrc", Op::Write),
+            Kind::Protected
+        );
+        assert_eq!(
+            k("/home/u/proj/.vscode/tasks.json", Op::Write),
+            Kind::Protected
+        );
+        assert!(!decide(&p, "/home/u/proj/secrets/k", Op::Write).promptable);
+        assert!(decide(&p, "/home/u/proj/.envrc", Op::Write).promptable);
+        // Pins: .git cannot be moved away from its protected hooks.
+        assert_eq!(k("/home/u/proj/.git", Op::Remove), Kind::Protected);
+        assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/proj", Op::Remove), Kind::Protected);
+        // Islands.
+        assert_eq!(
+            k("/home/u/proj/.zcode/acp/sandbox.json", Op::Write),
+            Kind::Island
+        );
+        assert_eq!(k("/home/u/proj/.zcode", Op::Write), Kind::Island);
+        assert_eq!(k("/home/u/proj/.zcode/notes", Op::Write), Kind::Allow);
+        assert_eq!(
+            k("/tmp/other/.zcode/acp/sandbox.json", Op::Write),
+            Kind::Island
+        );
+        assert_eq!(k("/data/shared/x/.zcode/acp", Op::Write), Kind::Island);
+        assert_eq!(k("/home/u/.zcode-acp/ledger/x", Op::Write), Kind::Island);
+        assert_eq!(k("/home/u/.zcode-shell-agent/s/t", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/.zcode", Op::Write), Kind::Allow);
+        // Outside.
+        assert_eq!(k("/home/u/.bashrc", Op::Write), Kind::Outside);
+        assert_eq!(k("/dev/null", Op::Write), Kind::Allow);
+        assert_eq!(k("/dev/sda", Op::Write), Kind::Outside);
+    }
+
+    #[test]
+    fn strict_git_protects_the_whole_git_dir() {
+        let mut input = sample();
+        input.roots[0].project.strict_git = true;
+        let p = Policy::build(&input);
+        assert_eq!(
+            decide(&p, "/home/u/proj/.git/objects/x", Op::Write).kind,
+            Kind::Protected
+        );
+        assert!(decide(&p, "/home/u/proj/.git/objects/x", Op::Write).promptable);
+    }
+
+    #[test]
+    fn a_home_or_slash_root_is_flagged() {
+        let mut input = sample();
+        input.roots[0].path = "/home/u".into();
+        let p = Policy::build(&input);
+        assert!(decide(&p, "/home/u/.bashrc", Op::Write).dangerous);
+        assert_eq!(p.dangerous_roots(), vec![Path::new("/home/u")]);
+    }
+
+    #[test]
+    fn worktree_git_dirs_outside_the_root_are_writable() {
+        let mut input = sample();
+        input.roots[0].repos = vec![Repo {
+            work_tree: "/home/u/proj".into(),
+            git_dir: "/home/u/main/.git/worktrees/proj".into(),
+            common_dir: "/home/u/main/.git".into(),
+        }];
+        let p = Policy::build(&input);
+        assert_eq!(
+            decide(&p, "/home/u/main/.git/worktrees/proj/HEAD", Op::Write).kind,
+            Kind::Allow
+        );
+        assert_eq!(
+            decide(&p, "/home/u/main/.git/objects/x", Op::Write).kind,
+            Kind::Allow
+        );
+        assert_eq!(
+            decide(&p, "/home/u/main/.git/hooks/post-checkout", Op::Write).kind,
+            Kind::Protected
+        );
+        assert_eq!(
+            decide(&p, "/home/u/main/src/x", Op::Write).kind,
+            Kind::Outside
+        );
+    }
+}

@@ -1,0 +1,424 @@
+//! Reading the machine: repositories under the roots, the backend's own
+//! state directories, temp and cache directories. Everything found is
+//! resolved to real paths before it reaches the (pure) builder.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::build::{Grant, Platform, PolicyInput, Repo, RootInput};
+use super::{resolve_real, Matcher, ResolveError};
+use crate::config::managed::ManagedRoot;
+use crate::config::project::{self, Effective};
+
+/// What a policy is gathered from.
+pub struct Sources<'a> {
+    pub platform: Platform,
+    pub workspaces: &'a [PathBuf],
+    pub backend: &'a [String],
+    /// `sandbox.statePaths` from the user config.
+    pub state_paths: &'a [PathBuf],
+    pub once_allows: &'a [PathBuf],
+    pub managed: &'a ManagedRoot,
+    /// Only look: no template is created and the ledger is not updated.
+    pub inspect: bool,
+}
+
+/// Reads everything a policy needs from the machine. Returns the input and
+/// each root's effective project config.
+pub fn gather(src: &Sources<'_>) -> Result<(PolicyInput, Vec<(PathBuf, Effective)>), ResolveError> {
+    let home = dirs::home_dir().unwrap_or_else(|| PathBuf::from("/"));
+    let home = resolve_real(&home)?;
+    let mut roots = Vec::new();
+    let mut projects = Vec::new();
+    for ws in src.workspaces {
+        let path = resolve_real(ws)?;
+        let eff = if src.inspect {
+            project::inspect(&path, src.managed)
+        } else {
+            project::load(&path, false, src.managed)
+        };
+        roots.push(RootInput {
+            path: path.clone(),
+            project: eff.rules.clone(),
+            repos: find_repos(&path),
+        });
+        projects.push((path, eff));
+    }
+    let once_allows = src
+        .once_allows
+        .iter()
+        .map(|p| resolve_real(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let input = PolicyInput {
+        platform: src.platform,
+        home: home.clone(),
+        roots,
+        backend_state: backend_state(src.backend, &ProcessEnv, &home, src.state_paths),
+        temp_and_caches: temp_and_caches(src.platform, &ProcessEnv, &home),
+        once_allows,
+        profile_dir: None,
+        managed_root: resolve_real(&src.managed.path)?,
+    };
+    Ok((input, projects))
+}
+
+/// How far below a root repositories are looked for, and how many entries
+/// at most are looked at: arming must stay fast on huge trees. A repository
+/// deeper than this (or created later) has no protected hooks/config.
+const MAX_DEPTH: usize = 6;
+const MAX_ENTRIES: usize = 20_000;
+
+/// Directories that never hold repositories worth protecting and can be
+/// huge.
+const SKIP_DIRS: &[&str] = &[
+    "node_modules",
+    "target",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".cache",
+    ".zcode",
+];
+
+/// The repositories a root belongs to or contains: the enclosing one (a
+/// root may be a subfolder of a repository, whose git dir commits need) and
+/// every nested one that exists now.
+pub fn find_repos(root: &Path) -> Vec<Repo> {
+    let mut repos = Vec::new();
+    // The repository the root itself is in, if any.
+    for dir in root.ancestors() {
+        if let Some(repo) = repo_at(dir) {
+            repos.push(repo);
+            break;
+        }
+    }
+    let mut budget = MAX_ENTRIES;
+    walk(root, 0, &mut budget, &mut repos);
+    let mut seen = Vec::new();
+    repos.retain(|r| {
+        let fresh = !seen.contains(&r.work_tree);
+        seen.push(r.work_tree.clone());
+        fresh
+    });
+    repos
+}
+
+fn walk(dir: &Path, depth: usize, budget: &mut usize, repos: &mut Vec<Repo>) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if *budget == 0 {
+            tracing::warn!(root = %dir.display(), "stopped looking for nested git repositories after {MAX_ENTRIES} entries");
+            return;
+        }
+        *budget -= 1;
+        let name = entry.file_name();
+        let Ok(ft) = entry.file_type() else { continue };
+        if name == ".git" {
+            continue;
+        }
+        if ft.is_dir() && !SKIP_DIRS.iter().any(|s| name == *s) {
+            let path = entry.path();
+            if let Some(repo) = repo_at(&path) {
+                repos.push(repo);
+            }
+            walk(&path, depth + 1, budget, repos);
+        }
+    }
+}
+
+/// The repository whose work tree is `dir`, if `dir/.git` exists.
+pub fn repo_at(dir: &Path) -> Option<Repo> {
+    let dot_git = dir.join(".git");
+    let meta = std::fs::symlink_metadata(&dot_git).ok()?;
+    let git_dir = if meta.is_dir() {
+        dot_git
+    } else if meta.is_file() {
+        // A worktree or submodule: `gitdir: <path>`.
+        let text = std::fs::read_to_string(&dot_git).ok()?;
+        let target = text.lines().find_map(|l| l.strip_prefix("gitdir:"))?.trim();
+        dir.join(target)
+    } else {
+        return None;
+    };
+    let git_dir = resolve_real(&git_dir).ok()?;
+    let common_dir = match std::fs::read_to_string(git_dir.join("commondir")) {
+        Ok(text) => resolve_real(&git_dir.join(text.trim())).ok()?,
+        Err(_) => git_dir.clone(),
+    };
+    Some(Repo {
+        work_tree: resolve_real(dir).ok()?,
+        git_dir,
+        common_dir,
+    })
+}
+
+/// Environment lookups, injectable for tests.
+pub trait Env {
+    fn var(&self, key: &str) -> Option<String>;
+}
+
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok().filter(|v| !v.is_empty())
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn var(&self, key: &str) -> Option<String> {
+        self.get(key).cloned()
+    }
+}
+
+/// A state or cache directory, refusing anything that would open the whole
+/// home directory or `/`.
+fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+    let real = resolve_real(path).ok()?;
+    if real == home || real == Path::new("/") || home.starts_with(&real) {
+        tracing::warn!(path = %real.display(), "not whitelisting {why}: it would open the whole home directory");
+        return None;
+    }
+    Some(Grant {
+        matcher: Matcher::Subpath(real),
+        why: why.to_owned(),
+    })
+}
+
+/// The backend's own state, chosen from its command line: a real agent
+/// that cannot write its own state breaks. `extra` is the user config's list
+/// for backends this list does not know.
+pub fn backend_state(argv: &[String], env: &dyn Env, home: &Path, extra: &[PathBuf]) -> Vec<Grant> {
+    let names: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .map(|n| n.to_string_lossy().to_lowercase())
+                .unwrap_or_default()
+        })
+        .collect();
+    let mentions = |word: &str| names.iter().any(|n| n.contains(word));
+    let mut grants = Vec::new();
+    if mentions("zcode") {
+        grants.push(Grant {
+            matcher: Matcher::NamePrefix {
+                dir: home.to_path_buf(),
+                prefix: ".zcode".into(),
+            },
+            why: "the zcode backend's own state (~/.zcode*)".into(),
+        });
+    }
+    if mentions("codex") {
+        let dir = env
+            .var("CODEX_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".codex"));
+        grants.extend(dir_grant(
+            &dir,
+            home,
+            "codex's own state ($CODEX_HOME or ~/.codex)",
+        ));
+    }
+    if mentions("claude") {
+        let dir = env
+            .var("CLAUDE_CONFIG_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".claude"));
+        grants.extend(dir_grant(
+            &dir,
+            home,
+            "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude)",
+        ));
+        // ~/.claude.json, and the backup and temporary files Claude writes
+        // beside it when it saves.
+        grants.push(Grant {
+            matcher: Matcher::NamePrefix {
+                dir: home.to_path_buf(),
+                prefix: ".claude.json".into(),
+            },
+            why: "Claude's settings file ~/.claude.json (and its backups)".into(),
+        });
+    }
+    if mentions("gemini") {
+        grants.extend(dir_grant(
+            &home.join(".gemini"),
+            home,
+            "gemini's own state (~/.gemini)",
+        ));
+    }
+    for p in extra {
+        let p = expand_home(p, home);
+        grants.extend(dir_grant(
+            &p,
+            home,
+            "backend state listed in the user config",
+        ));
+    }
+    grants
+}
+
+/// `~/x` -> `$HOME/x`.
+pub fn expand_home(p: &Path, home: &Path) -> PathBuf {
+    match p.strip_prefix("~") {
+        Ok(rest) => home.join(rest),
+        Err(_) => p.to_path_buf(),
+    }
+}
+
+/// System temp and regenerable caches. Tools write there constantly and
+/// nothing in them is worth protecting.
+pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    if let Some(tmpdir) = env.var("TMPDIR") {
+        if let Some(g) = dir_grant(Path::new(&tmpdir), home, "$TMPDIR") {
+            if platform == Platform::Macos {
+                // /var/folders/xx/yyyy/T: tools write the sibling C/ cache.
+                if let Matcher::Subpath(real) = &g.matcher {
+                    if let Some(parent) = real.parent() {
+                        grants.extend(dir_grant(
+                            parent,
+                            home,
+                            "the parent of $TMPDIR (its C/ cache sibling)",
+                        ));
+                    }
+                }
+            }
+            grants.push(g);
+        }
+    }
+    grants.extend(dir_grant(Path::new("/tmp"), home, "system temp (/tmp)"));
+    grants.extend(dir_grant(
+        Path::new("/var/tmp"),
+        home,
+        "system temp (/var/tmp)",
+    ));
+    let cache = env
+        .var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache"));
+    grants.extend(dir_grant(
+        &cache,
+        home,
+        "the user cache ($XDG_CACHE_HOME or ~/.cache; pip lives here on Linux)",
+    ));
+    if platform == Platform::Macos {
+        grants.extend(dir_grant(
+            &home.join("Library/Caches"),
+            home,
+            "~/Library/Caches (pip lives here on macOS)",
+        ));
+    }
+    grants.extend(dir_grant(&home.join(".npm"), home, "npm's cache (~/.npm)"));
+    grants.extend(dir_grant(
+        &home.join(".cargo/registry"),
+        home,
+        "cargo's download cache (~/.cargo/registry)",
+    ));
+    grants.extend(dir_grant(
+        &home.join(".cargo/git"),
+        home,
+        "cargo's git checkouts cache (~/.cargo/git)",
+    ));
+    grants
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn backend_profiles_follow_the_command_line_and_env() {
+        let home = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(home.path()).unwrap();
+        let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let grants = backend_state(&argv("/usr/bin/codex-acp"), &env(&[]), &home, &[]);
+        assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".codex")));
+        let grants = backend_state(
+            &argv("codex-acp"),
+            &env(&[("CODEX_HOME", "/opt/codex")]),
+            &home,
+            &[],
+        );
+        assert_eq!(grants[0].matcher, Matcher::Subpath("/opt/codex".into()));
+        let grants = backend_state(
+            &argv("npx @zed-industries/claude-agent-acp"),
+            &env(&[]),
+            &home,
+            &[],
+        );
+        assert_eq!(grants.len(), 2);
+        let grants = backend_state(&argv("gemini --acp"), &env(&[]), &home, &[]);
+        assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".gemini")));
+        let grants = backend_state(&argv("zcode-acp shell-agent"), &env(&[]), &home, &[]);
+        assert!(
+            matches!(&grants[0].matcher, Matcher::NamePrefix { prefix, .. } if prefix == ".zcode")
+        );
+        assert!(backend_state(&argv("my-agent"), &env(&[]), &home, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_profile_never_widens_to_the_home_directory() {
+        let home = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(home.path()).unwrap();
+        let h = home.to_str().unwrap();
+        assert!(backend_state(
+            &["codex-acp".into()],
+            &env(&[("CODEX_HOME", h)]),
+            &home,
+            &[]
+        )
+        .is_empty());
+        assert!(
+            backend_state(&["x".into()], &env(&[]), &home, &["~".into(), "/".into()]).is_empty()
+        );
+        let caches = temp_and_caches(
+            Platform::Linux,
+            &env(&[("XDG_CACHE_HOME", h), ("TMPDIR", h)]),
+            &home,
+        );
+        assert!(caches
+            .iter()
+            .all(|g| g.matcher != Matcher::Subpath(home.clone())));
+    }
+
+    #[test]
+    fn repos_nested_and_enclosing_and_worktrees_are_found() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(t.join("main/.git/worktrees/wt")).unwrap();
+        std::fs::write(t.join("main/.git/worktrees/wt/commondir"), "../..\n").unwrap();
+        std::fs::create_dir_all(t.join("main/sub/inner/.git")).unwrap();
+        std::fs::create_dir_all(t.join("main/node_modules/x/.git")).unwrap();
+        std::fs::create_dir_all(t.join("wt")).unwrap();
+        std::fs::write(
+            t.join("wt/.git"),
+            format!("gitdir: {}\n", t.join("main/.git/worktrees/wt").display()),
+        )
+        .unwrap();
+
+        let repos = find_repos(&t.join("main"));
+        let trees: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
+        assert_eq!(trees, vec![t.join("main"), t.join("main/sub/inner")]);
+
+        let wt = find_repos(&t.join("wt"));
+        assert_eq!(wt[0].git_dir, t.join("main/.git/worktrees/wt"));
+        assert_eq!(wt[0].common_dir, t.join("main/.git"));
+
+        // A root inside a repository gets that repository.
+        let sub = find_repos(&t.join("main/sub"));
+        assert_eq!(sub[0].work_tree, t.join("main"));
+    }
+}

@@ -1,0 +1,170 @@
+//! `resolve_real`: a path's filesystem truth.
+//!
+//! Seatbelt matches real paths and mount plans bind real paths, so a
+//! symlinked prefix (`/tmp` -> `/private/tmp` on macOS, a symlinked
+//! workspace) would silently fail to match. Every path that enters a policy,
+//! a profile or a decision goes through here: the deepest existing ancestor
+//! is canonicalized (following symlinks, dangling ones included, the way a
+//! write through them would), and the not-yet-existing remainder is appended.
+
+use std::path::{Component, Path, PathBuf};
+
+/// Symlink hops followed before giving up (the kernel's ELOOP limit).
+const MAX_LINKS: usize = 40;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ResolveError {
+    #[error("{0} is not an absolute path")]
+    NotAbsolute(PathBuf),
+    #[error(
+        "{0} uses `..` below a part that does not exist yet, so where it lands cannot be known"
+    )]
+    DotDotInRemainder(PathBuf),
+    #[error("{0} has too many levels of symbolic links")]
+    TooManyLinks(PathBuf),
+    #[error("cannot resolve {path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+}
+
+/// Resolves `path` to the real path a write to it would touch.
+pub fn resolve_real(path: &Path) -> Result<PathBuf, ResolveError> {
+    if !path.is_absolute() {
+        return Err(ResolveError::NotAbsolute(path.to_path_buf()));
+    }
+    resolve_with_budget(path, &mut 0)
+}
+
+fn resolve_with_budget(path: &Path, hops: &mut usize) -> Result<PathBuf, ResolveError> {
+    // Walk down from `/`, keeping the real path of what exists so far.
+    let mut real = PathBuf::from("/");
+    let mut components = path.components().peekable();
+    while let Some(component) = components.next() {
+        match component {
+            Component::RootDir | Component::Prefix(_) | Component::CurDir => continue,
+            Component::ParentDir => {
+                // `real` exists and is canonical here, so its parent is the
+                // kernel's `..` too.
+                real.pop();
+                continue;
+            }
+            Component::Normal(name) => {
+                let candidate = real.join(name);
+                match std::fs::symlink_metadata(&candidate) {
+                    Ok(meta) if meta.file_type().is_symlink() => {
+                        *hops += 1;
+                        if *hops > MAX_LINKS {
+                            return Err(ResolveError::TooManyLinks(path.to_path_buf()));
+                        }
+                        let target =
+                            std::fs::read_link(&candidate).map_err(|e| io(&candidate, e))?;
+                        let mut through = real.join(target);
+                        for rest in components.by_ref() {
+                            through.push(rest.as_os_str());
+                        }
+                        return resolve_with_budget(&through, hops);
+                    }
+                    Ok(_) => real = candidate,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        // From here on nothing exists: append the rest as
+                        // written, refusing `..` whose meaning is unknowable.
+                        let mut out = candidate;
+                        for rest in components {
+                            match rest {
+                                Component::Normal(n) => out.push(n),
+                                Component::CurDir => {}
+                                _ => {
+                                    return Err(ResolveError::DotDotInRemainder(path.to_path_buf()))
+                                }
+                            }
+                        }
+                        return Ok(out);
+                    }
+                    Err(e) => return Err(io(&candidate, e)),
+                }
+            }
+        }
+    }
+    Ok(real)
+}
+
+fn io(path: &Path, e: std::io::Error) -> ResolveError {
+    ResolveError::Io {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn real_tmp() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(d.path()).unwrap();
+        (d, real)
+    }
+
+    #[test]
+    fn existing_paths_are_canonical() {
+        let (_d, t) = real_tmp();
+        std::fs::create_dir_all(t.join("a/b")).unwrap();
+        assert_eq!(resolve_real(&t.join("a/./b/../b")).unwrap(), t.join("a/b"));
+    }
+
+    #[test]
+    fn the_missing_remainder_is_appended() {
+        let (_d, t) = real_tmp();
+        std::fs::create_dir_all(t.join("a")).unwrap();
+        assert_eq!(
+            resolve_real(&t.join("a/new/file.txt")).unwrap(),
+            t.join("a/new/file.txt")
+        );
+        assert!(matches!(
+            resolve_real(&t.join("a/new/../x")),
+            Err(ResolveError::DotDotInRemainder(_))
+        ));
+    }
+
+    #[test]
+    fn symlinked_prefixes_resolve_to_their_target() {
+        let (_d, t) = real_tmp();
+        std::fs::create_dir_all(t.join("real/ws")).unwrap();
+        symlink(t.join("real"), t.join("link")).unwrap();
+        symlink("real/ws", t.join("rel")).unwrap();
+        assert_eq!(
+            resolve_real(&t.join("link/ws/f")).unwrap(),
+            t.join("real/ws/f")
+        );
+        assert_eq!(
+            resolve_real(&t.join("rel/sub/f")).unwrap(),
+            t.join("real/ws/sub/f")
+        );
+    }
+
+    #[test]
+    fn dangling_symlinks_resolve_to_where_a_write_would_land() {
+        let (_d, t) = real_tmp();
+        std::fs::create_dir_all(t.join("ws")).unwrap();
+        symlink(t.join("outside/secret"), t.join("ws/innocent")).unwrap();
+        assert_eq!(
+            resolve_real(&t.join("ws/innocent")).unwrap(),
+            t.join("outside/secret")
+        );
+    }
+
+    #[test]
+    fn loops_and_relative_paths_are_refused() {
+        let (_d, t) = real_tmp();
+        symlink(t.join("b"), t.join("a")).unwrap();
+        symlink(t.join("a"), t.join("b")).unwrap();
+        assert!(matches!(
+            resolve_real(&t.join("a/x")),
+            Err(ResolveError::TooManyLinks(_))
+        ));
+        assert!(matches!(
+            resolve_real(Path::new("rel/x")),
+            Err(ResolveError::NotAbsolute(_))
+        ));
+    }
+}

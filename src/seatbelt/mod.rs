@@ -1,0 +1,230 @@
+//! Seatbelt (macOS `sandbox-exec`) profiles generated from the policy.
+//!
+//! Building the text is pure and tested on every platform (golden files,
+//! and a property test that interprets the SBPL and compares every decision
+//! with [`Policy::evaluate_resolved`]); writing and arming it is in [`arm`].
+
+pub mod arm;
+pub mod quote;
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::policy::{Kind, Matcher, Ops, Policy, Rule};
+use quote::QuoteError;
+
+/// The fixed head of every profile.
+pub const BASE_PROFILE: &str = include_str!("../../profiles/base.sb");
+
+/// The regex for `.zcode` entries and `.zcode/acp` paths (see
+/// [`crate::policy::is_zcode_config_path`]); it names no path, so it
+/// needs no escaping.
+const ZCODE_CONFIG_REGEX: &str = r"/\.zcode(/acp(/.*)?)?$";
+
+fn filter(m: &Matcher) -> Result<String, QuoteError> {
+    Ok(match m {
+        Matcher::Subpath(p) => format!("(subpath {})", quote::string(p)?),
+        Matcher::Literal(p) => format!("(literal {})", quote::string(p)?),
+        Matcher::NamePrefix { dir, prefix } => {
+            let dir = if dir == Path::new("/") {
+                String::new()
+            } else {
+                quote::regex_literal(dir)?
+            };
+            let prefix = quote::regex_literal(Path::new(prefix))?;
+            format!("(regex #\"^{dir}/{prefix}[^/]*(/.*)?$\")")
+        }
+        Matcher::ZcodeConfig { beneath } => format!(
+            "(require-all (subpath {}) (regex #\"{ZCODE_CONFIG_REGEX}\"))",
+            quote::string(beneath)?
+        ),
+    })
+}
+
+/// The path a matcher is anchored at, to find which denials can overlap
+/// an allow.
+fn anchor(m: &Matcher) -> &Path {
+    match m {
+        Matcher::Subpath(p) | Matcher::Literal(p) => p,
+        Matcher::NamePrefix { dir, .. } => dir,
+        Matcher::ZcodeConfig { beneath } => beneath,
+    }
+}
+
+/// Whether two matchers can cover a common path (conservatively: a false
+/// "yes" only adds a redundant exclusion).
+fn may_overlap(a: &Matcher, b: &Matcher) -> bool {
+    match (a, b) {
+        (Matcher::NamePrefix { dir, .. }, other) | (other, Matcher::NamePrefix { dir, .. }) => {
+            let named = if matches!(a, Matcher::NamePrefix { .. }) {
+                a
+            } else {
+                b
+            };
+            named.matches(anchor(other)) || dir.starts_with(anchor(other))
+        }
+        _ => {
+            let (a, b) = (anchor(a), anchor(b));
+            a.starts_with(b) || b.starts_with(a)
+        }
+    }
+}
+
+fn comment(out: &mut String, why: &str) {
+    for line in why.lines() {
+        let _ = writeln!(out, ";; {line}");
+    }
+}
+
+/// Builds the whole profile text.
+pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
+    let mut out = String::from(BASE_PROFILE);
+    let denials: Vec<&Rule> = policy
+        .rules
+        .iter()
+        .filter(|r| !r.allows() && r.ops == Ops::All)
+        .collect();
+
+    out.push_str("\n;; ---- allow: the write whitelist.\n");
+    out.push_str(";; Each allow also excludes the protected paths and islands inside it, so\n");
+    out.push_str(";; the result does not rest on rule order alone.\n");
+    for rule in policy.rules.iter().filter(|r| r.allows()) {
+        comment(&mut out, &rule.why);
+        let own = filter(&rule.matcher)?;
+        let excluded: Vec<String> = denials
+            .iter()
+            .filter(|d| may_overlap(&d.matcher, &rule.matcher))
+            .map(|d| filter(&d.matcher).map(|f| format!("(require-not {f})")))
+            .collect::<Result<_, _>>()?;
+        if excluded.is_empty() {
+            let _ = writeln!(out, "(allow file-write* {own})");
+        } else {
+            let _ = writeln!(
+                out,
+                "(allow file-write* (require-all {own}\n    {}))",
+                excluded.join("\n    ")
+            );
+        }
+    }
+    for (kind, title) in [
+        (
+            Kind::Protected,
+            "protected: denied; the user may grant them in the editor",
+        ),
+        (
+            Kind::Island,
+            "islands: never writable, and no grant opens them",
+        ),
+    ] {
+        let _ = writeln!(out, "\n;; ---- {title}.");
+        for rule in policy.rules.iter().filter(|r| r.kind == kind) {
+            comment(&mut out, &rule.why);
+            let f = filter(&rule.matcher)?;
+            match rule.ops {
+                Ops::All => {
+                    let _ = writeln!(out, "(deny file-write* {f})");
+                }
+                // Pinned in place: no rename or removal, contents stay open.
+                Ops::RemoveOnly => {
+                    let _ = writeln!(out, "(deny file-write-unlink {f})");
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+
+    /// Representative inputs whose profiles are pinned in tests/golden.
+    fn golden_inputs() -> Vec<(&'static str, PolicyInput)> {
+        let base = PolicyInput {
+            platform: Platform::Macos,
+            home: "/Users/dev".into(),
+            roots: vec![RootInput {
+                path: "/Users/dev/src/app".into(),
+                project: ProjectRules::default(),
+                repos: vec![Repo {
+                    work_tree: "/Users/dev/src/app".into(),
+                    git_dir: "/Users/dev/src/app/.git".into(),
+                    common_dir: "/Users/dev/src/app/.git".into(),
+                }],
+            }],
+            backend_state: vec![Grant {
+                matcher: Matcher::Subpath("/Users/dev/.codex".into()),
+                why: "codex's own state".into(),
+            }],
+            temp_and_caches: vec![
+                Grant {
+                    matcher: Matcher::Subpath("/private/var/folders/xy/abc/T".into()),
+                    why: "$TMPDIR".into(),
+                },
+                Grant {
+                    matcher: Matcher::Subpath("/private/tmp".into()),
+                    why: "system temp".into(),
+                },
+            ],
+            once_allows: vec![],
+            profile_dir: Some("/Users/dev/.zcode-acp/sandbox/0123abcd".into()),
+            managed_root: "/Users/dev/.zcode-acp".into(),
+        };
+        let mut rich = base.clone();
+        rich.roots[0].project = ProjectRules {
+            allow: vec!["/Volumes/data/shared".into()],
+            deny: vec!["/Users/dev/src/app/secrets".into()],
+            strict_git: true,
+        };
+        rich.roots.push(RootInput {
+            path: "/Users/dev/src/wt \"quoted\"".into(),
+            project: ProjectRules::default(),
+            repos: vec![Repo {
+                work_tree: "/Users/dev/src/wt \"quoted\"".into(),
+                git_dir: "/Users/dev/src/app/.git/worktrees/wt".into(),
+                common_dir: "/Users/dev/src/app/.git".into(),
+            }],
+        });
+        rich.backend_state = vec![Grant {
+            matcher: Matcher::NamePrefix {
+                dir: "/Users/dev".into(),
+                prefix: ".zcode".into(),
+            },
+            why: "the zcode backend's own state (~/.zcode*)".into(),
+        }];
+        rich.once_allows = vec!["/Users/dev/Downloads/report.pdf".into()];
+        vec![("minimal", base), ("rich", rich)]
+    }
+
+    #[test]
+    fn golden_profiles() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let bless = std::env::var_os("ZCODE_ACP_BLESS").is_some();
+        for (name, input) in golden_inputs() {
+            let text = build_profile(&Policy::build(&input)).unwrap();
+            let file = dir.join(format!("{name}.sb"));
+            if bless {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&file, &text).unwrap();
+            }
+            let expected = std::fs::read_to_string(&file).unwrap_or_else(|_| {
+                panic!(
+                    "missing {}; run with ZCODE_ACP_BLESS=1 to create it",
+                    file.display()
+                )
+            });
+            assert_eq!(
+                text, expected,
+                "{name}: the profile changed; review and re-bless with ZCODE_ACP_BLESS=1"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_that_cannot_be_quoted_fail_the_build() {
+        let mut input = golden_inputs().remove(0).1;
+        input.roots[0].path = "/Users/dev/a\nb".into();
+        assert!(build_profile(&Policy::build(&input)).is_err());
+    }
+}

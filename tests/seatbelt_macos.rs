@@ -1,0 +1,222 @@
+//! The generated Seatbelt profile under the real `sandbox-exec`: every
+//! operation in every place, checked on disk. macOS only (the GitHub
+//! Actions workflow runs it on a macOS runner).
+#![cfg(target_os = "macos")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use zcode_acp::config::managed::ManagedRoot;
+use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput};
+use zcode_acp::policy::resolve_real;
+use zcode_acp::seatbelt::arm::arm_argv;
+
+struct Setup {
+    _base: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+    argv_prefix: Vec<String>,
+    _armed: zcode_acp::seatbelt::arm::Armed,
+}
+
+fn setup() -> Setup {
+    // Under $HOME, not $TMPDIR: temp is writable by design, and "outside"
+    // must be outside everything allowed.
+    let home = resolve_real(&dirs::home_dir().unwrap()).unwrap();
+    let base = tempfile::Builder::new()
+        .prefix("zcode-acp-test-")
+        .tempdir_in(&home)
+        .unwrap();
+    let root = resolve_real(base.path()).unwrap();
+    let ws = root.join("ws");
+    let outside = root.join("outside");
+    for d in [
+        ws.join(".git/hooks"),
+        ws.join(".zcode/acp"),
+        outside.clone(),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    std::fs::write(ws.join(".zcode/acp/sandbox.json"), "{\"enabled\": true}").unwrap();
+    std::fs::write(outside.join("victim"), "keep").unwrap();
+    std::fs::write(ws.join("existing"), "x").unwrap();
+    let managed = ManagedRoot::new(root.join("managed"));
+    let input = PolicyInput {
+        platform: Platform::Macos,
+        home: home.clone(),
+        roots: vec![RootInput {
+            path: ws.clone(),
+            project: ProjectRules::default(),
+            repos: vec![Repo {
+                work_tree: ws.clone(),
+                git_dir: ws.join(".git"),
+                common_dir: ws.join(".git"),
+            }],
+        }],
+        backend_state: vec![],
+        temp_and_caches: zcode_acp::policy::discover::temp_and_caches(
+            Platform::Macos,
+            &zcode_acp::policy::discover::ProcessEnv,
+            &home,
+        ),
+        once_allows: vec![],
+        profile_dir: None,
+        managed_root: managed.path.clone(),
+    };
+    let armed = arm_argv(&[], &input, &managed).unwrap();
+    Setup {
+        _base: base,
+        ws,
+        outside,
+        argv_prefix: armed.argv.clone(),
+        _armed: armed,
+    }
+}
+
+fn run(s: &Setup, script: &str) -> bool {
+    let mut argv = s.argv_prefix.clone();
+    argv.extend(["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()]);
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(&s.ws)
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[test]
+fn the_write_matrix_holds_on_disk() {
+    let s = setup();
+    let ws = s.ws.display().to_string();
+    let out = s.outside.display().to_string();
+    let cases: Vec<(String, bool, Box<dyn Fn() -> bool>)> = vec![
+        (
+            format!("echo a > {ws}/new"),
+            true,
+            Box::new({
+                let p = s.ws.join("new");
+                move || p.exists()
+            }),
+        ),
+        (
+            format!("echo a >> {ws}/existing"),
+            true,
+            Box::new({
+                let p = s.ws.join("existing");
+                move || std::fs::read_to_string(&p).unwrap() != "x"
+            }),
+        ),
+        (
+            format!("mkdir {ws}/d && rmdir {ws}/d"),
+            true,
+            Box::new(|| true),
+        ),
+        (
+            format!("echo a > {out}/new"),
+            false,
+            Box::new({
+                let p = s.outside.join("new");
+                move || !p.exists()
+            }),
+        ),
+        (
+            format!("echo a > {out}/victim"),
+            false,
+            Box::new({
+                let p = s.outside.join("victim");
+                move || std::fs::read_to_string(&p).unwrap() == "keep"
+            }),
+        ),
+        (
+            format!("rm {out}/victim"),
+            false,
+            Box::new({
+                let p = s.outside.join("victim");
+                move || p.exists()
+            }),
+        ),
+        (
+            format!("ln -s {out}/victim {ws}/link && echo a > {ws}/link"),
+            false,
+            Box::new({
+                let p = s.outside.join("victim");
+                move || std::fs::read_to_string(&p).unwrap() == "keep"
+            }),
+        ),
+        (
+            format!("echo evil > {ws}/.git/hooks/pre-commit"),
+            false,
+            Box::new({
+                let p = s.ws.join(".git/hooks/pre-commit");
+                move || !p.exists()
+            }),
+        ),
+        (
+            format!("echo evil >> {ws}/.git/config"),
+            false,
+            Box::new({
+                let p = s.ws.join(".git/config");
+                move || std::fs::read_to_string(&p).unwrap() == "[core]\n"
+            }),
+        ),
+        (
+            format!("echo '{{}}' > {ws}/.zcode/acp/sandbox.json"),
+            false,
+            Box::new({
+                let p = s.ws.join(".zcode/acp/sandbox.json");
+                move || std::fs::read_to_string(&p).unwrap() == "{\"enabled\": true}"
+            }),
+        ),
+        (
+            format!("mv {ws}/.zcode {ws}/moved"),
+            false,
+            Box::new({
+                let p = s.ws.join(".zcode/acp/sandbox.json");
+                move || p.exists()
+            }),
+        ),
+        (
+            format!("mv {ws}/.git {ws}/g2"),
+            false,
+            Box::new({
+                let p = s.ws.join(".git/config");
+                move || p.exists()
+            }),
+        ),
+        (
+            format!("mkdir -p {ws}/sub/.zcode/acp"),
+            false,
+            Box::new({
+                let p = s.ws.join("sub/.zcode");
+                move || !p.exists()
+            }),
+        ),
+        (
+            format!("echo a > {ws}/.envrc"),
+            false,
+            Box::new({
+                let p = s.ws.join(".envrc");
+                move || !p.exists()
+            }),
+        ),
+    ];
+    for (script, expect_ok, on_disk) in cases {
+        let ok = run(&s, &script);
+        assert_eq!(ok, expect_ok, "exit status of `{script}`");
+        assert!(on_disk(), "on disk after `{script}`");
+    }
+}
+
+#[test]
+fn reads_and_process_execution_stay_open() {
+    let s = setup();
+    assert!(run(
+        &s,
+        &format!(
+            "cat {}/victim >/dev/null && ls / >/dev/null && /usr/bin/true",
+            s.outside.display()
+        )
+    ));
+    assert!(Path::new(&s.outside).join("victim").exists());
+}
