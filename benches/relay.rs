@@ -111,6 +111,45 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// `zcode-acp run -- /bin/true` (policy discovery, namespaces, mounts,
+/// Landlock, the PID namespace's init) against spawning /bin/true bare.
+fn sandboxed_spawn(n: usize) -> String {
+    let ws = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let run = |sandboxed: bool| -> Duration {
+        let mut cmd = if sandboxed {
+            let mut c = Command::new(BIN);
+            c.args([
+                "run",
+                "--workspace",
+                ws.path().to_str().unwrap(),
+                "--",
+                "/bin/true",
+            ]);
+            c
+        } else {
+            Command::new("/bin/true")
+        };
+        cmd.env("HOME", home.path()).env("ZCODE_ACP_LOG", "error");
+        let start = Instant::now();
+        let status = cmd.status().unwrap();
+        let took = start.elapsed();
+        assert!(
+            status.success(),
+            "the sandboxed spawn failed (needs root or user namespaces, and Landlock)"
+        );
+        took
+    };
+    let bare = median((0..n).map(|_| run(false)).collect());
+    let sandboxed = median((0..n).map(|_| run(true)).collect());
+    format!(
+        "| spawn `/bin/true` under `zcode-acp run` vs bare ({n} each) | {:.2} ms | {:.2} ms | {:.1}x |",
+        bare.as_secs_f64() * 1e3,
+        sandboxed.as_secs_f64() * 1e3,
+        sandboxed.as_secs_f64() / bare.as_secs_f64()
+    )
+}
+
 fn main() {
     let state = tempfile::tempdir().unwrap();
     // `cargo bench` passes --bench; `cargo test` runs this once, small, so
@@ -178,6 +217,7 @@ fn main() {
         rss.0,
         rss.0 as f64 / rss.1.max(1) as f64
     ));
+    rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
     println!("|---|---|---|---|");
     for r in rows {

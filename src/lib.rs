@@ -8,6 +8,8 @@ pub mod bridge;
 pub mod commands;
 pub mod config;
 pub mod demo;
+#[cfg(target_os = "linux")]
+pub mod linux;
 pub mod logging;
 pub mod policy;
 pub mod relay;

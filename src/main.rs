@@ -75,6 +75,16 @@ enum Command {
     Demo,
     /// Print the sandbox profile for workspaces, or the decision for one path.
     Profile(zcode_acp::commands::profile::ProfileArgs),
+    /// Run a command under the sandbox (Linux: namespaces + Landlock).
+    #[cfg(target_os = "linux")]
+    Run(zcode_acp::commands::run::RunArgs),
+    /// Internal: the re-executed helper stage that arms a backend generation.
+    #[cfg(target_os = "linux")]
+    #[command(name = "__sandbox", hide = true)]
+    Sandbox {
+        #[arg(long)]
+        spec: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +93,30 @@ fn main() -> ExitCode {
         eprintln!("zcode-acp: {e}");
         return ExitCode::from(2);
     }
+    // `run` sets up namespaces, which needs a process without threads: it
+    // runs before the async runtime exists.
+    #[cfg(target_os = "linux")]
+    let cli = match cli.command {
+        Some(Command::Run(args)) => {
+            return match zcode_acp::commands::run::run(args) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("zcode-acp: {e:#}");
+                    ExitCode::from(126)
+                }
+            };
+        }
+        Some(Command::Sandbox { spec }) => {
+            return match zcode_acp::linux::hook::helper(&spec) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("zcode-acp: {e}");
+                    ExitCode::from(126)
+                }
+            };
+        }
+        command => Cli { command, ..cli },
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -102,6 +136,10 @@ fn main() -> ExitCode {
             Some(Command::Profile(args)) => {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
+            #[cfg(target_os = "linux")]
+            Some(Command::Run(_) | Command::Sandbox { .. }) => {
+                unreachable!("handled before the runtime starts")
+            }
             None => run_bridge(cli.bridge).await,
         }
     });
@@ -118,16 +156,51 @@ fn main() -> ExitCode {
     }
 }
 
+/// The hook that arms every generation, or one that refuses to start the
+/// backend when this platform cannot arm it.
+fn sandbox_hook(
+    managed: &config::managed::ManagedRoot,
+    user: &config::UserConfig,
+    requested_by: String,
+) -> Box<dyn backend::SpawnHook> {
+    #[cfg(target_os = "linux")]
+    match zcode_acp::linux::hook::LinuxSandbox::new(
+        managed.clone(),
+        user.sandbox.state_paths.clone(),
+    ) {
+        Ok(hook) => {
+            let swept = config::generation::sweep_dead(managed);
+            if swept > 0 {
+                tracing::debug!(swept, "removed the sandbox directories of dead generations");
+            }
+            return Box::new(hook);
+        }
+        Err(reason) => {
+            return Box::new(backend::RefuseUnsandboxed {
+                requested_by,
+                reason,
+            })
+        }
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (managed, user);
+        Box::new(backend::RefuseUnsandboxed {
+            requested_by,
+            reason: "this version of zcode-acp cannot arm a sandbox on this system yet".into(),
+        })
+    }
+}
+
 async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
     let Some(backend) = config::resolve_backend(&args.backend)? else {
         eprint!("{USAGE_HINT}");
         return Ok(ExitCode::from(2));
     };
     let user = config::load_user_config()?;
+    let managed = config::managed::ManagedRoot::user_default()?;
     let hook: Box<dyn backend::SpawnHook> = match config::sandbox_requested_globally(&user) {
-        Some(requested_by) if !args.no_sandbox => {
-            Box::new(backend::RefuseUnsandboxed { requested_by })
-        }
+        Some(requested_by) if !args.no_sandbox => sandbox_hook(&managed, &user, requested_by),
         Some(requested_by) => {
             tracing::warn!("the sandbox is requested ({requested_by}) but --no-sandbox was given: the agent runs UNCONFINED");
             Box::new(backend::Unconfined)
@@ -140,8 +213,8 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         stop_grace: Duration::from_millis(args.stop_grace_ms),
         crash_limit: 3,
         crash_window: Duration::from_secs(30),
-        refuse_sandboxed_projects: !args.no_sandbox,
-        managed: config::managed::ManagedRoot::user_default()?,
+        refuse_sandboxed_projects: !args.no_sandbox && !hook.confines(),
+        managed,
     };
     bridge::Bridge::run(cfg, hook).await?;
     Ok(ExitCode::SUCCESS)

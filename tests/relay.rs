@@ -369,8 +369,12 @@ fn the_backend_can_come_from_the_environment_or_the_user_config() {
 
 #[test]
 fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfined() {
-    // Globally requested: the agent is never started.
-    let mut ed = Editor::start_with(Options::new(fake_agent()).env("ZCODE_ACP_SANDBOX", "1"));
+    // Globally requested where it cannot be armed: the agent never starts.
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("ZCODE_ACP_SANDBOX", "1")
+            .env("ZCODE_ACP_TEST_NO_LANDLOCK", "1"),
+    );
     let id = ed.request(
         "initialize",
         json!({"protocolVersion": 1, "clientCapabilities": {}}),

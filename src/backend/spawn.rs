@@ -49,6 +49,12 @@ pub enum SpawnError {
 /// Decides how each backend generation is started.
 pub trait SpawnHook: Send {
     fn prepare(&mut self, ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError>;
+
+    /// Whether generations started through this hook are confined (and so
+    /// must be re-armed when a session brings a root they do not cover).
+    fn confines(&self) -> bool {
+        false
+    }
 }
 
 /// Runs the backend as configured, with no confinement. The confinement
@@ -72,14 +78,16 @@ impl SpawnHook for Unconfined {
 /// arm, and running the agent unconfined would betray that request.
 pub struct RefuseUnsandboxed {
     pub requested_by: String,
+    /// Why the sandbox cannot be armed here.
+    pub reason: String,
 }
 
 impl SpawnHook for RefuseUnsandboxed {
     fn prepare(&mut self, _ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError> {
         Err(SpawnError::Refused(format!(
-            "the sandbox was requested ({}), but this version of zcode-acp cannot arm a sandbox yet, so the agent was not started; \
+            "the sandbox was requested ({}), but {}, so the agent was not started; \
              remove the request, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",
-            self.requested_by
+            self.requested_by, self.reason
         )))
     }
 }

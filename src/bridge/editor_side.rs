@@ -133,6 +133,20 @@ impl Bridge {
                     }
                 }
                 let track = track::editor_request(&method, &frame);
+                if let Some(uncovered) = self.uncovered_roots(&track) {
+                    // The running generation cannot write there: re-arm
+                    // first, and let the new generation answer this request.
+                    let list = uncovered
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    self.pending_roots.extend(uncovered);
+                    self.queue.push_front(frame);
+                    return self.request_restart(&format!(
+                        "a session opened a workspace the sandbox does not cover yet ({list})"
+                    ));
+                }
                 if let Some(message) = self.refused_for_sandbox(&track) {
                     warn!(method, "{message}");
                     return self.answer_error(&id, codes::SANDBOX_UNAVAILABLE, &message);
@@ -152,6 +166,24 @@ impl Bridge {
             }
             Kind::Response { .. } => unreachable!("responses are routed before dispatch"),
         }
+    }
+
+    /// Roots of a session being opened that the armed generation does not
+    /// cover (only when generations are confined).
+    fn uncovered_roots(&self, track: &track::Track) -> Option<Vec<std::path::PathBuf>> {
+        if !self.hook.confines() {
+            return None;
+        }
+        let session = match track {
+            track::Track::Create(s) | track::Track::Reopen(s) => s,
+            _ => return None,
+        };
+        let uncovered: Vec<std::path::PathBuf> = session
+            .roots()
+            .map(|r| crate::policy::resolve_real(r).unwrap_or_else(|_| r.clone()))
+            .filter(|r| !self.armed_roots.iter().any(|a| r.starts_with(a)))
+            .collect();
+        (!uncovered.is_empty()).then_some(uncovered)
     }
 
     /// A session whose project turns the sandbox on cannot be opened on an

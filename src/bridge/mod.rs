@@ -178,6 +178,10 @@ pub struct Bridge {
     pending_restart: Option<RestartReason>,
     shutdown: Option<String>,
     shutting_down: bool,
+    /// The roots the running generation was armed for.
+    armed_roots: Vec<std::path::PathBuf>,
+    /// Roots a queued request needs, for the next generation.
+    pending_roots: Vec<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -265,6 +269,8 @@ impl Bridge {
             pending_restart: None,
             shutdown: None,
             shutting_down: false,
+            armed_roots: Vec::new(),
+            pending_roots: Vec::new(),
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.

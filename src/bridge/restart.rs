@@ -135,7 +135,15 @@ impl Bridge {
     async fn start_generation(&mut self) -> Result<(), StartError> {
         self.generations_started += 1;
         let id = self.generations_started;
-        let roots = self.sessions.roots();
+        let mut roots: Vec<std::path::PathBuf> = self
+            .sessions
+            .roots()
+            .iter()
+            .chain(&self.pending_roots)
+            .map(|r| crate::policy::resolve_real(r).unwrap_or_else(|_| r.clone()))
+            .collect();
+        roots.sort();
+        roots.dedup();
         let ctx = SpawnContext {
             argv: &self.cfg.backend,
             roots: &roots,
@@ -156,6 +164,8 @@ impl Bridge {
             "agent backend started"
         );
         self.generation = Some(generation);
+        self.armed_roots = roots;
+        self.pending_roots.clear();
 
         let Some(init) = self.initialize.clone() else {
             // The editor has not initialized yet; it will do so itself.

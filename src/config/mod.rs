@@ -5,6 +5,7 @@
 //! ignored so an older bridge still reads a newer file.
 
 pub mod atomic;
+pub mod generation;
 pub mod ledger;
 pub mod managed;
 pub mod project;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// `~/.zcode-shell-agent` (inside the `~/.zcode*` state the sandbox keeps
 /// writable for zcode backends, and outside the bridge's own managed root).
 pub fn state_dir() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("ZCODE_SHELL_AGENT_HOME") {
+    if let Some(dir) = std::env::var_os("ZCODE_SHELL_AGENT_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
     let home = dirs::home_dir()

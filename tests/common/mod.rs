@@ -51,6 +51,11 @@ pub struct Options {
     pub backend: Vec<String>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Start the bridge in a new mount namespace whose `/` is shared, so a
+    /// sandbox that forgot to make its mounts private would leak into it.
+    pub outer_ns: bool,
+    /// Where the temporary home goes (default: the system temp dir).
+    pub home_in: Option<PathBuf>,
 }
 
 impl Options {
@@ -59,6 +64,8 @@ impl Options {
             backend,
             args: Vec::new(),
             env: Vec::new(),
+            outer_ns: false,
+            home_in: None,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -77,7 +84,10 @@ impl Editor {
     }
 
     pub fn start_with(opts: Options) -> Editor {
-        let home = tempfile::tempdir().unwrap();
+        let home = match &opts.home_in {
+            Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
         let mut cmd = Command::new(BIN);
         cmd.args(&opts.args)
             .arg("--")
@@ -92,6 +102,39 @@ impl Editor {
             .stderr(Stdio::inherit());
         for (k, v) in &opts.env {
             cmd.env(k, v);
+        }
+        if opts.outer_ns {
+            let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap();
+            // SAFETY: runs in the forked child before exec; system calls only.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let mut st: libc::stat = std::mem::zeroed();
+                    if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if st.st_ino == parent_ns {
+                        return Err(std::io::Error::other(
+                            "the mount namespace did not change; refusing to mount",
+                        ));
+                    }
+                    if libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_SHARED,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd.spawn().expect("start zcode-acp");
         let stdin = child.stdin.take();

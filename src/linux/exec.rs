@@ -1,0 +1,454 @@
+//! Carrying out a [`Plan`]: the one setup path, in the order that makes
+//! it safe. This runs in a freshly started, single-threaded process (the
+//! `run` command, or the `__sandbox` helper stage the bridge re-executes),
+//! never in a `pre_exec` closure and never in a process with threads
+//! (unshare(CLONE_NEWUSER) refuses those).
+//!
+//! Order, and why:
+//! 1. read the host's mount table first (which mounts were read-only for
+//!    the user) and the current mount namespace;
+//! 2. unshare the mount and PID namespaces (and, for a non-root user, a
+//!    user namespace mapping the uid and gid to themselves, never to 0);
+//! 3. check the mount namespace really is new before touching any mount:
+//!    a mount in the host namespace would change the machine;
+//! 4. make `/` recursively private before any other mount, or binds would
+//!    propagate back to the host;
+//! 5. everything read-only in one recursive mount_setattr;
+//! 6. the writable set: bind each onto itself and clear read-only beneath
+//!    it, except mounts that were read-only on the host (as root, clearing
+//!    those would give the agent more than the user has);
+//! 7. private tmpfs for /tmp, /var/tmp and /dev/shm (writable trees inside
+//!    them are carried over with open_tree/move_mount);
+//! 8. pins (mountpoints cannot be renamed), then read-only binds for the
+//!    protected paths and islands, then cover the sockets of services that
+//!    would write for the caller;
+//! 9. fork the PID namespace's init: it mounts a fresh read-only /proc,
+//!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
+//!    clear read-only with mount_setattr), sets no_new_privs, enforces
+//!    Landlock last (it refuses mounts afterwards), and forks the command;
+//! 10. the command: new session (an inherited tty allowed TIOCSTI input
+//!     injection into the user's shell), inherited fds above stderr closed,
+//!     the requested environment applied, exec.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use nix::errno::Errno;
+use nix::mount::{mount, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use serde::{Deserialize, Serialize};
+
+use super::plan::Plan;
+use super::sys;
+
+/// Everything the helper needs: the plan and the command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub plan: Plan,
+    pub argv: Vec<String>,
+    /// Applied after the sandbox is armed (so nothing the caller sets can
+    /// run code in the helper itself).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{step}: {errno}")]
+    Sys { step: String, errno: Errno },
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn sys<T>(step: impl Into<String>, r: Result<T, Errno>) -> Result<T, LaunchError> {
+    r.map_err(|errno| LaunchError::Sys {
+        step: step.into(),
+        errno,
+    })
+}
+
+/// Mountpoints that are read-only in the current mount table.
+fn readonly_mounts() -> BTreeSet<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let (point, opts) = (f.get(4)?, f.get(5)?);
+            opts.split(',')
+                .any(|o| o == "ro")
+                .then(|| PathBuf::from(unescape(point)))
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn bind(path: &Path) -> Result<(), LaunchError> {
+    sys(
+        format!("bind {}", path.display()),
+        mount(
+            Some(path),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        ),
+    )
+}
+
+fn setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), LaunchError> {
+    sys(
+        format!("mount_setattr {}", path.display()),
+        sys::mount_setattr(path, recursive, set, clear),
+    )
+}
+
+/// Steps 2-8: namespaces and mounts. Runs in the helper process.
+fn arm_mounts(plan: &Plan) -> Result<(), LaunchError> {
+    let uid = nix::unistd::getuid();
+    let gid = nix::unistd::getgid();
+    let host_ro = readonly_mounts();
+    let host_ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
+
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    if !uid.is_root() {
+        flags |= CloneFlags::CLONE_NEWUSER;
+    }
+    sys("unshare", unshare(flags))?;
+    if !uid.is_root() {
+        // The uid and gid map to themselves: the agent stays who it is.
+        std::fs::write("/proc/self/setgroups", "deny")
+            .and_then(|_| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+            .and_then(|_| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")))
+            .map_err(|e| LaunchError::Refused(format!("cannot map the user namespace: {e}")))?;
+    }
+    let ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
+    if ns == host_ns {
+        // Never mount in the namespace we started in.
+        return Err(LaunchError::Refused(
+            "the mount namespace did not change after unshare; refusing to mount anything".into(),
+        ));
+    }
+
+    sys(
+        "make / private",
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
+    )?;
+    setattr(Path::new("/"), true, sys::MOUNT_ATTR_RDONLY, 0)?;
+
+    for w in &plan.writable {
+        bind(&w.path)?;
+        setattr(&w.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
+        for ro in host_ro.iter().filter(|m| m.starts_with(&w.path)) {
+            setattr(ro, false, sys::MOUNT_ATTR_RDONLY, 0)?;
+        }
+    }
+
+    for t in &plan.tmpfs {
+        // Writable trees inside are carried over the new tmpfs.
+        let mut carried = Vec::new();
+        for w in plan
+            .writable
+            .iter()
+            .filter(|w| w.path.starts_with(&t.path) && w.path != t.path)
+        {
+            carried.push((
+                w.path.clone(),
+                sys(
+                    format!("open_tree {}", w.path.display()),
+                    sys::open_tree_clone(&w.path),
+                )?,
+            ));
+        }
+        sys(
+            format!("tmpfs on {}", t.path.display()),
+            mount(
+                Some("tmpfs"),
+                &t.path,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=1777"),
+            ),
+        )?;
+        for (path, tree) in carried {
+            std::fs::create_dir_all(&path).map_err(|e| {
+                LaunchError::Refused(format!("cannot recreate {}: {e}", path.display()))
+            })?;
+            sys(
+                format!("move_mount {}", path.display()),
+                sys::move_mount_to(&tree, &path),
+            )?;
+        }
+    }
+
+    for p in &plan.pins {
+        bind(&p.path)?;
+    }
+    for r in &plan.readonly {
+        bind(&r.path)?;
+        setattr(&r.path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
+    }
+    for h in &plan.hidden {
+        let is_dir = std::fs::symlink_metadata(&h.path).is_ok_and(|m| m.is_dir());
+        if is_dir {
+            sys(
+                format!("cover {}", h.path.display()),
+                mount(
+                    Some("tmpfs"),
+                    &h.path,
+                    Some("tmpfs"),
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                    Some("size=4k,mode=000"),
+                ),
+            )?;
+        } else {
+            sys(
+                format!("cover {}", h.path.display()),
+                mount(
+                    Some("/dev/null"),
+                    &h.path,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                ),
+            )?;
+            setattr(&h.path, false, sys::MOUNT_ATTR_RDONLY, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Landlock: write rights only beneath the writable set and on the needed
+/// devices; signals and abstract sockets scoped to the sandbox.
+fn enforce_landlock(plan: &Plan) -> Result<String, LaunchError> {
+    let abi = ABI::from(sys::landlock_abi());
+    if abi == ABI::Unsupported {
+        return Err(LaunchError::Refused(
+            "Landlock is not available in this kernel".into(),
+        ));
+    }
+    let write = AccessFs::from_write(abi);
+    let file_rights: BitFlags<AccessFs> = write & AccessFs::from_file(abi);
+    let err = |e: landlock::RulesetError| LaunchError::Refused(format!("Landlock: {e}"));
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(write)
+        .map_err(err)?;
+    if Scope::from_all(abi) != BitFlags::EMPTY {
+        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
+    }
+    let mut created = ruleset.create().map_err(err)?;
+    for dir in &plan.landlock_dirs {
+        if let Ok(fd) = PathFd::new(dir) {
+            created = created.add_rule(PathBeneath::new(fd, write)).map_err(err)?;
+        }
+    }
+    for file in &plan.landlock_files {
+        if let Ok(fd) = PathFd::new(file) {
+            created = created
+                .add_rule(PathBeneath::new(fd, file_rights))
+                .map_err(err)?;
+        }
+    }
+    let status = created.restrict_self().map_err(err)?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(format!("Landlock ABI {}", abi as i32)),
+        RulesetStatus::PartiallyEnforced => {
+            Ok(format!("Landlock ABI {} (partially enforced)", abi as i32))
+        }
+        RulesetStatus::NotEnforced => Err(LaunchError::Refused("Landlock was not enforced".into())),
+    }
+}
+
+fn die(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("zcode-acp sandbox: {what}: {e}");
+    std::process::exit(126);
+}
+
+/// Arms the sandbox and runs the command; returns the exit code to use.
+/// Must be called from a single-threaded process.
+pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
+    if spec.argv.is_empty() {
+        return Err(LaunchError::Refused("no command to run".into()));
+    }
+    // The working directory is re-entered by path once the mounts are in
+    // place: the old handle still points into the read-only tree beneath.
+    let mut spec = spec.clone();
+    if spec.cwd.is_none() {
+        spec.cwd = std::env::current_dir().ok();
+    }
+    let spec = &spec;
+    arm_mounts(&spec.plan)?;
+    let is_root = nix::unistd::getuid().is_root();
+
+    // Signals the init forwards; blocked before forking so none is lost.
+    let mut forwarded = SigSet::empty();
+    forwarded.add(Signal::SIGTERM);
+    forwarded.add(Signal::SIGINT);
+    forwarded.add(Signal::SIGHUP);
+    forwarded.add(Signal::SIGCHLD);
+
+    // SAFETY: single-threaded process (documented precondition), so fork
+    // cannot leave a lock held by another thread.
+    match sys("fork the namespace's init", unsafe { fork() })? {
+        ForkResult::Parent { child } => {
+            // The helper stays outside the PID namespace and waits. The
+            // bridge's signals reach the init through the process group.
+            for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+                // SAFETY: setting a signal to ignore installs no handler.
+                unsafe {
+                    let _ = nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn);
+                }
+            }
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+                    Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+                    Ok(_) => continue,
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => {
+                        return Err(LaunchError::Sys {
+                            step: "wait for init".into(),
+                            errno: e,
+                        })
+                    }
+                }
+            }
+        }
+        ForkResult::Child => init(spec, is_root, forwarded),
+    }
+}
+
+/// PID 1 of the sandbox.
+fn init(spec: &LaunchSpec, is_root: bool, forwarded: SigSet) -> ! {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        die("parent-death signal", e);
+    }
+    // A /proc for this PID namespace: ps shows the sandbox, not the host.
+    // If the kernel refuses, the host's (read-only) /proc stays.
+    let _ = mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    );
+    if let Err(e) = sys::drop_all_capabilities(is_root) {
+        die("drop capabilities", e);
+    }
+    if let Err(e) = nix::sys::prctl::set_no_new_privs() {
+        die("no_new_privs", e);
+    }
+    if let Err(e) = enforce_landlock(&spec.plan) {
+        die("Landlock", e);
+    }
+    if let Err(e) = forwarded.thread_block() {
+        die("block signals", e);
+    }
+    // SAFETY: still single-threaded.
+    let child = match unsafe { fork() } {
+        Ok(ForkResult::Child) => command(spec, forwarded),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => die("fork the command", e),
+    };
+    loop {
+        let sig = match forwarded.wait() {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        if sig == Signal::SIGCHLD {
+            // Reap everything; leave when the command itself is gone.
+            loop {
+                match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => std::process::exit(code),
+                    Ok(WaitStatus::Signaled(pid, s, _)) if pid == child => {
+                        std::process::exit(128 + s as i32)
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            }
+        } else {
+            // Forward to the command's process group (it has its own session).
+            let _ = kill(Pid::from_raw(-child.as_raw()), sig);
+        }
+    }
+}
+
+/// The command itself: last steps, then exec.
+fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
+    if let Err(e) = forwarded.thread_unblock() {
+        die("unblock signals", e);
+    }
+    if let Err(e) = nix::unistd::setsid() {
+        die("setsid", e);
+    }
+    if let Err(e) = sys::close_from(3) {
+        die("close inherited fds", e);
+    }
+    for (k, v) in &spec.env {
+        std::env::set_var(k, v);
+    }
+    if let Some(cwd) = &spec.cwd {
+        if let Err(e) = std::env::set_current_dir(cwd) {
+            die(&format!("cd {}", cwd.display()), e);
+        }
+    }
+    let args: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
+        .collect();
+    let e = nix::unistd::execvp(&args[0], &args).unwrap_err();
+    die(&format!("run {}", spec.argv[0]), e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_read() {
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(unescape(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}

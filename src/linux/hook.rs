@@ -1,0 +1,113 @@
+//! The bridge's spawn hook on Linux: every backend generation runs under the
+//! launcher, armed for the roots of that moment.
+//!
+//! The launch spec (plan and command) is written to the generation's
+//! private directory under the managed root, then this same binary is
+//! re-executed as `zcode-acp __sandbox --spec FILE`: a fresh single-threaded
+//! process that arms the namespaces and Landlock and runs the backend.
+
+use std::path::PathBuf;
+
+use crate::backend::spawn::{PreparedCommand, SpawnContext, SpawnError, SpawnHook};
+use crate::config::generation::GenerationDir;
+use crate::config::managed::ManagedRoot;
+use crate::linux::exec::LaunchSpec;
+use crate::linux::plan::{self, RealFs, Session};
+use crate::policy::discover::{gather, Sources};
+use crate::policy::{Platform, Policy};
+
+pub struct LinuxSandbox {
+    pub managed: ManagedRoot,
+    pub state_paths: Vec<PathBuf>,
+    /// The directory of the running generation; replaced (and removed) when
+    /// the next one is prepared, which happens after the old one stopped.
+    current: Option<GenerationDir>,
+}
+
+impl LinuxSandbox {
+    /// Checks that this kernel can arm the sandbox at all.
+    pub fn new(managed: ManagedRoot, state_paths: Vec<PathBuf>) -> Result<LinuxSandbox, String> {
+        // The test knob only ever makes arming refuse, never run unconfined.
+        if super::landlock_abi() < 1 || std::env::var_os("ZCODE_ACP_TEST_NO_LANDLOCK").is_some() {
+            return Err("this kernel has no Landlock, so the sandbox cannot be armed".into());
+        }
+        Ok(LinuxSandbox {
+            managed,
+            state_paths,
+            current: None,
+        })
+    }
+}
+
+fn refuse(e: impl std::fmt::Display) -> SpawnError {
+    SpawnError::Refused(format!("cannot arm the sandbox: {e}"))
+}
+
+impl SpawnHook for LinuxSandbox {
+    fn prepare(&mut self, ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError> {
+        if ctx.argv.is_empty() {
+            return Err(SpawnError::Empty);
+        }
+        self.current = None;
+        let (mut input, _) = gather(&Sources {
+            platform: Platform::Linux,
+            workspaces: ctx.roots,
+            backend: ctx.argv,
+            state_paths: &self.state_paths,
+            once_allows: &[],
+            managed: &self.managed,
+            inspect: false,
+        })
+        .map_err(refuse)?;
+        let dir = GenerationDir::create(&self.managed).map_err(refuse)?;
+        input.profile_dir = Some(dir.path.clone());
+        let policy = Policy::build(&input);
+        let session = Session {
+            uid: nix::unistd::getuid().as_raw(),
+            ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        };
+        let plan = plan::build(&policy, &RealFs, &session);
+        for gap in &plan.gaps {
+            tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
+        }
+        let spec = LaunchSpec {
+            plan,
+            argv: ctx.argv.to_vec(),
+            env: Vec::new(),
+            cwd: None,
+        };
+        let text = serde_json::to_string(&spec).map_err(refuse)?;
+        let file = dir.write_file("launch.json", &text).map_err(refuse)?;
+        let exe = std::env::current_exe().map_err(refuse)?;
+        self.current = Some(dir);
+        Ok(PreparedCommand {
+            argv: vec![
+                exe.to_string_lossy().into_owned(),
+                "__sandbox".into(),
+                "--spec".into(),
+                file.to_string_lossy().into_owned(),
+            ],
+            env: Vec::new(),
+            confinement: format!(
+                "Linux namespaces+Landlock, {} root{} writable",
+                ctx.roots.len(),
+                if ctx.roots.len() == 1 { "" } else { "s" }
+            ),
+        })
+    }
+
+    fn confines(&self) -> bool {
+        true
+    }
+}
+
+/// `zcode-acp __sandbox --spec FILE`: the helper stage. Reads the spec
+/// (never through a symlink) and runs it. Must run before any thread.
+pub fn helper(spec_file: &std::path::Path) -> Result<i32, String> {
+    let bytes = crate::config::atomic::read_nofollow(spec_file)
+        .map_err(|e| format!("cannot read the launch spec {}: {e}", spec_file.display()))?;
+    let spec: LaunchSpec =
+        serde_json::from_slice(&bytes).map_err(|e| format!("the launch spec is not valid: {e}"))?;
+    crate::linux::exec::run(&spec).map_err(|e| format!("cannot arm the sandbox: {e}"))
+}

@@ -1,0 +1,9 @@
+//! Linux enforcement: user+mount namespaces, a PID namespace with an init
+//! of ours, and Landlock, built from the same policy as everything else.
+
+pub mod exec;
+pub mod hook;
+pub mod plan;
+mod sys;
+
+pub use sys::landlock_abi;

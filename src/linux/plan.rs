@@ -1,0 +1,364 @@
+//! The Linux mount plan and Landlock rules, built from the policy. Pure:
+//! what exists on disk is asked through [`Fs`], so the exact plan is
+//! unit-tested; `exec` carries it out.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{is_zcode_config_path, Kind, Matcher, Ops, Policy};
+
+/// What the planner may ask about the filesystem.
+pub trait Fs {
+    fn is_dir(&self, p: &Path) -> bool;
+    fn exists(&self, p: &Path) -> bool;
+    /// Entry names of a directory.
+    fn list(&self, p: &Path) -> Vec<String>;
+}
+
+pub struct RealFs;
+
+impl Fs for RealFs {
+    fn is_dir(&self, p: &Path) -> bool {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+    }
+    fn exists(&self, p: &Path) -> bool {
+        std::fs::symlink_metadata(p).is_ok()
+    }
+    fn list(&self, p: &Path) -> Vec<String> {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Directories replaced by a fresh tmpfs in each generation. A shared /tmp
+/// holds other programs' sockets (X11, tmux, ssh agents, editors' IPC), any
+/// of which could run commands for the agent outside the sandbox; a private
+/// one costs only sharing temp files with the host (and they do not
+/// survive a re-arm).
+pub const PRIVATE_TMP: &[&str] = &["/tmp", "/var/tmp"];
+
+/// One step of the plan, with the reason it is there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Bound onto themselves and made writable (parents first).
+    pub writable: Vec<Step>,
+    /// Replaced by an empty, writable tmpfs.
+    pub tmpfs: Vec<Step>,
+    /// Made mountpoints, so they cannot be renamed (EBUSY).
+    pub pins: Vec<Step>,
+    /// Bound onto themselves and made read-only, recursively.
+    pub readonly: Vec<Step>,
+    /// Covered so nothing inside can be reached (sockets of services that
+    /// would write for the caller).
+    pub hidden: Vec<Step>,
+    /// Landlock: write rights beneath these directories...
+    pub landlock_dirs: Vec<PathBuf>,
+    /// ...and on these files (devices).
+    pub landlock_files: Vec<PathBuf>,
+    /// What the policy asks for that this plan cannot enforce, and why.
+    pub gaps: Vec<Step>,
+}
+
+fn step(path: &Path, why: &str) -> Step {
+    Step {
+        path: path.to_path_buf(),
+        why: why.to_owned(),
+    }
+}
+
+fn push_unique(list: &mut Vec<Step>, s: Step) {
+    if !list.iter().any(|x| x.path == s.path) {
+        list.push(s);
+    }
+}
+
+/// Per-user facts the hidden-socket list depends on.
+#[derive(Debug, Clone, Default)]
+pub struct Session {
+    pub uid: u32,
+    pub ssh_auth_sock: Option<PathBuf>,
+    pub xdg_runtime_dir: Option<PathBuf>,
+}
+
+/// Sockets (and socket directories) through which a confined process can
+/// ask an unconfined one to write: the session bus and systemd user
+/// manager (`systemd-run --user`), the system bus, Docker and containerd,
+/// tmux and screen servers, and the ssh agent.
+fn hidden_candidates(s: &Session) -> Vec<Step> {
+    let mut out = vec![
+        step(
+            &s.xdg_runtime_dir.clone().unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", s.uid))),
+            "the user's runtime dir: the session D-Bus, the systemd user manager (systemd-run --user), gpg and other agents",
+        ),
+        step(Path::new("/run/dbus"), "the system D-Bus"),
+        step(Path::new("/var/run/dbus"), "the system D-Bus"),
+        step(Path::new("/run/docker.sock"), "Docker: a container can write anywhere"),
+        step(Path::new("/var/run/docker.sock"), "Docker: a container can write anywhere"),
+        step(Path::new("/run/containerd"), "containerd"),
+        step(Path::new("/run/screen"), "screen servers run commands typed into them"),
+        step(Path::new("/var/run/screen"), "screen servers run commands typed into them"),
+        step(
+            &PathBuf::from(format!("/tmp/tmux-{}", s.uid)),
+            "tmux servers run commands sent to them",
+        ),
+    ];
+    if let Some(sock) = &s.ssh_auth_sock {
+        out.push(step(sock, "the ssh agent signs for the caller"));
+    }
+    out
+}
+
+fn depth(p: &Path) -> usize {
+    p.components().count()
+}
+
+/// Builds the plan for `policy`.
+pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
+    let mut plan = Plan::default();
+    let private_tmp = |p: &Path| PRIVATE_TMP.iter().any(|t| p == Path::new(t));
+
+    for rule in policy.rules.iter().filter(|r| r.kind == Kind::Allow) {
+        match &rule.matcher {
+            Matcher::Subpath(p) if private_tmp(p) => {
+                if fs.is_dir(p) {
+                    push_unique(&mut plan.tmpfs, step(p, "private temp for this generation (a shared /tmp holds other programs' sockets)"));
+                    plan.landlock_dirs.push(p.clone());
+                }
+            }
+            Matcher::Subpath(p) if p == Path::new("/dev/shm") => {
+                push_unique(&mut plan.tmpfs, step(p, "the sandbox's own shared memory"));
+                plan.landlock_dirs.push(p.clone());
+            }
+            Matcher::Subpath(p) if p.starts_with("/dev") => {
+                // Device directories (ptys) stay as they are; Landlock grants them.
+                if fs.is_dir(p) {
+                    plan.landlock_dirs.push(p.clone());
+                }
+            }
+            Matcher::Subpath(p) => {
+                if fs.is_dir(p) {
+                    push_unique(&mut plan.writable, step(p, &rule.why));
+                    plan.landlock_dirs.push(p.clone());
+                } else if fs.exists(p) {
+                    push_unique(&mut plan.writable, step(p, &rule.why));
+                    plan.landlock_files.push(p.clone());
+                } else {
+                    plan.gaps.push(step(p, "allowed, but it does not exist when the sandbox is armed, so it stays read-only"));
+                }
+            }
+            Matcher::Literal(p) => {
+                if fs.exists(p) {
+                    plan.landlock_files.push(p.clone());
+                }
+            }
+            Matcher::NamePrefix { dir, prefix } => {
+                let mut names = fs.list(dir);
+                names.sort();
+                for name in names.into_iter().filter(|n| n.starts_with(prefix.as_str())) {
+                    let p = dir.join(&name);
+                    if policy.evaluate_resolved(&p, crate::policy::Op::Write).kind != Kind::Allow {
+                        continue; // an island (the managed root) takes it back
+                    }
+                    push_unique(&mut plan.writable, step(&p, &rule.why));
+                    if fs.is_dir(&p) {
+                        plan.landlock_dirs.push(p);
+                    } else {
+                        plan.landlock_files.push(p);
+                    }
+                }
+                plan.gaps.push(step(
+                    &dir.join(format!("{prefix}*")),
+                    "only entries that exist when the sandbox is armed are writable; new ones cannot be created",
+                ));
+            }
+            Matcher::ZcodeConfig { .. } => {}
+        }
+    }
+
+    for rule in policy.rules.iter().filter(|r| r.kind != Kind::Allow) {
+        match (&rule.matcher, rule.ops) {
+            (Matcher::Subpath(p) | Matcher::Literal(p), Ops::All) => {
+                if fs.exists(p) {
+                    push_unique(&mut plan.readonly, step(p, &rule.why));
+                } else if rule.kind == Kind::Protected {
+                    plan.gaps.push(step(
+                        p,
+                        "protected, but it does not exist when the sandbox is armed: a direct write can create it (ACP writes are still checked)",
+                    ));
+                }
+            }
+            (Matcher::Subpath(p) | Matcher::Literal(p), Ops::RemoveOnly) if fs.is_dir(p) => {
+                push_unique(&mut plan.pins, step(p, &rule.why));
+            }
+            (Matcher::ZcodeConfig { beneath }, _) => {
+                // The bridge creates <root>/.zcode/acp before arming; it and
+                // its parent become read-only mountpoints.
+                let acp = beneath.join(".zcode").join("acp");
+                if fs.is_dir(&acp) && is_zcode_config_path(&acp) {
+                    push_unique(
+                        &mut plan.pins,
+                        step(
+                            &beneath.join(".zcode"),
+                            "holds the sandbox config: cannot be renamed",
+                        ),
+                    );
+                    push_unique(&mut plan.readonly, step(&acp, &rule.why));
+                }
+            }
+            _ => {}
+        }
+    }
+    plan.gaps.push(step(
+        Path::new("/"),
+        "a .zcode/acp created later beneath a writable directory is not read-only on Linux; the approval ledger guards what it may say",
+    ));
+
+    for h in hidden_candidates(session) {
+        // Hiding what the sandbox may write would take it away; hide only
+        // what lies outside the writable set (or in the shared world).
+        if fs.exists(&h.path) && !plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path)) {
+            push_unique(&mut plan.hidden, h);
+        }
+    }
+
+    plan.writable.sort_by_key(|s| depth(&s.path));
+    plan.pins.sort_by_key(|s| depth(&s.path));
+    plan.readonly.sort_by_key(|s| depth(&s.path));
+    plan.landlock_dirs.dedup();
+    plan.landlock_files.dedup();
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+    use std::collections::BTreeMap;
+
+    /// A fake filesystem: path -> is_dir.
+    struct FakeFs(BTreeMap<PathBuf, bool>);
+
+    impl Fs for FakeFs {
+        fn is_dir(&self, p: &Path) -> bool {
+            self.0.get(p) == Some(&true)
+        }
+        fn exists(&self, p: &Path) -> bool {
+            self.0.contains_key(p)
+        }
+        fn list(&self, p: &Path) -> Vec<String> {
+            self.0
+                .keys()
+                .filter(|k| k.parent() == Some(p))
+                .map(|k| k.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        }
+    }
+
+    fn fake(entries: &[(&str, bool)]) -> FakeFs {
+        FakeFs(
+            entries
+                .iter()
+                .map(|(p, d)| (PathBuf::from(p), *d))
+                .collect(),
+        )
+    }
+
+    fn policy() -> Policy {
+        Policy::build(&PolicyInput {
+            platform: Platform::Linux,
+            home: "/home/u".into(),
+            roots: vec![RootInput {
+                path: "/home/u/w".into(),
+                project: ProjectRules::default(),
+                repos: vec![Repo {
+                    work_tree: "/home/u/w".into(),
+                    git_dir: "/home/u/w/.git".into(),
+                    common_dir: "/home/u/w/.git".into(),
+                }],
+            }],
+            backend_state: vec![Grant {
+                matcher: Matcher::NamePrefix {
+                    dir: "/home/u".into(),
+                    prefix: ".zcode".into(),
+                },
+                why: "zcode".into(),
+            }],
+            temp_and_caches: vec![Grant {
+                matcher: Matcher::Subpath("/tmp".into()),
+                why: "temp".into(),
+            }],
+            once_allows: vec![],
+            profile_dir: None,
+            managed_root: "/home/u/.zcode-acp".into(),
+        })
+    }
+
+    #[test]
+    fn the_plan_follows_the_policy() {
+        let fs = fake(&[
+            ("/home/u", true),
+            ("/home/u/w", true),
+            ("/home/u/w/.git", true),
+            ("/home/u/w/.git/hooks", true),
+            ("/home/u/w/.git/config", false),
+            ("/home/u/w/.zcode", true),
+            ("/home/u/w/.zcode/acp", true),
+            ("/home/u/.zcode-shell-agent", true),
+            ("/home/u/.zcode-acp", true),
+            ("/tmp", true),
+            ("/dev/null", false),
+            ("/dev/pts", true),
+            ("/dev/shm", true),
+            ("/run/user/1000", true),
+        ]);
+        let session = Session {
+            uid: 1000,
+            ..Session::default()
+        };
+        let plan = build(&policy(), &fs, &session);
+        let paths = |steps: &[Step]| {
+            steps
+                .iter()
+                .map(|s| s.path.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            paths(&plan.writable),
+            vec!["/home/u/w", "/home/u/.zcode-shell-agent"]
+        );
+        assert_eq!(paths(&plan.tmpfs), vec!["/tmp", "/dev/shm"]);
+        assert_eq!(
+            paths(&plan.pins),
+            vec!["/home/u/w", "/home/u/w/.git", "/home/u/w/.zcode"]
+        );
+        assert_eq!(
+            paths(&plan.readonly),
+            vec![
+                "/home/u/.zcode-acp",
+                "/home/u/w/.git/hooks",
+                "/home/u/w/.git/config",
+                "/home/u/w/.zcode/acp"
+            ]
+        );
+        assert_eq!(paths(&plan.hidden), vec!["/run/user/1000"]);
+        assert!(plan.landlock_files.contains(&PathBuf::from("/dev/null")));
+        assert!(plan.landlock_dirs.contains(&PathBuf::from("/dev/pts")));
+        // What cannot be enforced is said, not hidden.
+        assert!(plan
+            .gaps
+            .iter()
+            .any(|g| g.path == Path::new("/home/u/w/.envrc")));
+    }
+}

@@ -1,0 +1,186 @@
+//! Thin wrappers over the system calls nix does not cover (the new mount
+//! API, capsets, close_range). Each is one syscall; errors are errno.
+
+use std::ffi::CString;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+
+/// `struct mount_attr` of the kernel ABI.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cpath(p: &Path) -> Result<CString, Errno> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)
+}
+
+/// Sets and clears mount attributes on the mount at `path` (and, with
+/// `recursive`, every mount beneath it).
+pub fn mount_setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), Errno> {
+    let c = cpath(path)?;
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: `c` is a valid NUL-terminated path and `attr` a properly
+    // sized, initialized struct that outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// A detached copy of the mount tree at `path` (recursively).
+pub fn open_tree_clone(path: &Path) -> Result<OwnedFd, Errno> {
+    let c = cpath(path)?;
+    // SAFETY: valid path; the returned fd is owned by us from here on.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
+        )
+    };
+    let fd = Errno::result(fd)?;
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches a detached tree (from [`open_tree_clone`]) at `target`.
+pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let c = cpath(target)?;
+    let empty = CString::default();
+    // SAFETY: valid fd and paths for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// Drops every capability: bounding set, ambient set, and the effective,
+/// permitted and inheritable sets. As uid 0 the securebits are locked too,
+/// so exec cannot hand root's capabilities back.
+pub fn drop_all_capabilities(is_root: bool) -> Result<(), Errno> {
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        let mut cap = 0;
+        // Drop until the kernel says the capability number is past the last.
+        loop {
+            let r = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            if r != 0 {
+                if Errno::last() == Errno::EINVAL {
+                    break;
+                }
+                return Err(Errno::last());
+            }
+            cap += 1;
+        }
+        Errno::result(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ))?;
+        if is_root {
+            // NOROOT, NO_SETUID_FIXUP and KEEP_CAPS off, each locked.
+            let bits = 0x01 | 0x02 | 0x04 | 0x08 | 0x20;
+            Errno::result(libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0))?;
+        }
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and two data words, as capset(2) v3 expects.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    Errno::result(r).map(drop)
+}
+
+/// Closes every fd from `first` up.
+pub fn close_from(first: u32) -> Result<(), Errno> {
+    // SAFETY: close_range with integer arguments; only fds >= first close.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    Errno::result(r).map(drop)
+}
+
+/// The inode of a namespace link (`/proc/self/ns/mnt`), to tell namespaces
+/// apart.
+pub fn ns_inode(link: &str) -> Result<u64, Errno> {
+    let st = nix::sys::stat::stat(link)?;
+    Ok(st.st_ino)
+}
+
+/// The Landlock ABI version of the running kernel (0 when unavailable).
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the documented version query: null attr, size 0.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as i32
+    }
+}

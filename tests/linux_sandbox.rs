@@ -1,0 +1,423 @@
+//! The Linux sandbox against the real kernel: every write-class operation
+//! in every kind of place, and escape attempts, checked on disk.
+//!
+//! Each run happens inside an outer mount namespace whose `/` has shared
+//! propagation (this machine's `/` is private, so a missing "make /
+//! private" step could not fail otherwise), and each test checks that the
+//! host's mount table is unchanged afterwards. Runs as root here; the
+//! unprivileged-user half of the matrix is still to come.
+#![cfg(target_os = "linux")]
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
+
+fn require_kernel_features() -> bool {
+    let landlock = zcode_acp::linux::landlock_abi();
+    let root = nix::unistd::getuid().is_root();
+    if landlock < 1 || !root {
+        let reason = format!("needs root and Landlock (landlock ABI {landlock}, root {root})");
+        if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
+            panic!("a sandbox test would be skipped: {reason}");
+        }
+        eprintln!("SKIPPED: {reason}");
+        return false;
+    }
+    true
+}
+
+fn host_mounts() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+/// Runs `zcode-acp run ARGS` inside a fresh outer mount namespace with a
+/// shared `/`, and reports whether the outer namespace's mount table
+/// changed (it must not: that would mean the sandbox's mounts propagated).
+fn run_in_outer_ns(cwd: &Path, args: &[&str], extra_fd: Option<i32>) -> (Output, bool) {
+    let before = host_mounts();
+    let parent_ns = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino;
+    let script = r#"cat /proc/self/mountinfo > "$OUTER/before"; "$@"; rc=$?; cat /proc/self/mountinfo > "$OUTER/after"; exit $rc"#;
+    let outer = tempfile::tempdir().unwrap();
+    // A home of the test's own: the launcher keeps its ledger and launch
+    // files under ~/.zcode-acp.
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut cmd = Command::new("sh");
+    cmd.env("HOME", home.path());
+    cmd.arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(BIN)
+        .arg("run")
+        .args(args);
+    cmd.env("OUTER", outer.path())
+        .current_dir(cwd)
+        .stdin(Stdio::null());
+    // SAFETY: runs in the forked child before exec; only system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            let now = nix::sys::stat::stat("/proc/self/ns/mnt")?.st_ino;
+            if now == parent_ns {
+                return Err(std::io::Error::other(
+                    "the mount namespace did not change; refusing to mount",
+                ));
+            }
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_SHARED,
+                None::<&str>,
+            )?;
+            if let Some(fd) = extra_fd {
+                // An open, writable fd the command inherits (as fd 5).
+                if libc::dup2(fd, 5) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let inner_before = std::fs::read_to_string(outer.path().join("before")).unwrap_or_default();
+    let inner_after = std::fs::read_to_string(outer.path().join("after")).unwrap_or_default();
+    assert_eq!(host_mounts(), before, "the host's mount table changed");
+    (out, !inner_before.is_empty() && inner_before == inner_after)
+}
+
+struct Places {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+}
+
+fn places() -> Places {
+    // Under target/, not /tmp: /tmp is private inside the sandbox, so an
+    // "outside" there would only ever show the private copy.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    let ws = base.join("ws");
+    let outside = base.join("outside");
+    for d in [
+        ws.join(".git/hooks/olddir"),
+        ws.join(".zcode/acp/olddir"),
+        ws.join("olddir"),
+        outside.join("olddir"),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for f in [
+        ws.join("existing"),
+        ws.join("existing-for-links"),
+        ws.join("movable"),
+        ws.join("movable-out"),
+        ws.join(".git/config"),
+        ws.join(".git/hooks/existing"),
+        ws.join(".git/hooks/movable"),
+        ws.join(".zcode/acp/movable"),
+        outside.join("existing"),
+        outside.join("movable"),
+        outside.join("movable-in"),
+        outside.join("linkable"),
+    ] {
+        std::fs::write(f, "original").unwrap();
+    }
+    std::fs::write(ws.join(".zcode/acp/sandbox.json"), r#"{"enabled": true}"#).unwrap();
+    std::os::unix::fs::symlink(outside.join("existing"), ws.join("link-to-outside")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.join("new-through-link"),
+        ws.join("link-to-outside-new"),
+    )
+    .unwrap();
+    Places {
+        _dir: dir,
+        ws,
+        outside,
+    }
+}
+
+fn results(out: &Output) -> BTreeMap<String, (bool, String)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_owned(),
+                (
+                    v["ok"].as_bool().unwrap(),
+                    v["error"].as_str().unwrap().to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn content(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| format!("<{e}>"))
+}
+
+#[test]
+fn every_write_operation_in_every_place() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let ops = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py");
+    let tmp = "/tmp/zcode-acp-ops";
+    let setup = format!(
+        "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {ops} {} {} {tmp}",
+        p.ws.display(),
+        p.outside.display()
+    );
+    let ws = p.ws.to_str().unwrap();
+    let (out, outer_unchanged) =
+        run_in_outer_ns(&p.ws, &["--workspace", ws, "--", "sh", "-c", &setup], None);
+    assert!(
+        outer_unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let r = results(&out);
+    assert!(
+        r.len() > 90,
+        "the ops script ran: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let allowed_places = ["workspace", "temp"];
+    for (name, (ok, err)) in &r {
+        let place = name.split(':').next().unwrap();
+        let op = name.split(':').nth(1).unwrap();
+        let expect = if place == "symlink" && op == "unlink" {
+            // Removes the link itself, which lives in the workspace.
+            true
+        } else if allowed_places.contains(&place) {
+            // Creating device nodes needs CAP_MKNOD, which the sandbox drops;
+            // chown to another user needs CAP_CHOWN; the private /tmp is
+            // another filesystem, so a hard link from the workspace is EXDEV.
+            !(op == "mknod_char" || op == "chown" || (place == "temp" && op == "hardlink"))
+        } else {
+            false
+        };
+        assert_eq!(*ok, expect, "{name}: ok={ok} err={err}");
+    }
+
+    // What the disk says.
+    assert_eq!(content(&p.ws.join("file")), "new");
+    assert!(!p.ws.join("existing").exists(), "unlinked in the workspace");
+    assert_eq!(content(&p.ws.join(".git/config")), "original");
+    assert_eq!(content(&p.ws.join(".git/hooks/existing")), "original");
+    assert!(!p.ws.join(".git/hooks/pre-commit").exists());
+    assert_eq!(
+        content(&p.ws.join(".zcode/acp/sandbox.json")),
+        r#"{"enabled": true}"#
+    );
+    assert!(!p.ws.join(".zcode/acp/new.json").exists());
+    assert!(p.ws.join(".zcode/acp/olddir").is_dir());
+    assert_eq!(content(&p.outside.join("existing")), "original");
+    assert!(!p.outside.join("file").exists());
+    assert!(!p.outside.join("new-through-link").exists());
+    assert!(!p.outside.join("newdir").exists());
+    assert!(p.outside.join("olddir").is_dir());
+    assert!(p.outside.join("movable-in").exists() && !p.ws.join("moved-in").exists());
+    assert!(p.ws.join("movable-out").exists() && !p.outside.join("moved-out").exists());
+    assert!(p.ws.join(".zcode/acp/sandbox.json").exists() && !p.ws.join("zcode-moved").exists());
+    assert!(p.ws.join(".git/config").exists() && !p.ws.join("git-moved").exists());
+    assert!(!p.ws.join("stolen").exists());
+    // The sandbox's /tmp was its own.
+    assert!(
+        !Path::new(tmp).exists(),
+        "the private /tmp leaked to the host"
+    );
+}
+
+fn run_script(ws: &Path, script: &str, extra_fd: Option<i32>) -> Output {
+    let (out, unchanged) = run_in_outer_ns(
+        ws,
+        &[
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        extra_fd,
+    );
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    out
+}
+
+#[test]
+fn escape_attempts_fail() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let target = p.outside.join("pwned");
+    let t = target.display();
+    // A device node outside the grants: read-only mounts do not stop writes
+    // to devices, Landlock must.
+    let dev = p.outside.join("nulldev");
+    nix::sys::stat::mknod(
+        &dev,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    // A process outside the sandbox it must not be able to signal.
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let victim_pid = sleeper.id();
+    let script = format!(
+        r#"
+        umount {ws} 2>/dev/null && echo ESCAPE umount
+        mount -o remount,rw / 2>/dev/null && echo ESCAPE remount
+        mount -o remount,bind,rw {ws} 2>/dev/null && touch {t} && echo ESCAPE bind-remount
+        unshare -Urm sh -c 'mount -o remount,rw / 2>/dev/null; touch {t}' 2>/dev/null && echo ESCAPE nested-userns
+        touch /proc/{me}/root{t} 2>/dev/null && echo ESCAPE proc-root
+        kill -TERM {victim} 2>/dev/null && echo ESCAPE signal
+        echo x >&5 2>/dev/null && echo ESCAPE inherited-fd
+        /usr/bin/python3 -c 'import ctypes,os; libc=ctypes.CDLL(None); m=ctypes.c_uint64*4; a=m(0,1,0,0); r=libc.syscall(442,-100,b"/",0x8000,a,32); os._exit(0 if r==0 else 1)' && touch {t} 2>/dev/null && echo ESCAPE mount_setattr
+        grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || echo ESCAPE capabilities-kept
+        grep -Eq '^CapBnd:[[:space:]]*0+$' /proc/self/status || echo ESCAPE bounding-set-kept
+        grep -Eq '^NoNewPrivs:[[:space:]]*1$' /proc/self/status || echo ESCAPE no-new-privs-unset
+        echo x 2>/dev/null > {dev} && echo ESCAPE device-node
+        (sleep 2; touch {ws}/late) &
+        echo done
+        "#,
+        ws = p.ws.display(),
+        me = std::process::id(),
+        victim = victim_pid,
+        dev = dev.display(),
+    );
+    let file = std::fs::File::create(p.outside.join("fd-target")).unwrap();
+    use std::os::fd::AsRawFd;
+    let out = run_script(&p.ws, &script, Some(file.as_raw_fd()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("done"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    assert!(!target.exists());
+    assert_eq!(content(&p.outside.join("fd-target")), "");
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the outside process was signalled"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    // A background process dies with the command (the PID namespace ends).
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(
+        !p.ws.join("late").exists(),
+        "a background process outlived the command"
+    );
+}
+
+#[test]
+fn services_that_write_for_the_caller_are_out_of_reach() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    // A tmux server outside, on its default socket in /tmp.
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("tmux.sock");
+    let started = Command::new("tmux")
+        .args([
+            "-S",
+            sock.to_str().unwrap(),
+            "new-session",
+            "-d",
+            "sleep 60",
+        ])
+        .status();
+    if !started.is_ok_and(|s| s.success()) {
+        panic!("tmux could not start a server (install tmux)");
+    }
+    let target = p.outside.join("via-tmux");
+    let script = format!(
+        "tmux -S {sock} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
+        sock = sock.display(),
+        t = target.display()
+    );
+    let out = run_script(&p.ws, &script, None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = Command::new("tmux")
+        .args(["-S", sock.to_str().unwrap(), "kill-server"])
+        .status();
+    assert!(
+        stdout.contains("done") && !stdout.contains("ESCAPE"),
+        "{stdout}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!target.exists());
+}
+
+#[test]
+fn tiocsti_cannot_inject_input_into_the_callers_terminal() {
+    if !require_kernel_features() {
+        return;
+    }
+    if std::fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti")
+        .map(|s| s.trim() == "0")
+        .unwrap_or(false)
+    {
+        eprintln!("SKIPPED: TIOCSTI is disabled by this kernel (dev.tty.legacy_tiocsti=0), so the test could not fail");
+        return;
+    }
+    let p = places();
+    // `script` gives the sandbox a terminal it inherits on stdin.
+    let inner = format!(
+        "{BIN} run --workspace {} -- /usr/bin/python3 -c 'import fcntl,termios,sys; fcntl.ioctl(0, termios.TIOCSTI, b\"x\"); print(\"ESCAPE tiocsti\")'; echo done",
+        p.ws.display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done"), "{stdout}");
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+}
+
+#[test]
+fn real_work_keeps_working_inside() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let script = r#"
+        set -e
+        git init -q repo
+        cd repo
+        echo hi > a.txt
+        git add a.txt
+        git -c user.email=t@t -c user.name=t commit -qm first
+        /usr/bin/python3 -m venv venv
+        ./venv/bin/python -c 'import multiprocessing as m; assert m.Pool(2).map(abs, [-1, -2]) == [1, 2]'
+        script -qec 'echo pty-ok' /dev/null | grep -q pty-ok
+        t=$(mktemp)
+        echo x > "$t"
+        rm "$t"
+        echo all-ok
+    "#;
+    let out = run_script(&p.ws, script, None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("all-ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(p.ws.join("repo/.git/HEAD").exists());
+    // The repository the agent created has its own hooks: writable, and not
+    // protected (documented).
+}
