@@ -30,7 +30,7 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         return;
     }
     let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let outside = tempfile::tempdir_in(scratch_base()).unwrap();
     let outside = std::fs::canonicalize(outside.path()).unwrap();
     let mut opts = Options::new(shell_agent())
         .env("ZCODE_ACP_SANDBOX", "1")
@@ -39,7 +39,7 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         .env("ZCODE_SHELL_AGENT_HOME", "");
     opts.outer_ns = true;
     // A home outside /tmp: the sandbox's /tmp is private.
-    opts.home_in = Some(env!("CARGO_TARGET_TMPDIR").into());
+    opts.home_in = Some(scratch_base());
     let mut ed = Editor::start_with(opts);
     std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
     ed.initialize();

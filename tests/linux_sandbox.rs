@@ -8,12 +8,14 @@
 //! unprivileged-user half of the matrix is still to come.
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
+use common::{scratch_base, BIN};
 
 fn require_kernel_features() -> bool {
     let landlock = zcode_acp::linux::landlock_abi();
@@ -43,7 +45,7 @@ fn run_in_outer_ns(cwd: &Path, args: &[&str], extra_fd: Option<i32>) -> (Output,
     let outer = tempfile::tempdir().unwrap();
     // A home of the test's own: the launcher keeps its ledger and launch
     // files under ~/.zcode-acp.
-    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let home = tempfile::tempdir_in(scratch_base()).unwrap();
     let mut cmd = Command::new("sh");
     cmd.env("HOME", home.path());
     cmd.arg("-c")
@@ -95,9 +97,9 @@ struct Places {
 }
 
 fn places() -> Places {
-    // Under target/, not /tmp: /tmp is private inside the sandbox, so an
-    // "outside" there would only ever show the private copy.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Not under /tmp: /tmp is private inside the sandbox, so an "outside"
+    // there would only ever show the private copy.
+    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
     let base = std::fs::canonicalize(dir.path()).unwrap();
     let ws = base.join("ws");
     let outside = base.join("outside");

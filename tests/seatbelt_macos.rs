@@ -208,6 +208,89 @@ fn the_write_matrix_holds_on_disk() {
     }
 }
 
+/// The same operation matrix as the Linux tests (tests/fixtures/ops.py),
+/// under the real sandbox-exec.
+#[test]
+fn the_shared_operation_matrix() {
+    let s = setup();
+    for d in [
+        s.ws.join(".git/hooks/olddir"),
+        s.ws.join(".zcode/acp/olddir"),
+        s.ws.join("olddir"),
+        s.outside.join("olddir"),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for f in [
+        "existing",
+        "existing-for-links",
+        "movable",
+        "movable-out",
+        ".git/hooks/existing",
+        ".git/hooks/movable",
+        ".zcode/acp/movable",
+    ] {
+        std::fs::write(s.ws.join(f), "original").unwrap();
+    }
+    std::fs::write(s.ws.join(".git/config"), "original").unwrap();
+    for f in ["existing", "movable", "movable-in", "linkable"] {
+        std::fs::write(s.outside.join(f), "original").unwrap();
+    }
+    std::os::unix::fs::symlink(s.outside.join("existing"), s.ws.join("link-to-outside")).unwrap();
+    std::os::unix::fs::symlink(
+        s.outside.join("new-through-link"),
+        s.ws.join("link-to-outside-new"),
+    )
+    .unwrap();
+    let tmp = resolve_real(&std::env::temp_dir())
+        .unwrap()
+        .join(format!("zcode-acp-ops-{}", std::process::id()));
+    std::fs::create_dir_all(tmp.join("olddir")).unwrap();
+    std::fs::write(tmp.join("existing"), "original").unwrap();
+    std::fs::write(tmp.join("movable"), "original").unwrap();
+    let ops = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py");
+    let mut argv = s.argv_prefix.clone();
+    argv.extend([
+        "/usr/bin/python3".to_owned(),
+        ops.to_owned(),
+        s.ws.display().to_string(),
+        s.outside.display().to_string(),
+        tmp.display().to_string(),
+    ]);
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(lines.len() > 90, "{}", String::from_utf8_lossy(&out.stderr));
+    for v in lines {
+        let name = v["name"].as_str().unwrap();
+        let ok = v["ok"].as_bool().unwrap();
+        let (place, op) = name.split_once(':').unwrap();
+        // Not root: no device nodes, no chown to another user; no /proc.
+        if op == "mknod_char" || op == "chown" || op == "proc_fd" {
+            assert!(!ok, "{name}");
+            continue;
+        }
+        let expect =
+            (place == "symlink" && op == "unlink") || place == "workspace" || place == "temp";
+        assert_eq!(ok, expect, "{name}: {}", v["error"]);
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.outside.join("existing")).unwrap(),
+        "original"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join(".git/config")).unwrap(),
+        "original"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join(".zcode/acp/sandbox.json")).unwrap(),
+        "{\"enabled\": true}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn reads_and_process_execution_stay_open() {
     let s = setup();

@@ -415,3 +415,26 @@ pub fn sighup(pid: i32) {
         libc::kill(pid, libc::SIGHUP);
     }
 }
+
+/// A directory for scratch files that the sandbox sees as they are on disk:
+/// not under /tmp or /var/tmp (the sandbox's are private), wherever the
+/// repository happens to be cloned.
+pub fn scratch_base() -> PathBuf {
+    let candidates = [
+        Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
+        std::env::var_os("HOME").map(PathBuf::from),
+        Some(PathBuf::from("/var/lib")),
+    ];
+    for c in candidates.into_iter().flatten() {
+        let Ok(real) = std::fs::canonicalize(&c) else {
+            continue;
+        };
+        if real.starts_with("/tmp") || real.starts_with("/var/tmp") {
+            continue;
+        }
+        if tempfile::tempdir_in(&real).is_ok() {
+            return real;
+        }
+    }
+    panic!("no scratch directory outside /tmp and /var/tmp is writable");
+}
