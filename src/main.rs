@@ -78,6 +78,9 @@ enum Command {
     /// Run a command under the sandbox (Linux: namespaces + Landlock).
     #[cfg(target_os = "linux")]
     Run(zcode_acp::commands::run::RunArgs),
+    /// What this machine can arm, what the sandbox allows, and a live self-test.
+    #[cfg(target_os = "linux")]
+    Doctor(zcode_acp::commands::doctor::DoctorArgs),
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
@@ -115,6 +118,16 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some(Command::Doctor(args)) => {
+            return match zcode_acp::commands::doctor::run(args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("zcode-acp: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         command => Cli { command, ..cli },
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -137,7 +150,7 @@ fn main() -> ExitCode {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
             #[cfg(target_os = "linux")]
-            Some(Command::Run(_) | Command::Sandbox { .. }) => {
+            Some(Command::Run(_) | Command::Sandbox { .. } | Command::Doctor(_)) => {
                 unreachable!("handled before the runtime starts")
             }
             None => run_bridge(cli.bridge).await,

@@ -39,21 +39,102 @@ fn host_mounts() -> String {
 /// shared `/`, and reports whether the outer namespace's mount table
 /// changed (it must not: that would mean the sandbox's mounts propagated).
 fn run_in_outer_ns(cwd: &Path, args: &[&str], extra_fd: Option<i32>) -> (Output, bool) {
+    run_in_outer_ns_as(cwd, args, extra_fd, None)
+}
+
+/// A user the test creates, and removes when dropped, with a directory of
+/// its own (outside /tmp) holding a home, a workspace, an outside folder it
+/// may normally write, and copies of the binary and the ops script.
+struct TestUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+    base: PathBuf,
+}
+
+impl TestUser {
+    fn create() -> TestUser {
+        let name = format!("zcacp{:06x}", rand_u32() & 0xff_ffff);
+        let base = PathBuf::from(format!("/var/lib/zcode-acp-test-{name}"));
+        std::fs::create_dir_all(&base).unwrap();
+        let status = Command::new("useradd")
+            .args(["--no-create-home", "--home-dir"])
+            .arg(base.join("home"))
+            .args(["--shell", "/bin/sh", &name])
+            .status()
+            .expect("useradd");
+        assert!(status.success(), "useradd failed");
+        let user = nix::unistd::User::from_name(&name).unwrap().unwrap();
+        let u = TestUser {
+            name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            base,
+        };
+        std::fs::create_dir_all(u.base.join("bin")).unwrap();
+        std::fs::copy(BIN, u.base.join("bin/zcode-acp")).unwrap();
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
+            u.base.join("bin/ops.py"),
+        )
+        .unwrap();
+        for d in ["home", "ws", "outside"] {
+            std::fs::create_dir_all(u.base.join(d)).unwrap();
+        }
+        u
+    }
+
+    /// Hands everything below `dir` to the user.
+    fn own(&self, dir: &Path) {
+        let status = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{}:{}", self.uid, self.gid))
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    u32::from_ne_bytes(b)
+}
+
+fn run_in_outer_ns_as(
+    cwd: &Path,
+    args: &[&str],
+    extra_fd: Option<i32>,
+    user: Option<&TestUser>,
+) -> (Output, bool) {
     let before = host_mounts();
     let parent_ns = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino;
     let script = r#"cat /proc/self/mountinfo > "$OUTER/before"; "$@"; rc=$?; cat /proc/self/mountinfo > "$OUTER/after"; exit $rc"#;
-    let outer = tempfile::tempdir().unwrap();
+    let outer = tempfile::tempdir_in(scratch_base()).unwrap();
     // A home of the test's own: the launcher keeps its ledger and launch
     // files under ~/.zcode-acp.
     let home = tempfile::tempdir_in(scratch_base()).unwrap();
+    let (bin, home_path) = match user {
+        Some(u) => {
+            u.own(outer.path());
+            (u.base.join("bin/zcode-acp"), u.base.join("home"))
+        }
+        None => (PathBuf::from(BIN), home.path().to_path_buf()),
+    };
+    let ids = user.map(|u| (u.uid, u.gid));
     let mut cmd = Command::new("sh");
-    cmd.env("HOME", home.path());
-    cmd.arg("-c")
-        .arg(script)
-        .arg("sh")
-        .arg(BIN)
-        .arg("run")
-        .args(args);
+    cmd.env("HOME", &home_path);
+    cmd.arg("-c").arg(script).arg("sh").arg(&bin).args(args);
     cmd.env("OUTER", outer.path())
         .current_dir(cwd)
         .stdin(Stdio::null());
@@ -80,6 +161,15 @@ fn run_in_outer_ns(cwd: &Path, args: &[&str], extra_fd: Option<i32>) -> (Output,
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if let Some((uid, gid)) = ids {
+                // Become the test user only now: the outer namespace needed root.
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
@@ -99,7 +189,11 @@ struct Places {
 fn places() -> Places {
     // Not under /tmp: /tmp is private inside the sandbox, so an "outside"
     // there would only ever show the private copy.
-    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
+    places_in(&scratch_base())
+}
+
+fn places_in(parent: &Path) -> Places {
+    let dir = tempfile::tempdir_in(parent).unwrap();
     let base = std::fs::canonicalize(dir.path()).unwrap();
     let ws = base.join("ws");
     let outside = base.join("outside");
@@ -166,8 +260,32 @@ fn every_write_operation_in_every_place() {
     if !require_kernel_features() {
         return;
     }
-    let p = places();
-    let ops = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py");
+    write_matrix(
+        &places(),
+        None,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
+    );
+}
+
+#[test]
+fn every_write_operation_in_every_place_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = places_in(&user.base);
+    user.own(p.ws.parent().unwrap());
+    let ops = user.base.join("bin/ops.py");
+    write_matrix(&p, Some(&user), ops.to_str().unwrap());
+    // It really ran as the user: what it created is the user's.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(p.ws.join("file")).unwrap().uid(),
+        user.uid
+    );
+}
+
+fn write_matrix(p: &Places, user: Option<&TestUser>, ops: &str) {
     let tmp = "/tmp/zcode-acp-ops";
     let setup = format!(
         "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {ops} {} {} {tmp}",
@@ -175,8 +293,12 @@ fn every_write_operation_in_every_place() {
         p.outside.display()
     );
     let ws = p.ws.to_str().unwrap();
-    let (out, outer_unchanged) =
-        run_in_outer_ns(&p.ws, &["--workspace", ws, "--", "sh", "-c", &setup], None);
+    let (out, outer_unchanged) = run_in_outer_ns_as(
+        &p.ws,
+        &["run", "--workspace", ws, "--", "sh", "-c", &setup],
+        None,
+        user,
+    );
     assert!(
         outer_unchanged,
         "the sandbox's mounts leaked into the outer namespace"
@@ -187,7 +309,6 @@ fn every_write_operation_in_every_place() {
         "the ops script ran: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-
     let allowed_places = ["workspace", "temp"];
     for (name, (ok, err)) in &r {
         let place = name.split(':').next().unwrap();
@@ -239,6 +360,7 @@ fn run_script(ws: &Path, script: &str, extra_fd: Option<i32>) -> Output {
     let (out, unchanged) = run_in_outer_ns(
         ws,
         &[
+            "run",
             "--workspace",
             ws.to_str().unwrap(),
             "--",
@@ -422,4 +544,71 @@ fn real_work_keeps_working_inside() {
     assert!(p.ws.join("repo/.git/HEAD").exists());
     // The repository the agent created has its own hooks: writable, and not
     // protected (documented).
+}
+
+#[test]
+fn a_hardlinked_file_in_an_island_refuses_to_arm() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    std::fs::hard_link(
+        p.outside.join("existing"),
+        p.ws.join(".zcode/acp/extra.json"),
+    )
+    .unwrap();
+    let (out, _) = run_in_outer_ns(
+        &p.ws,
+        &[
+            "run",
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo ran",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    assert!(
+        stderr.contains("extra.json") && stderr.contains("hard links"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn doctor_reports_the_level_and_passes_its_self_test() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let (out, unchanged) = run_in_outer_ns(
+        &p.ws,
+        &["doctor", "--workspace", p.ws.to_str().unwrap()],
+        None,
+    );
+    assert!(unchanged);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("level that would be armed: full"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("written (as it must be)")
+            && stdout.contains("denied (as it must be)")
+            && stdout.contains("PASS"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(".git/hooks"),
+        "the protected paths are listed: {stdout}"
+    );
 }

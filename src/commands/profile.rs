@@ -12,9 +12,10 @@ pub struct ProfileArgs {
     /// A workspace root (repeatable; default: the current directory).
     #[arg(long = "workspace", value_name = "DIR")]
     pub workspaces: Vec<PathBuf>,
-    /// Which enforcement to print: `macos` (the Seatbelt profile).
-    #[arg(long, default_value = "macos")]
-    pub target: String,
+    /// Which enforcement to print: `macos` (the Seatbelt profile) or `linux`
+    /// (the mount plan and Landlock rules, in order). Default: this system.
+    #[arg(long)]
+    pub target: Option<String>,
     /// Print the decision for this path instead of the profile.
     #[arg(long, value_name = "PATH")]
     pub check: Option<PathBuf>,
@@ -25,11 +26,21 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
-    let platform = match args.target.as_str() {
+    let target = args.target.clone().unwrap_or_else(|| {
+        if cfg!(target_os = "linux") {
+            "linux"
+        } else {
+            "macos"
+        }
+        .into()
+    });
+    let platform = match target.as_str() {
         "macos" => Platform::Macos,
-        other => anyhow::bail!(
-            "unknown target `{other}`: this version prints the macOS Seatbelt profile (--target macos); the Linux plan is not built yet"
+        "linux" if cfg!(target_os = "linux") => Platform::Linux,
+        "linux" => anyhow::bail!(
+            "the Linux plan can only be built on Linux (it reads the mount table and devices)"
         ),
+        other => anyhow::bail!("unknown target `{other}`: use --target macos or --target linux"),
     };
     let workspaces = if args.workspaces.is_empty() {
         vec![std::env::current_dir()?]
@@ -84,7 +95,60 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        None => print!("{}", crate::seatbelt::build_profile(&policy)?),
+        None if platform == Platform::Macos => {
+            print!("{}", crate::seatbelt::build_profile(&policy)?)
+        }
+        None => print_linux_plan(&policy),
     }
     Ok(())
+}
+
+#[cfg(target_os = "linux")]
+fn print_linux_plan(policy: &Policy) {
+    use crate::linux::plan::{self, RealFs, Session, Step};
+    let session = Session {
+        uid: nix::unistd::getuid().as_raw(),
+        ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+        xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+    };
+    let plan = plan::build(policy, &RealFs, &session);
+    let section = |title: &str, steps: &[Step]| {
+        println!("# {title}");
+        for s in steps {
+            println!("{}\t# {}", s.path.display(), s.why);
+        }
+        println!();
+    };
+    println!(
+        "# The Linux plan, in the order it is applied (after `/` is made private and read-only).\n"
+    );
+    section(
+        "1. bound onto themselves, writable (mounts read-only on the host stay read-only)",
+        &plan.writable,
+    );
+    section("2. a private tmpfs each", &plan.tmpfs);
+    section("3. mountpoints, so they cannot be renamed", &plan.pins);
+    section(
+        "4. read-only binds (protected paths and islands)",
+        &plan.readonly,
+    );
+    section(
+        "5. covered (services that would write for the caller)",
+        &plan.hidden,
+    );
+    println!("# 6. Landlock: write rights beneath these directories");
+    for d in &plan.landlock_dirs {
+        println!("{}", d.display());
+    }
+    println!("\n# 7. Landlock: write rights on these files");
+    for f in &plan.landlock_files {
+        println!("{}", f.display());
+    }
+    println!();
+    section("not enforced on Linux", &plan.gaps);
+}
+
+#[cfg(not(target_os = "linux"))]
+fn print_linux_plan(_policy: &Policy) {
+    unreachable!("refused above on other systems")
 }

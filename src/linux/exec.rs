@@ -49,6 +49,100 @@ use serde::{Deserialize, Serialize};
 use super::plan::Plan;
 use super::sys;
 
+/// How much of the sandbox this machine lets us arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Level {
+    /// Namespaces and Landlock: everything in the plan.
+    Full,
+    /// No Landlock: read-only mounts only, so device nodes stay writable.
+    MountsOnly,
+    /// No namespaces (a non-root user without user namespaces, or root
+    /// without CAP_SYS_ADMIN): Landlock only, so protected paths and islands
+    /// inside the workspace are not enforced by the kernel (the approval
+    /// ledger is what protects sandbox.json), and there is no PID namespace.
+    LandlockOnly,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Full => "full (namespaces+Landlock)",
+            Level::MountsOnly => "mounts-only (no Landlock: device nodes stay writable)",
+            Level::LandlockOnly => {
+                "landlock-only (no namespaces: protected paths and islands inside the workspace are not enforced by the kernel)"
+            }
+        }
+    }
+}
+
+/// The level for what the machine allows, or why nothing can be armed.
+pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, String> {
+    match (namespaces, landlock) {
+        (true, true) => Ok(Level::Full),
+        (true, false) => Ok(Level::MountsOnly),
+        (false, true) => Ok(Level::LandlockOnly),
+        (false, false) => Err(
+            "neither namespaces nor Landlock are available here, so the sandbox cannot be armed; \
+             run the agent unconfined on purpose with --no-sandbox (or without zcode-acp)"
+                .into(),
+        ),
+    }
+}
+
+/// Whether this process could create the namespaces the plan needs
+/// (probed in a short-lived child, so nothing here changes).
+pub fn namespaces_available() -> bool {
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    if !nix::unistd::getuid().is_root() {
+        flags |= CloneFlags::CLONE_NEWUSER;
+    }
+    // SAFETY: the child only calls unshare and _exit.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let ok = unshare(flags).is_ok();
+            // SAFETY: leaves the child at once, without running destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        Ok(ForkResult::Parent { child }) => {
+            matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0)))
+        }
+        Err(_) => false,
+    }
+}
+
+/// A file with other hard links inside an island could be changed through
+/// one of them: refuse to arm, and say which file.
+fn check_island_links(plan: &Plan) -> Result<(), LaunchError> {
+    use std::os::unix::fs::MetadataExt;
+    for step in plan
+        .readonly
+        .iter()
+        .filter(|s| s.path.ends_with(".zcode/acp"))
+    {
+        let mut stack = vec![step.path.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(meta) = e.path().symlink_metadata() else {
+                    continue;
+                };
+                if meta.is_dir() {
+                    stack.push(e.path());
+                } else if meta.is_file() && meta.nlink() > 1 {
+                    return Err(LaunchError::Refused(format!(
+                        "{} has {} hard links: another link could change it from outside the sandbox; remove the extra links and try again",
+                        e.path().display(),
+                        meta.nlink()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Everything the helper needs: the plan and the command.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LaunchSpec {
@@ -316,7 +410,27 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         spec.cwd = std::env::current_dir().ok();
     }
     let spec = &spec;
-    arm_mounts(&spec.plan)?;
+    check_island_links(&spec.plan)?;
+    let landlock = sys::landlock_abi() >= 1;
+    let namespaces = match arm_mounts(&spec.plan) {
+        Ok(()) => true,
+        // Nothing was changed yet: decide on a lower level, and say so.
+        Err(LaunchError::Sys { step, errno })
+            if step == "unshare"
+                && matches!(
+                    errno,
+                    Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES
+                ) =>
+        {
+            tracing::warn!("cannot create namespaces here ({errno})");
+            false
+        }
+        Err(e) => return Err(e),
+    };
+    let level = choose_level(namespaces, landlock).map_err(LaunchError::Refused)?;
+    if level != Level::Full {
+        tracing::warn!("the sandbox is armed at a lower level: {}", level.name());
+    }
     let is_root = nix::unistd::getuid().is_root();
 
     // Signals the init forwards; blocked before forking so none is lost.
@@ -353,12 +467,35 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 }
             }
         }
-        ForkResult::Child => init(spec, is_root, forwarded),
+        // Without a PID namespace there is no init to hold: the child is
+        // the command (still in a new session, so not the caller's group).
+        ForkResult::Child if level == Level::LandlockOnly => {
+            confine(spec, is_root, true);
+            command(spec, SigSet::empty())
+        }
+        ForkResult::Child => init(spec, is_root, level == Level::Full, forwarded),
+    }
+}
+
+/// The last steps before running anything of the agent's: every
+/// capability gone (keeping CAP_SYS_ADMIN would let it clear read-only with
+/// mount_setattr), no_new_privs, and Landlock last (it refuses mounts).
+fn confine(spec: &LaunchSpec, is_root: bool, landlock: bool) {
+    if let Err(e) = sys::drop_all_capabilities(is_root) {
+        die("drop capabilities", e);
+    }
+    if let Err(e) = nix::sys::prctl::set_no_new_privs() {
+        die("no_new_privs", e);
+    }
+    if landlock {
+        if let Err(e) = enforce_landlock(&spec.plan) {
+            die("Landlock", e);
+        }
     }
 }
 
 /// PID 1 of the sandbox.
-fn init(spec: &LaunchSpec, is_root: bool, forwarded: SigSet) -> ! {
+fn init(spec: &LaunchSpec, is_root: bool, landlock: bool, forwarded: SigSet) -> ! {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         die("parent-death signal", e);
     }
@@ -371,15 +508,7 @@ fn init(spec: &LaunchSpec, is_root: bool, forwarded: SigSet) -> ! {
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     );
-    if let Err(e) = sys::drop_all_capabilities(is_root) {
-        die("drop capabilities", e);
-    }
-    if let Err(e) = nix::sys::prctl::set_no_new_privs() {
-        die("no_new_privs", e);
-    }
-    if let Err(e) = enforce_landlock(&spec.plan) {
-        die("Landlock", e);
-    }
+    confine(spec, is_root, landlock);
     if let Err(e) = forwarded.thread_block() {
         die("block signals", e);
     }
@@ -428,8 +557,19 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
         std::env::set_var(k, v);
     }
     if let Some(cwd) = &spec.cwd {
-        if let Err(e) = std::env::set_current_dir(cwd) {
-            die(&format!("cd {}", cwd.display()), e);
+        // The directory may not exist in the sandbox's view (it was in the
+        // host's /tmp, which is private here): the nearest one that does.
+        let entered = cwd
+            .ancestors()
+            .find(|dir| std::env::set_current_dir(dir).is_ok());
+        match entered {
+            Some(dir) if dir != cwd.as_path() => eprintln!(
+                "zcode-acp sandbox: {} is not visible inside the sandbox (the sandbox's /tmp is private); running in {}",
+                cwd.display(),
+                dir.display()
+            ),
+            Some(_) => {}
+            None => die(&format!("cd {}", cwd.display()), "no part of it is visible"),
         }
     }
     let args: Vec<CString> = spec
@@ -444,6 +584,15 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn levels_follow_what_the_machine_allows() {
+        assert_eq!(choose_level(true, true), Ok(Level::Full));
+        assert_eq!(choose_level(true, false), Ok(Level::MountsOnly));
+        assert_eq!(choose_level(false, true), Ok(Level::LandlockOnly));
+        let refusal = choose_level(false, false).unwrap_err();
+        assert!(refusal.contains("--no-sandbox"), "{refusal}");
+    }
 
     #[test]
     fn mountinfo_escapes_are_read() {

@@ -195,7 +195,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                 } else if rule.kind == Kind::Protected {
                     plan.gaps.push(step(
                         p,
-                        "protected, but it does not exist when the sandbox is armed: a direct write can create it (ACP writes are still checked)",
+                        "protected, but it does not exist when the sandbox is armed: a write can create it",
                     ));
                 }
             }

@@ -1,0 +1,201 @@
+//! `zcode-acp doctor`: what this machine can arm, what the sandbox would
+//! allow for a workspace, and a live self-test (one write that must
+//! succeed, one that must be denied), checked on disk.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::config::managed::ManagedRoot;
+use crate::linux::exec::{choose_level, namespaces_available};
+use crate::linux::plan::{self, RealFs, Session};
+use crate::policy::discover::{gather, Sources};
+use crate::policy::{Kind, Matcher, Ops, Platform, Policy};
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// A workspace root (repeatable; default: the current directory).
+    #[arg(long = "workspace", value_name = "DIR")]
+    pub workspaces: Vec<PathBuf>,
+}
+
+fn describe(m: &Matcher) -> String {
+    match m {
+        Matcher::Subpath(p) => format!("{}/**", p.display()),
+        Matcher::Literal(p) => p.display().to_string(),
+        Matcher::NamePrefix { dir, prefix } => format!("{}/{prefix}*", dir.display()),
+        Matcher::ZcodeConfig { beneath } => format!("{}/**/.zcode[/acp/**]", beneath.display()),
+    }
+}
+
+/// Runs the doctor; returns whether everything that must hold held. Must
+/// run before any thread (it probes namespaces in a forked child).
+pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
+    let uname = nix::sys::utsname::uname()?;
+    println!(
+        "kernel: {} {} ({})",
+        uname.sysname().to_string_lossy(),
+        uname.release().to_string_lossy(),
+        uname.machine().to_string_lossy()
+    );
+    let uid = nix::unistd::getuid();
+    println!(
+        "user: uid {uid}{}",
+        if uid.is_root() { " (root)" } else { "" }
+    );
+    let abi = crate::linux::landlock_abi();
+    println!(
+        "Landlock: {}",
+        if abi > 0 {
+            format!("ABI {abi}")
+        } else {
+            "not available".into()
+        }
+    );
+    let ns = namespaces_available();
+    println!(
+        "namespaces: {}",
+        if ns {
+            "available"
+        } else if uid.is_root() {
+            "not available (root without CAP_SYS_ADMIN, as in many containers)"
+        } else {
+            "not available (user namespaces are disabled or restricted here)"
+        }
+    );
+    let level = choose_level(ns, abi > 0);
+    match &level {
+        Ok(l) => println!("level that would be armed: {}", l.name()),
+        Err(why) => println!("level that would be armed: none: {why}"),
+    }
+
+    let workspaces = if args.workspaces.is_empty() {
+        vec![std::env::current_dir()?]
+    } else {
+        args.workspaces
+    };
+    let user = crate::config::load_user_config()?;
+    let managed = ManagedRoot::user_default()?;
+    let backend = crate::config::resolve_backend(&[])?.unwrap_or_default();
+    let (input, projects) = gather(&Sources {
+        platform: Platform::Linux,
+        workspaces: &workspaces,
+        backend: &backend,
+        state_paths: &user.sandbox.state_paths,
+        once_allows: &[],
+        managed: &managed,
+        inspect: true,
+    })?;
+    for (root, eff) in &projects {
+        println!(
+            "\nworkspace {}: sandbox.json {:?}, armed by the project: {}",
+            root.display(),
+            eff.state,
+            eff.armed
+        );
+        for why in &eff.ignored {
+            println!("  ignored until approved: {why}");
+        }
+    }
+    let policy = Policy::build(&input);
+    for (kind, title) in [
+        (Kind::Allow, "writable"),
+        (Kind::Protected, "protected (the user may grant)"),
+        (Kind::Island, "islands (never writable)"),
+    ] {
+        println!("\n{title}:");
+        for rule in policy.rules_of(kind) {
+            let what = if rule.ops == Ops::RemoveOnly {
+                " (cannot be renamed or removed)"
+            } else {
+                ""
+            };
+            println!("  {}{what}: {}", describe(&rule.matcher), rule.why);
+        }
+    }
+    let session = Session {
+        uid: uid.as_raw(),
+        ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+        xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+    };
+    let plan = plan::build(&policy, &RealFs, &session);
+    println!("\nnot enforced on Linux:");
+    for gap in &plan.gaps {
+        println!("  {}: {}", gap.path.display(), gap.why);
+    }
+
+    if level.is_err() {
+        println!("\nself-test: skipped (nothing can be armed)");
+        return Ok(false);
+    }
+    Ok(self_test(&workspaces[0], &managed))
+}
+
+/// One write that must succeed (in the workspace) and one that must be
+/// denied (in the managed root), run under `zcode-acp run` and checked on
+/// disk.
+fn self_test(ws: &Path, managed: &ManagedRoot) -> bool {
+    let tag = format!("{:016x}", rand::random::<u64>());
+    let inside = ws.join(format!(".zcode-doctor-{tag}"));
+    let outside_dir = match managed.dir("doctor") {
+        Ok(d) => d,
+        Err(e) => {
+            println!(
+                "\nself-test: FAILED: cannot prepare {}: {e}",
+                managed.path.display()
+            );
+            return false;
+        }
+    };
+    let outside = outside_dir.join(tag);
+    let script = format!(
+        "echo ok > '{}' && echo inside-written; echo no > '{}' 2>/dev/null && echo outside-written; true",
+        inside.display(),
+        outside.display()
+    );
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            println!("\nself-test: FAILED: {e}");
+            return false;
+        }
+    };
+    let out = Command::new(exe)
+        .arg("run")
+        .arg("--workspace")
+        .arg(ws)
+        .args(["--", "sh", "-c", &script])
+        .output();
+    let inside_ok = std::fs::read_to_string(&inside).is_ok_and(|t| t == "ok\n");
+    let outside_denied = !outside.exists();
+    let _ = std::fs::remove_file(&inside);
+    let _ = std::fs::remove_file(&outside);
+    println!("\nself-test:");
+    println!(
+        "  write inside the workspace: {}",
+        if inside_ok {
+            "written (as it must be)"
+        } else {
+            "FAILED: not written"
+        }
+    );
+    println!(
+        "  write to {}: {}",
+        outside_dir.display(),
+        if outside_denied {
+            "denied (as it must be)"
+        } else {
+            "FAILED: it was written"
+        }
+    );
+    if let Ok(out) = &out {
+        if !out.status.success() {
+            println!(
+                "  the sandboxed command failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    let pass = inside_ok && outside_denied;
+    println!("  {}", if pass { "PASS" } else { "FAIL" });
+    pass
+}
