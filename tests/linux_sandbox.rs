@@ -382,7 +382,21 @@ fn escape_attempts_fail() {
     if !require_kernel_features() {
         return;
     }
-    let p = places();
+    escape_attempts(&places(), None);
+}
+
+#[test]
+fn escape_attempts_fail_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = places_in(&user.base);
+    user.own(p.ws.parent().unwrap());
+    escape_attempts(&p, Some(&user));
+}
+
+fn escape_attempts(p: &Places, user: Option<&TestUser>) {
     let target = p.outside.join("pwned");
     let t = target.display();
     // A device node outside the grants: read-only mounts do not stop writes
@@ -396,7 +410,12 @@ fn escape_attempts_fail() {
     )
     .unwrap();
     // A process outside the sandbox it must not be able to signal.
-    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut sleeper = Command::new("sleep");
+    if let Some(u) = user {
+        // The user's own process: it could signal it, were it not sandboxed.
+        std::os::unix::process::CommandExt::uid(&mut sleeper, u.uid);
+    }
+    let mut sleeper = sleeper.arg("60").spawn().unwrap();
     let victim_pid = sleeper.id();
     let script = format!(
         r#"
@@ -422,7 +441,24 @@ fn escape_attempts_fail() {
     );
     let file = std::fs::File::create(p.outside.join("fd-target")).unwrap();
     use std::os::fd::AsRawFd;
-    let out = run_script(&p.ws, &script, Some(file.as_raw_fd()));
+    let (out, unchanged) = run_in_outer_ns_as(
+        &p.ws,
+        &[
+            "run",
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        Some(file.as_raw_fd()),
+        user,
+    );
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("done"),
@@ -529,6 +565,18 @@ fn real_work_keeps_working_inside() {
         /usr/bin/python3 -m venv venv
         ./venv/bin/python -c 'import multiprocessing as m; assert m.Pool(2).map(abs, [-1, -2]) == [1, 2]'
         script -qec 'echo pty-ok' /dev/null | grep -q pty-ok
+        cd ..
+        cargo new --vcs none --quiet hello
+        cd hello
+        cargo build --offline --quiet
+        ./target/debug/hello | grep -q 'Hello, world!'
+        cd ..
+        mkdir lib app
+        (cd lib && npm init -y >/dev/null)
+        cd app
+        npm init -y >/dev/null
+        npm install --offline --no-audit --no-fund ../lib >/dev/null
+        test -e node_modules/lib/package.json
         t=$(mktemp)
         echo x > "$t"
         rm "$t"
@@ -542,6 +590,8 @@ fn real_work_keeps_working_inside() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(p.ws.join("repo/.git/HEAD").exists());
+    assert!(p.ws.join("hello/target/debug/hello").exists());
+    assert!(p.ws.join("app/node_modules/lib").exists());
     // The repository the agent created has its own hooks: writable, and not
     // protected (documented).
 }

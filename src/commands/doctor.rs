@@ -72,6 +72,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         vec![std::env::current_dir()?]
     } else {
         args.workspaces
+            .iter()
+            .map(|w| crate::policy::resolve::absolutize(w))
+            .collect::<Result<Vec<_>, _>>()?
     };
     let user = crate::config::load_user_config()?;
     let managed = ManagedRoot::user_default()?;

@@ -46,6 +46,9 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         vec![std::env::current_dir()?]
     } else {
         args.workspaces
+            .iter()
+            .map(|w| crate::policy::resolve::absolutize(w))
+            .collect::<Result<Vec<_>, _>>()?
     };
     let backend = match args.backend {
         Some(line) => line.split_whitespace().map(str::to_owned).collect(),

@@ -27,7 +27,10 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
     let workspaces = if args.workspaces.is_empty() {
         vec![std::env::current_dir()?]
     } else {
-        args.workspaces.clone()
+        args.workspaces
+            .iter()
+            .map(|w| crate::policy::resolve::absolutize(w))
+            .collect::<Result<Vec<_>, _>>()?
     };
     let user = crate::config::load_user_config()?;
     let managed = ManagedRoot::user_default()?;
@@ -36,10 +39,16 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
         workspaces: &workspaces,
         backend: &args.command,
         state_paths: &user.sandbox.state_paths,
-        once_allows: &args.allow,
+        once_allows: &args
+            .allow
+            .iter()
+            .map(|a| crate::policy::resolve::absolutize(a))
+            .collect::<Result<Vec<_>, _>>()?,
         managed: &managed,
         inspect: false,
     })?;
+    crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
+    crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
     let policy = Policy::build(&input);
     let session = Session {
         uid: nix::unistd::getuid().as_raw(),

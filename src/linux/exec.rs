@@ -227,7 +227,42 @@ fn setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), Lau
 }
 
 /// Steps 2-8: namespaces and mounts. Runs in the helper process.
-fn arm_mounts(plan: &Plan) -> Result<(), LaunchError> {
+/// Paths the command needs to see that a private tmpfs would hide: its own
+/// executable and its working directory, when they live in the host's /tmp.
+/// They are carried over read-only.
+fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let exe = &spec.argv[0];
+    let exe_path = if exe.contains('/') {
+        spec.cwd
+            .as_ref()
+            .map(|c| c.join(exe))
+            .unwrap_or_else(|| PathBuf::from(exe))
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        match std::env::split_paths(&path)
+            .map(|d| d.join(exe))
+            .find(|p| p.is_file())
+        {
+            Some(p) => p,
+            None => return out,
+        }
+    };
+    out.push(exe_path);
+    out.extend(spec.cwd.clone());
+    out.into_iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| {
+            spec.plan
+                .tmpfs
+                .iter()
+                .any(|t| p.starts_with(&t.path) && *p != t.path)
+                && !spec.plan.writable.iter().any(|w| p.starts_with(&w.path))
+        })
+        .collect()
+}
+
+fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
     let host_ro = readonly_mounts();
@@ -289,6 +324,18 @@ fn arm_mounts(plan: &Plan) -> Result<(), LaunchError> {
                 )?,
             ));
         }
+        // And what the command must see there, read-only.
+        let mut shown = Vec::new();
+        for v in visible.iter().filter(|v| v.starts_with(&t.path)) {
+            shown.push((
+                v.clone(),
+                v.is_dir(),
+                sys(
+                    format!("open_tree {}", v.display()),
+                    sys::open_tree_clone(v),
+                )?,
+            ));
+        }
         sys(
             format!("tmpfs on {}", t.path.display()),
             mount(
@@ -307,6 +354,21 @@ fn arm_mounts(plan: &Plan) -> Result<(), LaunchError> {
                 format!("move_mount {}", path.display()),
                 sys::move_mount_to(&tree, &path),
             )?;
+        }
+        for (path, is_dir, tree) in shown {
+            let made = if is_dir {
+                std::fs::create_dir_all(&path)
+            } else {
+                path.parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|_| std::fs::File::create(&path).map(drop))
+            };
+            made.map_err(|e| LaunchError::Refused(format!("cannot show {}: {e}", path.display())))?;
+            sys(
+                format!("move_mount {}", path.display()),
+                sys::move_mount_to(&tree, &path),
+            )?;
+            setattr(&path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
         }
     }
 
@@ -412,7 +474,8 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     let spec = &spec;
     check_island_links(&spec.plan)?;
     let landlock = sys::landlock_abi() >= 1;
-    let namespaces = match arm_mounts(&spec.plan) {
+    let visible = needed_visible(spec);
+    let namespaces = match arm_mounts(&spec.plan, &visible) {
         Ok(()) => true,
         // Nothing was changed yet: decide on a lower level, and say so.
         Err(LaunchError::Sys { step, errno })

@@ -59,6 +59,8 @@ impl SpawnHook for LinuxSandbox {
             inspect: false,
         })
         .map_err(refuse)?;
+        crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
+        crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
         let dir = GenerationDir::create(&self.managed).map_err(refuse)?;
         input.profile_dir = Some(dir.path.clone());
         let policy = Policy::build(&input);

@@ -315,17 +315,42 @@ pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Gr
         ));
     }
     grants.extend(dir_grant(&home.join(".npm"), home, "npm's cache (~/.npm)"));
+    let cargo = env
+        .var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cargo"));
     grants.extend(dir_grant(
-        &home.join(".cargo/registry"),
+        &cargo.join("registry"),
         home,
-        "cargo's download cache (~/.cargo/registry)",
+        "cargo's download cache ($CARGO_HOME/registry)",
     ));
     grants.extend(dir_grant(
-        &home.join(".cargo/git"),
+        &cargo.join("git"),
         home,
-        "cargo's git checkouts cache (~/.cargo/git)",
+        "cargo's git checkouts cache ($CARGO_HOME/git)",
     ));
     grants
+}
+
+/// Creates the missing state and cache directories of a policy that lie in
+/// the home directory, before arming: a directory that does not exist when
+/// the sandbox is armed cannot be made writable, and tools (npm, pip,
+/// agents) fail when their cache or state directory cannot be created.
+pub fn create_missing_dirs(grants: &[Grant], home: &Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    for g in grants {
+        if let Matcher::Subpath(dir) = &g.matcher {
+            if dir.starts_with(home) && dir != home && !dir.exists() {
+                if let Err(e) = std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                {
+                    tracing::debug!(dir = %dir.display(), "could not create {}: {e}", g.why);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

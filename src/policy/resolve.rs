@@ -26,6 +26,16 @@ pub enum ResolveError {
     Io { path: PathBuf, reason: String },
 }
 
+/// A path given on the command line, made absolute against the current
+/// directory.
+pub fn absolutize(path: &Path) -> std::io::Result<PathBuf> {
+    if path.is_absolute() {
+        Ok(path.to_path_buf())
+    } else {
+        Ok(std::env::current_dir()?.join(path))
+    }
+}
+
 /// Resolves `path` to the real path a write to it would touch.
 pub fn resolve_real(path: &Path) -> Result<PathBuf, ResolveError> {
     if !path.is_absolute() {
