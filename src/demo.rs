@@ -117,9 +117,13 @@ pub async fn run() -> anyhow::Result<()> {
     let workspace = tmp.path().join("workspace");
     std::fs::create_dir_all(&workspace)?;
     println!("zcode-acp demo: a scripted editor talks to `zcode-acp -- zcode-acp shell-agent`");
+    println!("(this demo shows the relay and runs the agent unconfined; try the sandbox with `zcode-acp run`)");
     println!("workspace: {}\n", workspace.display());
 
+    // The demo shows the relay; it runs the agent unconfined on purpose
+    // (--no-sandbox) so it behaves the same whatever the sandbox settings.
     let mut child = Command::new(&exe)
+        .arg("--no-sandbox")
         .arg("--")
         .arg(&exe)
         .arg("shell-agent")

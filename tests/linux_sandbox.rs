@@ -120,7 +120,11 @@ fn run_in_outer_ns_as(
     let before = host_mounts();
     let parent_ns = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino;
     let script = r#"cat /proc/self/mountinfo > "$OUTER/before"; "$@"; rc=$?; cat /proc/self/mountinfo > "$OUTER/after"; exit $rc"#;
-    let outer = tempfile::tempdir_in(scratch_base()).unwrap();
+    // The outer shell (the test user, if any) writes the mount tables here.
+    let outer = match user {
+        Some(u) => tempfile::tempdir_in(&u.base).unwrap(),
+        None => tempfile::tempdir_in(scratch_base()).unwrap(),
+    };
     // A home of the test's own: the launcher keeps its ledger and launch
     // files under ~/.zcode-acp.
     let home = tempfile::tempdir_in(scratch_base()).unwrap();
@@ -260,11 +264,16 @@ fn every_write_operation_in_every_place() {
     if !require_kernel_features() {
         return;
     }
-    write_matrix(
-        &places(),
-        None,
+    let p = places();
+    // The script must be visible inside: not in the host's /tmp, where the
+    // repository may have been cloned.
+    let ops = p.ws.parent().unwrap().join("ops.py");
+    std::fs::copy(
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
-    );
+        &ops,
+    )
+    .unwrap();
+    write_matrix(&p, None, ops.to_str().unwrap());
 }
 
 #[test]
@@ -425,6 +434,7 @@ fn escape_attempts(p: &Places, user: Option<&TestUser>) {
         unshare -Urm sh -c 'mount -o remount,rw / 2>/dev/null; touch {t}' 2>/dev/null && echo ESCAPE nested-userns
         touch /proc/{me}/root{t} 2>/dev/null && echo ESCAPE proc-root
         kill -TERM {victim} 2>/dev/null && echo ESCAPE signal
+        /usr/bin/python3 -c 'import ctypes,os,sys; r=ctypes.CDLL(None).ptrace(16,int(sys.argv[1]),0,0); os._exit(0 if r==0 else 1)' {victim} && echo ESCAPE ptrace
         echo x >&5 2>/dev/null && echo ESCAPE inherited-fd
         /usr/bin/python3 -c 'import ctypes,os; libc=ctypes.CDLL(None); m=ctypes.c_uint64*4; a=m(0,1,0,0); r=libc.syscall(442,-100,b"/",0x8000,a,32); os._exit(0 if r==0 else 1)' && touch {t} 2>/dev/null && echo ESCAPE mount_setattr
         grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || echo ESCAPE capabilities-kept
@@ -660,5 +670,39 @@ fn doctor_reports_the_level_and_passes_its_self_test() {
     assert!(
         stdout.contains(".git/hooks"),
         "the protected paths are listed: {stdout}"
+    );
+}
+
+/// The user's runtime dir holds the session bus and the systemd user
+/// manager's socket (`systemd-run --user` asks it to start anything,
+/// unconfined). Inside the sandbox it is covered: a listener there cannot
+/// be reached.
+#[test]
+fn the_users_runtime_dir_is_out_of_reach() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let runtime = PathBuf::from("/run/user/0");
+    let created = !runtime.exists();
+    std::fs::create_dir_all(&runtime).unwrap();
+    let sock = runtime.join(format!("zcode-acp-test-{}", std::process::id()));
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // Control: reachable from outside.
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
+    drop(listener.accept().unwrap());
+    let script = format!(
+        "/usr/bin/python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])' {} 2>/dev/null && echo ESCAPE runtime-dir; echo done",
+        sock.display()
+    );
+    let out = run_script(&p.ws, &script, None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&sock);
+    if created {
+        let _ = std::fs::remove_dir(&runtime);
+    }
+    assert!(
+        stdout.contains("done") && !stdout.contains("ESCAPE"),
+        "{stdout}"
     );
 }

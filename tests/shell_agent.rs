@@ -245,3 +245,33 @@ fn the_official_typescript_sdk_works_as_the_editor() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The README's first command.
+#[test]
+fn the_demo_runs_end_to_end() {
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("demo")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "| hello from the agent",
+        "| same session, new agent pid:",
+        "the agent asks the editor to write",
+        "<- bridge exited: exit status: 0",
+        "files in the workspace: hello.txt, notes.txt",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing `{expected}` in:\n{stdout}"
+        );
+    }
+}
