@@ -98,8 +98,27 @@ impl TestUser {
 
 impl Drop for TestUser {
     fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.name).status();
+        // Processes the test started as this user are ended by their own
+        // guards first (userdel refuses a user that still runs something).
+        match Command::new("userdel").arg(&self.name).status() {
+            Ok(s) if s.success() => {}
+            other => eprintln!(
+                "WARNING: could not remove the test user {}: {other:?}",
+                self.name
+            ),
+        }
         let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// A process the test started, ended (by pid) when the guard goes away,
+/// even if the test fails first.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -424,8 +443,8 @@ fn escape_attempts(p: &Places, user: Option<&TestUser>) {
         // The user's own process: it could signal it, were it not sandboxed.
         std::os::unix::process::CommandExt::uid(&mut sleeper, u.uid);
     }
-    let mut sleeper = sleeper.arg("60").spawn().unwrap();
-    let victim_pid = sleeper.id();
+    let mut sleeper = KillOnDrop(sleeper.arg("60").spawn().unwrap());
+    let victim_pid = sleeper.0.id();
     let script = format!(
         r#"
         umount {ws} 2>/dev/null && echo ESCAPE umount
@@ -479,11 +498,10 @@ fn escape_attempts(p: &Places, user: Option<&TestUser>) {
     assert!(!target.exists());
     assert_eq!(content(&p.outside.join("fd-target")), "");
     assert!(
-        sleeper.try_wait().unwrap().is_none(),
+        sleeper.0.try_wait().unwrap().is_none(),
         "the outside process was signalled"
     );
-    sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
+    drop(sleeper);
     // A background process dies with the command (the PID namespace ends).
     std::thread::sleep(std::time::Duration::from_secs(3));
     assert!(
@@ -498,7 +516,8 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
         return;
     }
     let p = places();
-    // A tmux server outside, on its default socket in /tmp.
+    // A tmux server outside, with its socket in the host's /tmp (where tmux
+    // puts it by default).
     let sock_dir = tempfile::tempdir().unwrap();
     let sock = sock_dir.path().join("tmux.sock");
     let started = Command::new("tmux")
@@ -513,6 +532,19 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     if !started.is_ok_and(|s| s.success()) {
         panic!("tmux could not start a server (install tmux)");
     }
+    // Ends the server this test started (through its own socket), even if
+    // the test fails first.
+    struct TmuxServer<'a>(&'a Path);
+    impl Drop for TmuxServer<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux")
+                .arg("-S")
+                .arg(self.0)
+                .arg("kill-server")
+                .status();
+        }
+    }
+    let server = TmuxServer(&sock);
     let target = p.outside.join("via-tmux");
     let script = format!(
         "tmux -S {sock} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
@@ -521,9 +553,7 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     );
     let out = run_script(&p.ws, &script, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let _ = Command::new("tmux")
-        .args(["-S", sock.to_str().unwrap(), "kill-server"])
-        .status();
+    drop(server);
     assert!(
         stdout.contains("done") && !stdout.contains("ESCAPE"),
         "{stdout}"
@@ -687,6 +717,17 @@ fn the_users_runtime_dir_is_out_of_reach() {
     let created = !runtime.exists();
     std::fs::create_dir_all(&runtime).unwrap();
     let sock = runtime.join(format!("zcode-acp-test-{}", std::process::id()));
+    // Removes what this test made, even if it fails first.
+    struct Cleanup(PathBuf, Option<PathBuf>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+            if let Some(dir) = &self.1 {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+    let cleanup = Cleanup(sock.clone(), created.then(|| runtime.clone()));
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     // Control: reachable from outside.
     assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
@@ -697,10 +738,7 @@ fn the_users_runtime_dir_is_out_of_reach() {
     );
     let out = run_script(&p.ws, &script, None);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let _ = std::fs::remove_file(&sock);
-    if created {
-        let _ = std::fs::remove_dir(&runtime);
-    }
+    drop(cleanup);
     assert!(
         stdout.contains("done") && !stdout.contains("ESCAPE"),
         "{stdout}"
