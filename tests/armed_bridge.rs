@@ -5,24 +5,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-
-fn require_kernel_features() -> bool {
-    let landlock = zcode_acp::linux::landlock_abi();
-    let root = nix::unistd::getuid().is_root();
-    if landlock < 1 || !root {
-        let reason = format!("needs root and Landlock (landlock ABI {landlock}, root {root})");
-        if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
-            panic!("a sandbox test would be skipped: {reason}");
-        }
-        eprintln!("SKIPPED: {reason}");
-        return false;
-    }
-    true
-}
 
 #[test]
 fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
@@ -87,5 +72,4 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
         host_mounts
     );
-    let _ = Path::new("/");
 }

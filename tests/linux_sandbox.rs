@@ -15,21 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{scratch_base, BIN};
-
-fn require_kernel_features() -> bool {
-    let landlock = zcode_acp::linux::landlock_abi();
-    let root = nix::unistd::getuid().is_root();
-    if landlock < 1 || !root {
-        let reason = format!("needs root and Landlock (landlock ABI {landlock}, root {root})");
-        if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
-            panic!("a sandbox test would be skipped: {reason}");
-        }
-        eprintln!("SKIPPED: {reason}");
-        return false;
-    }
-    true
-}
+use common::{require_kernel_features, scratch_base, BIN};
 
 fn host_mounts() -> String {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()

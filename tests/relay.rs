@@ -373,7 +373,8 @@ fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfine
     let mut ed = Editor::start_with(
         Options::new(fake_agent())
             .env("ZCODE_ACP_SANDBOX", "1")
-            .env("ZCODE_ACP_TEST_NO_LANDLOCK", "1"),
+            .env("ZCODE_ACP_TEST_NO_LANDLOCK", "1")
+            .env("ZCODE_ACP_TEST_NO_NAMESPACES", "1"),
     );
     let id = ed.request(
         "initialize",
@@ -386,6 +387,9 @@ fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfine
         msg.contains("ZCODE_ACP_SANDBOX=1") && msg.contains("--no-sandbox"),
         "{msg}"
     );
+    if cfg!(target_os = "linux") {
+        assert!(msg.contains("neither namespaces nor Landlock"), "{msg}");
+    }
     assert!(
         !ed.home().join("received.log").exists(),
         "the agent never ran"

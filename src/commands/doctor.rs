@@ -68,14 +68,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         Err(why) => println!("level that would be armed: none: {why}"),
     }
 
-    let workspaces = if args.workspaces.is_empty() {
-        vec![std::env::current_dir()?]
-    } else {
-        args.workspaces
-            .iter()
-            .map(|w| crate::policy::resolve::absolutize(w))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let workspaces = super::workspaces(&args.workspaces)?;
     let user = crate::config::load_user_config()?;
     let managed = ManagedRoot::user_default()?;
     let backend = crate::config::resolve_backend(&[])?.unwrap_or_default();
@@ -115,11 +108,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
             println!("  {}{what}: {}", describe(&rule.matcher), rule.why);
         }
     }
-    let session = Session {
-        uid: uid.as_raw(),
-        ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-        xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-    };
+    let session = Session::current();
     let plan = plan::build(&policy, &RealFs, &session);
     println!("\nnot enforced on Linux:");
     for gap in &plan.gaps {

@@ -42,14 +42,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         ),
         other => anyhow::bail!("unknown target `{other}`: use --target macos or --target linux"),
     };
-    let workspaces = if args.workspaces.is_empty() {
-        vec![std::env::current_dir()?]
-    } else {
-        args.workspaces
-            .iter()
-            .map(|w| crate::policy::resolve::absolutize(w))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let workspaces = super::workspaces(&args.workspaces)?;
     let backend = match args.backend {
         Some(line) => line.split_whitespace().map(str::to_owned).collect(),
         None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
@@ -109,11 +102,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
 #[cfg(target_os = "linux")]
 fn print_linux_plan(policy: &Policy) {
     use crate::linux::plan::{self, RealFs, Session, Step};
-    let session = Session {
-        uid: nix::unistd::getuid().as_raw(),
-        ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-        xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-    };
+    let session = Session::current();
     let plan = plan::build(policy, &RealFs, &session);
     let section = |title: &str, steps: &[Step]| {
         println!("# {title}");

@@ -24,14 +24,7 @@ pub struct RunArgs {
 /// Builds the launch for `args`. Creates each workspace's `.zcode/acp`
 /// (the island must exist to be made read-only).
 pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
-    let workspaces = if args.workspaces.is_empty() {
-        vec![std::env::current_dir()?]
-    } else {
-        args.workspaces
-            .iter()
-            .map(|w| crate::policy::resolve::absolutize(w))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let workspaces = super::workspaces(&args.workspaces)?;
     let user = crate::config::load_user_config()?;
     let managed = ManagedRoot::user_default()?;
     let (input, _) = gather(&Sources {
@@ -50,11 +43,7 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
     crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
     crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
     let policy = Policy::build(&input);
-    let session = Session {
-        uid: nix::unistd::getuid().as_raw(),
-        ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-        xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-    };
+    let session = Session::current();
     let plan = plan::build(&policy, &RealFs, &session);
     for gap in &plan.gaps {
         tracing::debug!(path = %gap.path.display(), "not enforced: {}", gap.why);

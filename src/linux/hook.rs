@@ -19,21 +19,33 @@ use crate::policy::{Platform, Policy};
 pub struct LinuxSandbox {
     pub managed: ManagedRoot,
     pub state_paths: Vec<PathBuf>,
+    /// What this machine lets us arm (the helper decides again at each
+    /// launch; this is for what the log and the editor are told).
+    pub level: crate::linux::exec::Level,
     /// The directory of the running generation; replaced (and removed) when
     /// the next one is prepared, which happens after the old one stopped.
     current: Option<GenerationDir>,
 }
 
 impl LinuxSandbox {
-    /// Checks that this kernel can arm the sandbox at all.
+    /// Checks what this machine can arm, refusing when it is nothing.
     pub fn new(managed: ManagedRoot, state_paths: Vec<PathBuf>) -> Result<LinuxSandbox, String> {
-        // The test knob only ever makes arming refuse, never run unconfined.
-        if super::landlock_abi() < 1 || std::env::var_os("ZCODE_ACP_TEST_NO_LANDLOCK").is_some() {
-            return Err("this kernel has no Landlock, so the sandbox cannot be armed".into());
+        // The test knob only ever takes capabilities away, never the sandbox.
+        let no_test = |var: &str| std::env::var_os(var).is_none();
+        let landlock = super::landlock_abi() >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
+        let namespaces =
+            crate::linux::exec::namespaces_available() && no_test("ZCODE_ACP_TEST_NO_NAMESPACES");
+        let level = crate::linux::exec::choose_level(namespaces, landlock)?;
+        if level != crate::linux::exec::Level::Full {
+            tracing::warn!(
+                "the sandbox will be armed at a lower level: {}",
+                level.name()
+            );
         }
         Ok(LinuxSandbox {
             managed,
             state_paths,
+            level,
             current: None,
         })
     }
@@ -64,11 +76,7 @@ impl SpawnHook for LinuxSandbox {
         let dir = GenerationDir::create(&self.managed).map_err(refuse)?;
         input.profile_dir = Some(dir.path.clone());
         let policy = Policy::build(&input);
-        let session = Session {
-            uid: nix::unistd::getuid().as_raw(),
-            ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-        };
+        let session = Session::current();
         let plan = plan::build(&policy, &RealFs, &session);
         for gap in &plan.gaps {
             tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
@@ -92,7 +100,12 @@ impl SpawnHook for LinuxSandbox {
             ],
             env: Vec::new(),
             confinement: format!(
-                "Linux namespaces+Landlock, {} root{} writable",
+                "Linux {}, {} root{} writable",
+                match self.level {
+                    crate::linux::exec::Level::Full => "namespaces+Landlock",
+                    crate::linux::exec::Level::MountsOnly => "mounts only (no Landlock)",
+                    crate::linux::exec::Level::LandlockOnly => "Landlock only (no namespaces)",
+                },
                 ctx.roots.len(),
                 if ctx.roots.len() == 1 { "" } else { "s" }
             ),

@@ -92,6 +92,17 @@ pub struct Session {
     pub xdg_runtime_dir: Option<PathBuf>,
 }
 
+impl Session {
+    /// This process's user and environment.
+    pub fn current() -> Session {
+        Session {
+            uid: nix::unistd::getuid().as_raw(),
+            ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        }
+    }
+}
+
 /// Sockets (and socket directories) through which a confined process can
 /// ask an unconfined one to write: the session bus and systemd user
 /// manager (`systemd-run --user`), the system bus, Docker and containerd,

@@ -438,3 +438,21 @@ pub fn scratch_base() -> PathBuf {
     }
     panic!("no scratch directory outside /tmp and /var/tmp is writable");
 }
+
+/// Whether the sandbox tests can run here (root and Landlock). Where CI
+/// requires every test (`ZCODE_ACP_REQUIRE_ALL_TESTS`), a skip is a failure;
+/// elsewhere the reason is printed.
+#[cfg(target_os = "linux")]
+pub fn require_kernel_features() -> bool {
+    let landlock = zcode_acp::linux::landlock_abi();
+    let root = nix::unistd::getuid().is_root();
+    if landlock < 1 || !root {
+        let reason = format!("needs root and Landlock (landlock ABI {landlock}, root {root})");
+        if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
+            panic!("a sandbox test would be skipped: {reason}");
+        }
+        eprintln!("SKIPPED: {reason}");
+        return false;
+    }
+    true
+}
