@@ -73,3 +73,70 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         host_mounts
     );
 }
+
+#[test]
+fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
+    if !require_kernel_features() {
+        return;
+    }
+    let outside = tempfile::tempdir_in(scratch_base()).unwrap();
+    let outside = std::fs::canonicalize(outside.path()).unwrap();
+    let mut opts = Options::new(shell_agent())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+
+    // Inside: forwarded to the editor, with the real path.
+    let (_, text) = ed.prompt(&sid, "/write notes.txt inside");
+    assert!(text.starts_with("wrote "), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+        "inside"
+    );
+
+    // Outside, the island, and through a symlink: never reach the editor.
+    std::os::unix::fs::symlink(outside.join("via-link"), ws.join("link")).unwrap();
+    for (target, why) in [
+        (outside.join("outside.txt"), "(outside)"),
+        (ws.join(".zcode/acp/sandbox.json"), "(island)"),
+        (ws.join("link"), "(outside)"),
+    ] {
+        let start = ed.seen.len();
+        let (_, text) = ed.prompt(&sid, &format!("/write {} forged", target.display()));
+        assert!(
+            text.contains("zcode-acp denied writing") && text.contains(why),
+            "{text}"
+        );
+        let reached = ed.seen[start..]
+            .iter()
+            .any(|l| l.value["method"] == "fs/write_text_file");
+        assert!(
+            !reached,
+            "an fs/write_text_file for {} reached the editor",
+            target.display()
+        );
+    }
+    assert!(!outside.join("outside.txt").exists() && !outside.join("via-link").exists());
+    assert_ne!(
+        std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap(),
+        "forged"
+    );
+
+    // The editor would run a terminal outside the sandbox: refused.
+    let start = ed.seen.len();
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("/terminal touch {}", outside.join("via-terminal").display()),
+    );
+    assert!(text.contains("refused terminal/create"), "{text}");
+    assert!(!ed.seen[start..]
+        .iter()
+        .any(|l| l.value["method"] == "terminal/create"));
+    assert!(!outside.join("via-terminal").exists());
+}

@@ -55,6 +55,12 @@ pub trait SpawnHook: Send {
     fn confines(&self) -> bool {
         false
     }
+
+    /// The policy the running generation was armed with, for judging what
+    /// the agent asks the editor to do on its behalf.
+    fn policy(&self) -> Option<&crate::policy::Policy> {
+        None
+    }
 }
 
 /// Runs the backend as configured, with no confinement. The confinement

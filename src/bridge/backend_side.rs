@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
 use super::editor_side::{cancel_target, rewrite_request_id};
-use super::{track, AtEditor, Bridge, CallOutcome, Mode, Origin, RestartReason};
+use super::{police, track, AtEditor, Bridge, CallOutcome, Mode, Origin, RestartReason};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::{Frame, Kind};
@@ -23,6 +23,20 @@ impl Bridge {
         let generation = self.generation.as_ref().map(|g| g.id).unwrap_or_default();
         match frame.kind.clone() {
             Kind::Request { id, method } => {
+                let frame = match self.police_backend_request(&method, &frame) {
+                    police::Verdict::Pass => frame,
+                    police::Verdict::Rewrite(bytes) => match Frame::parse(bytes) {
+                        Ok(f) => f,
+                        Err(_) => return warn!("a rewritten frame did not parse; dropped"),
+                    },
+                    police::Verdict::Refuse { code, message } => {
+                        warn!(method, "{message}");
+                        if let Some(g) = &self.generation {
+                            g.send(error_response(&id, code, &message, None));
+                        }
+                        return;
+                    }
+                };
                 let bid = self.alloc_id();
                 let terminal_for = (method == "terminal/create")
                     .then(|| frame.session_id())
@@ -82,6 +96,7 @@ impl Bridge {
                         ..
                     } => {
                         self.editor_ids.remove(&editor_id);
+                        let mut edited = None;
                         if !is_error {
                             track::apply_success(track.clone(), &frame, &mut self.sessions);
                             match track {
@@ -89,6 +104,10 @@ impl Bridge {
                                     self.caps =
                                         track::restore_caps(frame.payload_raw().unwrap_or("null"));
                                     self.initialize = Some(params);
+                                    if self.hook.confines() {
+                                        edited =
+                                            police::hide_mcp_over_acp(&frame, editor_id.as_str());
+                                    }
                                 }
                                 track::Track::Authenticate { params } => {
                                     self.authenticate = Some(params)
@@ -96,7 +115,7 @@ impl Bridge {
                                 _ => {}
                             }
                         }
-                        self.to_editor(frame.with_id(editor_id.as_str()));
+                        self.to_editor(edited.unwrap_or_else(|| frame.with_id(editor_id.as_str())));
                     }
                     Origin::Bridge => {
                         let outcome = if is_error {

@@ -205,8 +205,9 @@ impl Bridge {
                 .then(|| crate::config::project::config_path(&real))
         })?;
         Some(format!(
-            "{} turns the sandbox on for this project, but this version of zcode-acp cannot arm a sandbox yet, so the session was not opened; \
-             set \"enabled\": false there, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",
+            "{} turns the sandbox on for this project, but this bridge runs the agent without one (turning it on in a running \
+             bridge is not built yet), so the session was not opened; start zcode-acp with ZCODE_ACP_SANDBOX=1 (on Linux), \
+             set \"enabled\": false there, or start it with --no-sandbox to run the agent unconfined on purpose",
             config.display()
         ))
     }

@@ -10,6 +10,7 @@
 
 mod backend_side;
 mod editor_side;
+mod police;
 mod restart;
 pub mod track;
 

@@ -25,6 +25,8 @@ pub struct LinuxSandbox {
     /// The directory of the running generation; replaced (and removed) when
     /// the next one is prepared, which happens after the old one stopped.
     current: Option<GenerationDir>,
+    /// The policy the running generation was armed with.
+    policy: Option<Policy>,
 }
 
 impl LinuxSandbox {
@@ -47,6 +49,7 @@ impl LinuxSandbox {
             state_paths,
             level,
             current: None,
+            policy: None,
         })
     }
 }
@@ -61,6 +64,7 @@ impl SpawnHook for LinuxSandbox {
             return Err(SpawnError::Empty);
         }
         self.current = None;
+        self.policy = None;
         let (mut input, _) = gather(&Sources {
             platform: Platform::Linux,
             workspaces: ctx.roots,
@@ -91,6 +95,7 @@ impl SpawnHook for LinuxSandbox {
         let file = dir.write_file("launch.json", &text).map_err(refuse)?;
         let exe = std::env::current_exe().map_err(refuse)?;
         self.current = Some(dir);
+        self.policy = Some(policy);
         Ok(PreparedCommand {
             argv: vec![
                 exe.to_string_lossy().into_owned(),
@@ -114,6 +119,10 @@ impl SpawnHook for LinuxSandbox {
 
     fn confines(&self) -> bool {
         true
+    }
+
+    fn policy(&self) -> Option<&Policy> {
+        self.policy.as_ref()
     }
 }
 

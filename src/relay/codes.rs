@@ -27,3 +27,8 @@ pub const SHUTTING_DOWN: i64 = -32093;
 pub const FRAME_TOO_LARGE: i64 = -32094;
 /// The session's project asks for the sandbox, which cannot be armed.
 pub const SANDBOX_UNAVAILABLE: i64 = -32095;
+/// The sandbox policy denies what the agent asked the editor to write.
+pub const WRITE_DENIED: i64 = -32096;
+/// The agent asked the editor to do something that would run outside the
+/// sandbox, which the armed bridge does not allow (yet).
+pub const NOT_WHILE_ARMED: i64 = -32097;

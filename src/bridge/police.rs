@@ -1,0 +1,153 @@
+//! Judging what an armed agent asks the editor to do for it.
+//!
+//! The editor performs `fs/write_text_file` and runs `terminal/create`
+//! commands with the user's full rights, outside any sandbox, and MCP over
+//! ACP runs tools in the editor: without this, the sandbox would be
+//! theatre for agents that work through ACP. What the agent writes in its
+//! request is a hint; only the policy decides.
+
+use agent_client_protocol_schema::v1 as acp;
+use serde_json::Value;
+
+use super::Bridge;
+use crate::policy::{Kind, Op};
+use crate::relay::codes;
+use crate::relay::Frame;
+
+pub(super) enum Verdict {
+    /// Forward as is.
+    Pass,
+    /// Forward these bytes instead (same id as the original).
+    Rewrite(Vec<u8>),
+    Refuse {
+        code: i64,
+        message: String,
+    },
+}
+
+impl Bridge {
+    pub(super) fn police_backend_request(&self, method: &str, frame: &Frame) -> Verdict {
+        if !self.hook.confines() {
+            return Verdict::Pass;
+        }
+        match method {
+            "fs/write_text_file" => self.police_write(frame),
+            "terminal/create" => Verdict::Refuse {
+                code: codes::NOT_WHILE_ARMED,
+                message: "zcode-acp refused terminal/create: the editor would run the command outside the sandbox, and running \
+                          editor terminals inside it is not built yet; run commands directly instead"
+                    .into(),
+            },
+            m if m.starts_with("mcp/") => Verdict::Refuse {
+                code: codes::NOT_WHILE_ARMED,
+                message: format!("zcode-acp refused {m}: MCP over ACP runs tools in the editor, outside the sandbox"),
+            },
+            _ => Verdict::Pass,
+        }
+    }
+
+    fn police_write(&self, frame: &Frame) -> Verdict {
+        let refuse = |message: String| Verdict::Refuse {
+            code: codes::WRITE_DENIED,
+            message,
+        };
+        let request: acp::WriteTextFileRequest = match frame.params_as() {
+            Ok(r) => r,
+            Err(e) => {
+                return refuse(format!(
+                    "zcode-acp could not read this fs/write_text_file request: {e}"
+                ))
+            }
+        };
+        let Some(policy) = self.hook.policy() else {
+            return refuse(
+                "zcode-acp has no sandbox policy for this agent, so it cannot judge the write"
+                    .into(),
+            );
+        };
+        let (real, decision) = match policy.evaluate(&request.path, Op::Write) {
+            Ok(d) => d,
+            Err(e) => {
+                return refuse(format!(
+                    "zcode-acp denied writing {}: {e}",
+                    request.path.display()
+                ))
+            }
+        };
+        if decision.allowed {
+            // The editor follows symlinks when it writes: it gets the real
+            // path that was judged, not the one the agent named. (A symlink
+            // swapped in between the check and the write is the residual race.)
+            if real == request.path {
+                return Verdict::Pass;
+            }
+            return match rewrite_path(frame, &real) {
+                Some(bytes) => Verdict::Rewrite(bytes),
+                None => refuse("zcode-acp could not rewrite the path of this write".into()),
+            };
+        }
+        let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
+        let why = match decision.kind {
+            Kind::Island => {
+                "it is the sandbox's own configuration, which no grant opens".to_owned()
+            }
+            Kind::Protected if !decision.promptable => format!("it is never allowed ({rule})"),
+            _ => format!("{rule}; asking you in the editor is not built yet"),
+        };
+        refuse(format!(
+            "zcode-acp denied writing {} ({}): {why}",
+            real.display(),
+            decision.kind
+        ))
+    }
+}
+
+fn rewrite_path(frame: &Frame, real: &std::path::Path) -> Option<Vec<u8>> {
+    let mut value = frame.to_value().ok()?;
+    let slot = value.get_mut("params")?.get_mut("path")?;
+    *slot = Value::from(real.to_str()?);
+    serde_json::to_vec(&value).ok()
+}
+
+/// Removes `agentCapabilities.mcpCapabilities.acp` from an `initialize`
+/// result: while armed, MCP over ACP is not offered.
+pub(super) fn hide_mcp_over_acp(frame: &Frame, editor_id: &str) -> Option<Vec<u8>> {
+    let mut value = frame.to_value().ok()?;
+    let caps = value
+        .get_mut("result")?
+        .get_mut("agentCapabilities")?
+        .get_mut("mcpCapabilities")?
+        .as_object_mut()?;
+    caps.remove("acp")?;
+    value["id"] = serde_json::from_str(editor_id).ok()?;
+    serde_json::to_vec(&value).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_over_acp_is_hidden_and_nothing_else_changes() {
+        let f = Frame::parse(
+            br#"{"jsonrpc":"2.0","id":7,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true,"mcpCapabilities":{"http":true,"acp":true,"_meta":{"x":1}}},"models":{"legacy":1}}}"#.to_vec(),
+        )
+        .unwrap();
+        let out = hide_mcp_over_acp(&f, "\"editor-3\"").unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["id"], "editor-3");
+        assert_eq!(
+            v["result"]["agentCapabilities"]["mcpCapabilities"],
+            serde_json::json!({"http": true, "_meta": {"x": 1}})
+        );
+        assert_eq!(v["result"]["models"]["legacy"], 1);
+        // Key order is kept.
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.find("protocolVersion").unwrap() < text.find("agentCapabilities").unwrap());
+        // Nothing to hide: the frame passes as it was.
+        let g =
+            Frame::parse(br#"{"jsonrpc":"2.0","id":7,"result":{"agentCapabilities":{}}}"#.to_vec())
+                .unwrap();
+        assert!(hide_mcp_over_acp(&g, "7").is_none());
+    }
+}
