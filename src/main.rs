@@ -75,6 +75,12 @@ enum Command {
     Demo,
     /// Print the sandbox profile for workspaces, or the decision for one path.
     Profile(zcode_acp::commands::profile::ProfileArgs),
+    /// Allow writes beneath PATH for a project (recorded in its sandbox.json, approved).
+    Allow(zcode_acp::commands::allow::ListArgs),
+    /// Never allow writes beneath PATH for a project (recorded in its sandbox.json).
+    Deny(zcode_acp::commands::allow::ListArgs),
+    /// Approve a project's sandbox.json as it is now (after editing it by hand).
+    Approve(zcode_acp::commands::allow::ApproveArgs),
     /// Run a command under the sandbox (Linux: namespaces + Landlock).
     #[cfg(target_os = "linux")]
     Run(zcode_acp::commands::run::RunArgs),
@@ -146,6 +152,17 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::ShellAgent) => shell_agent::run().await.map(|_| ExitCode::SUCCESS),
             Some(Command::Demo) => demo::run().await.map(|_| ExitCode::SUCCESS),
+            Some(Command::Allow(args)) => {
+                zcode_acp::commands::allow::run(zcode_acp::config::project::List::Allow, args)
+                    .map(|_| ExitCode::SUCCESS)
+            }
+            Some(Command::Deny(args)) => {
+                zcode_acp::commands::allow::run(zcode_acp::config::project::List::Deny, args)
+                    .map(|_| ExitCode::SUCCESS)
+            }
+            Some(Command::Approve(args)) => {
+                zcode_acp::commands::allow::approve(args).map(|_| ExitCode::SUCCESS)
+            }
             Some(Command::Profile(args)) => {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }

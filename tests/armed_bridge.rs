@@ -30,6 +30,22 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
+    // The editor is told, in a tool call of the bridge's own.
+    let state = ed
+        .wait_for("the sandbox state", |v| {
+            v["params"]["update"]["sessionUpdate"] == "tool_call"
+        })
+        .value;
+    let update = &state["params"]["update"];
+    assert_eq!(state["params"]["sessionId"], sid.as_str());
+    assert_eq!(
+        update["title"], "Sandbox: Linux namespaces+Landlock, 1 root writable",
+        "{state}"
+    );
+    assert_eq!(
+        (update["kind"].as_str(), update["status"].as_str()),
+        (Some("other"), Some("completed"))
+    );
 
     let target = outside.join("escaped.txt");
     let (r, text) = ed.prompt(
@@ -65,6 +81,22 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     let (r, text) = ed.prompt(&sid, "cat inside.txt");
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert_eq!(text, "inside\n");
+    // The restart was announced, with what it cost.
+    let restarted = ed
+        .wait_for("the restart announcement", |v| {
+            v["params"]["update"]["title"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("(restarted)"))
+        })
+        .value;
+    let said = restarted["params"]["update"]["content"][0]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        said.contains("crashed") && said.contains("were stopped"),
+        "{said}"
+    );
 
     ed.close_stdin();
     assert_eq!(ed.wait_exit(), Some(0));

@@ -275,3 +275,27 @@ fn the_demo_runs_end_to_end() {
         );
     }
 }
+
+#[test]
+fn the_first_session_is_told_the_agent_runs_unconfined() {
+    let mut ed = Editor::start(shell_agent());
+    ed.initialize();
+    let first = ed.new_session(&workspace(&ed, "a"));
+    let second = ed.new_session(&workspace(&ed, "b"));
+    ed.prompt(&second, "true");
+    let states: Vec<&Line> = ed
+        .seen
+        .iter()
+        .filter(|l| {
+            l.value["params"]["update"]["toolCallId"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("zcode-acp-sandbox"))
+        })
+        .collect();
+    assert_eq!(states.len(), 1, "once per bridge");
+    assert_eq!(states[0].value["params"]["sessionId"], first.as_str());
+    assert_eq!(
+        states[0].value["params"]["update"]["title"],
+        "Sandbox: unconfined (no sandbox)"
+    );
+}

@@ -97,8 +97,10 @@ impl Bridge {
                     } => {
                         self.editor_ids.remove(&editor_id);
                         let mut edited = None;
+                        let mut opened = None;
                         if !is_error {
-                            track::apply_success(track.clone(), &frame, &mut self.sessions);
+                            opened =
+                                track::apply_success(track.clone(), &frame, &mut self.sessions);
                             match track {
                                 track::Track::Initialize { params } => {
                                     self.caps =
@@ -116,6 +118,9 @@ impl Bridge {
                             }
                         }
                         self.to_editor(edited.unwrap_or_else(|| frame.with_id(editor_id.as_str())));
+                        if let Some(session) = opened {
+                            self.announce_first_session(&session);
+                        }
                     }
                     Origin::Bridge => {
                         let outcome = if is_error {

@@ -8,6 +8,7 @@
 //! writers are unbounded so the loop never blocks on a slow peer while the
 //! other peer is waiting on it.
 
+mod announce;
 mod backend_side;
 mod editor_side;
 mod police;
@@ -183,6 +184,9 @@ pub struct Bridge {
     armed_roots: Vec<std::path::PathBuf>,
     /// Roots a queued request needs, for the next generation.
     pending_roots: Vec<std::path::PathBuf>,
+    /// Whether the first session was told the sandbox state.
+    announced_first: bool,
+    announcements: u64,
 }
 
 impl Bridge {
@@ -272,6 +276,8 @@ impl Bridge {
             shutting_down: false,
             armed_roots: Vec::new(),
             pending_roots: Vec::new(),
+            announced_first: false,
+            announcements: 0,
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.

@@ -107,6 +107,9 @@ impl Bridge {
         // A restart asked for while this one was setting up (after the
         // command was prepared) stays pending: the main loop runs it next.
         self.mode = Mode::Running;
+        if reason.text != "start" {
+            self.announce_restart(&reason.text);
+        }
         self.release_queue();
     }
 

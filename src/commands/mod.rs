@@ -14,6 +14,7 @@ pub fn workspaces(given: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
         .collect()
 }
 
+pub mod allow;
 #[cfg(target_os = "linux")]
 pub mod doctor;
 pub mod profile;

@@ -307,7 +307,7 @@ pub fn load(root: &Path, was_armed: bool, managed: &ManagedRoot) -> Effective {
         }
     }
     for why in &eff.ignored {
-        tracing::warn!(root = %root.display(), "sandbox.json: {why}; approve it with `zcode-acp allow` or in the editor's prompt");
+        tracing::warn!(root = %root.display(), "sandbox.json: {why}; approve the file as it is with `zcode-acp approve --workspace DIR`");
     }
     eff
 }

@@ -1,0 +1,100 @@
+//! Telling the user, in the editor, what the sandbox is doing.
+//!
+//! The state is shown as a bridge-made `tool_call` update (kind `other`,
+//! status completed), never as text in the agent's voice: at the first
+//! session of each bridge and after every restart of the backend.
+
+use serde_json::json;
+
+use super::Bridge;
+use crate::relay::envelope::notification;
+
+impl Bridge {
+    fn announce(&mut self, session: &str, title: String, text: String) {
+        self.announcements += 1;
+        let update = json!({
+            "sessionId": session,
+            "update": {
+                "sessionUpdate": "tool_call",
+                "toolCallId": format!("zcode-acp-sandbox-{}", self.announcements),
+                "title": title,
+                "kind": "other",
+                "status": "completed",
+                "content": [{"type": "content", "content": {"type": "text", "text": text}}],
+            }
+        });
+        self.to_editor(notification("session/update", &update.to_string()));
+    }
+
+    fn state_title(&self) -> String {
+        match &self.generation {
+            Some(g) => format!("Sandbox: {}", g.confinement),
+            None => "Sandbox: no agent is running".into(),
+        }
+    }
+
+    /// Roots that open `/` or the whole home directory, in words.
+    fn dangerous_note(&self) -> Option<String> {
+        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let dangerous: Vec<String> = self
+            .sessions
+            .roots()
+            .into_iter()
+            .filter_map(|r| crate::policy::resolve_real(&r).ok())
+            .filter(|r| r == std::path::Path::new("/") || Some(r) == home.as_ref())
+            .map(|r| r.display().to_string())
+            .collect();
+        (!dangerous.is_empty()).then(|| {
+            format!(
+                "Warning: a workspace root is {}, which makes that whole tree writable.",
+                dangerous.join(" and ")
+            )
+        })
+    }
+
+    /// After the first session of this bridge appears.
+    pub(super) fn announce_first_session(&mut self, session: &str) {
+        if self.announced_first {
+            return;
+        }
+        self.announced_first = true;
+        let mut text = if self.hook.confines() {
+            format!(
+                "The agent runs in a writes-only sandbox: it can write in the workspace roots ({}), temp and cache \
+                 directories and its own state; writes elsewhere are denied.",
+                self.armed_roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            "The agent runs unconfined: zcode-acp relays it, but no sandbox limits what it writes. \
+             Set ZCODE_ACP_SANDBOX=1 to arm one."
+                .to_owned()
+        };
+        if let Some(note) = self.dangerous_note() {
+            text = format!("{text}\n{note}");
+        }
+        let title = self.state_title();
+        self.announce(session, title, text);
+    }
+
+    /// After a restart: every live session is told why, and what it cost.
+    pub(super) fn announce_restart(&mut self, reason: &str) {
+        if !self.announced_first {
+            return;
+        }
+        let mut text = format!(
+            "The agent was restarted ({reason}). Processes it had running (dev servers, MCP servers it started) were stopped."
+        );
+        if let Some(note) = self.dangerous_note() {
+            text = format!("{text}\n{note}");
+        }
+        let title = format!("{} (restarted)", self.state_title());
+        let sessions: Vec<String> = self.sessions.live().map(|s| s.id.clone()).collect();
+        for session in sessions {
+            self.announce(&session, title.clone(), text.clone());
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! `zcode-acp allow PATH`, `zcode-acp deny PATH` and `zcode-acp approve`:
+//! the project's sandbox.json changed from a terminal, outside the
+//! sandbox, so approved by definition (the ledger records it in the same
+//! step).
+
+use std::path::PathBuf;
+
+use crate::config::managed::ManagedRoot;
+use crate::config::project::{self, List};
+use crate::policy::discover::{gather, Sources};
+use crate::policy::{resolve_real, Kind, Op, Platform, Policy};
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// The path to allow (or deny) writes beneath.
+    pub path: PathBuf,
+    /// The project whose sandbox.json records it (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApproveArgs {
+    /// The project whose sandbox.json is approved as it is now (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+}
+
+fn workspace(given: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let ws = super::workspaces(given.as_slice())?.remove(0);
+    Ok(resolve_real(&ws)?)
+}
+
+/// Adds PATH to the allow (or deny) list. Returns an error that says why
+/// when it must not be, or cannot be, recorded.
+pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
+    let root = workspace(&args.workspace)?;
+    let path = resolve_real(&crate::policy::resolve::absolutize(&args.path)?)?;
+    let managed = ManagedRoot::user_default()?;
+    if list == List::Allow {
+        let home = dirs::home_dir().map(|h| resolve_real(&h)).transpose()?;
+        if path == std::path::Path::new("/") || Some(&path) == home.as_ref() {
+            anyhow::bail!(
+                "refusing to allow {}: it would make the whole tree writable; open it as a workspace if you really mean it",
+                path.display()
+            );
+        }
+        let (input, _) = gather(&Sources {
+            platform: Platform::current(),
+            workspaces: std::slice::from_ref(&root),
+            backend: &[],
+            state_paths: &[],
+            once_allows: &[],
+            managed: &managed,
+            inspect: true,
+        })?;
+        let decision = Policy::build(&input).evaluate_resolved(&path, Op::Write);
+        if decision.kind == Kind::Island {
+            anyhow::bail!(
+                "refusing to allow {}: it is the sandbox's own configuration ({}), which no grant opens",
+                path.display(),
+                decision.rule.unwrap_or_default()
+            );
+        }
+    }
+    let entry = path.to_string_lossy().into_owned();
+    if !project::append(&root, list, &entry, &managed) {
+        anyhow::bail!(
+            "could not record it in {} (see the message above); nothing was changed",
+            project::config_path(&root).display()
+        );
+    }
+    let verb = match list {
+        List::Allow => "allowed",
+        List::Deny => "never allowed",
+    };
+    println!(
+        "{verb}: {entry} (recorded in {}, approved)",
+        project::config_path(&root).display()
+    );
+    Ok(())
+}
+
+/// Approves the project's sandbox.json as it is now.
+pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
+    let root = workspace(&args.workspace)?;
+    let managed = ManagedRoot::user_default()?;
+    project::approve_current(&root, &managed).map_err(|e| anyhow::anyhow!(e))?;
+    println!(
+        "approved {} as it is now",
+        project::config_path(&root).display()
+    );
+    Ok(())
+}

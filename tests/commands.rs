@@ -1,0 +1,186 @@
+//! The terminal commands that inspect and change a project's sandbox:
+//! `profile --check`, `allow`, `deny`, `approve`, run as a user would.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::BIN;
+
+struct Home {
+    dir: tempfile::TempDir,
+    ws: PathBuf,
+}
+
+fn home() -> Home {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    Home { dir, ws }
+}
+
+fn zcode(h: &Home, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("HOME", h.dir.path())
+        .env("XDG_CONFIG_HOME", h.dir.path().join("config"))
+        .env_remove("ZCODE_ACP_BACKEND")
+        .output()
+        .unwrap()
+}
+
+fn check(h: &Home, path: &Path) -> String {
+    let out = zcode(
+        h,
+        &[
+            "profile",
+            "--target",
+            "macos",
+            "--workspace",
+            h.ws.to_str().unwrap(),
+            "--check",
+            path.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn sandbox_json(h: &Home) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(h.ws.join(".zcode/acp/sandbox.json")).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn allow_records_approves_and_takes_effect() {
+    let h = home();
+    let shared = h.dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let shared = std::fs::canonicalize(&shared).unwrap();
+    // A hand-added entry is ignored until approved...
+    std::fs::create_dir_all(h.ws.join(".zcode/acp")).unwrap();
+    std::fs::write(
+        h.ws.join(".zcode/acp/sandbox.json"),
+        format!(
+            r#"{{"enabled": true, "allow": ["{}"], "mine": 1}}"#,
+            shared.display()
+        ),
+    )
+    .unwrap();
+    assert!(check(&h, &shared.join("f")).contains("denied (outside)"));
+    // ...and `allow` approves it (deduped, unknown keys kept).
+    let out = zcode(
+        &h,
+        &[
+            "allow",
+            shared.to_str().unwrap(),
+            "--workspace",
+            h.ws.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = sandbox_json(&h);
+    assert_eq!(v["allow"].as_array().unwrap().len(), 1);
+    assert_eq!(v["mine"], 1);
+    assert!(
+        check(&h, &shared.join("f")).contains("allowed (allow)"),
+        "{}",
+        check(&h, &shared.join("f"))
+    );
+}
+
+#[test]
+fn deny_records_a_path_that_is_never_allowed() {
+    let h = home();
+    let secrets = h.ws.join("secrets");
+    let out = zcode(
+        &h,
+        &[
+            "deny",
+            secrets.to_str().unwrap(),
+            "--workspace",
+            h.ws.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sandbox_json(&h)["deny"][0], secrets.to_str().unwrap());
+    let line = check(&h, &secrets.join("key"));
+    assert!(
+        line.contains("denied (protected)") && line.contains("never allowed"),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_sandboxs_own_configuration_and_the_whole_home_cannot_be_allowed() {
+    let h = home();
+    for target in [
+        h.ws.join(".zcode/acp"),
+        h.dir.path().to_path_buf(),
+        PathBuf::from("/"),
+    ] {
+        let out = zcode(
+            &h,
+            &[
+                "allow",
+                target.to_str().unwrap(),
+                "--workspace",
+                h.ws.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", target.display());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to allow"));
+    }
+    let json = h.ws.join(".zcode/acp/sandbox.json");
+    if json.exists() {
+        assert_eq!(sandbox_json(&h)["allow"], serde_json::json!([]));
+    }
+}
+
+#[test]
+fn approve_accepts_a_hand_edit() {
+    let h = home();
+    std::fs::create_dir_all(h.ws.join(".zcode/acp")).unwrap();
+    let file = h.ws.join(".zcode/acp/sandbox.json");
+    std::fs::write(&file, r#"{"enabled": true, "strictGit": true}"#).unwrap();
+    std::fs::create_dir_all(h.ws.join(".git")).unwrap();
+    // Approved once with strictGit on (recorded in the ledger)...
+    let out = zcode(&h, &["approve", "--workspace", h.ws.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(check(&h, &h.ws.join(".git/objects/x")).contains("protected"));
+    // ...a hand edit turning strictGit off is ignored until approved.
+    std::fs::write(&file, r#"{"enabled": true, "strictGit": false}"#).unwrap();
+    assert!(check(&h, &h.ws.join(".git/objects/x")).contains("protected"));
+    let out = zcode(&h, &["approve", "--workspace", h.ws.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        check(&h, &h.ws.join(".git/objects/x")).contains("allowed"),
+        "{}",
+        check(&h, &h.ws.join(".git/objects/x"))
+    );
+}
