@@ -106,13 +106,7 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     );
 }
 
-#[test]
-fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
-    if !require_kernel_features() {
-        return;
-    }
-    let outside = tempfile::tempdir_in(scratch_base()).unwrap();
-    let outside = std::fs::canonicalize(outside.path()).unwrap();
+fn armed_editor() -> (Editor, std::path::PathBuf, String, std::path::PathBuf) {
     let mut opts = Options::new(shell_agent())
         .env("ZCODE_ACP_SANDBOX", "1")
         .env("ZCODE_SHELL_AGENT_HOME", "");
@@ -123,6 +117,42 @@ fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
+    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    (ed, ws, sid, outside)
+}
+
+/// Waits for the bridge's permission prompt and answers it.
+fn answer_prompt(ed: &mut Editor, option: &str) -> serde_json::Value {
+    let req = ed
+        .wait_for("a permission prompt", |v| {
+            v["method"] == "session/request_permission"
+        })
+        .value;
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+    req
+}
+
+/// Runs a prompt whose write is put to the user, answering `option`.
+fn prompt_answering(
+    ed: &mut Editor,
+    sid: &str,
+    text: &str,
+    option: &str,
+) -> (serde_json::Value, String) {
+    let start = ed.seen.len();
+    let id = ed.prompt_request(sid, text);
+    let req = answer_prompt(ed, option);
+    ed.response(&id);
+    (req, ed.agent_text_since(start, sid))
+}
+
+#[test]
+fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
 
     // Inside: forwarded to the editor, with the real path.
     let (_, text) = ed.prompt(&sid, "/write notes.txt inside");
@@ -132,33 +162,52 @@ fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
         "inside"
     );
 
-    // Outside, the island, and through a symlink: never reach the editor.
-    std::os::unix::fs::symlink(outside.join("via-link"), ws.join("link")).unwrap();
-    for (target, why) in [
-        (outside.join("outside.txt"), "(outside)"),
-        (ws.join(".zcode/acp/sandbox.json"), "(island)"),
-        (ws.join("link"), "(outside)"),
-    ] {
-        let start = ed.seen.len();
-        let (_, text) = ed.prompt(&sid, &format!("/write {} forged", target.display()));
-        assert!(
-            text.contains("zcode-acp denied writing") && text.contains(why),
-            "{text}"
-        );
-        let reached = ed.seen[start..]
-            .iter()
-            .any(|l| l.value["method"] == "fs/write_text_file");
-        assert!(
-            !reached,
-            "an fs/write_text_file for {} reached the editor",
-            target.display()
-        );
-    }
-    assert!(!outside.join("outside.txt").exists() && !outside.join("via-link").exists());
+    // The island: refused at once, never asked.
+    let start = ed.seen.len();
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!(
+            "/write {} forged",
+            ws.join(".zcode/acp/sandbox.json").display()
+        ),
+    );
+    assert!(
+        text.contains("zcode-acp denied writing") && text.contains("(island)"),
+        "{text}"
+    );
+    assert!(!ed.seen[start..]
+        .iter()
+        .any(|l| l.value["method"] == "session/request_permission"));
     assert_ne!(
         std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap(),
         "forged"
     );
+
+    // Outside, directly and through a symlink: asked, refused, never written.
+    std::os::unix::fs::symlink(outside.join("via-link"), ws.join("link")).unwrap();
+    for (named, real) in [
+        (outside.join("outside.txt"), outside.join("outside.txt")),
+        (ws.join("link"), outside.join("via-link")),
+    ] {
+        let start = ed.seen.len();
+        let (req, text) = prompt_answering(
+            &mut ed,
+            &sid,
+            &format!("/write {} forged", named.display()),
+            "reject-once",
+        );
+        assert_eq!(req["params"]["sessionId"], sid.as_str());
+        let title = req["params"]["toolCall"]["title"].as_str().unwrap();
+        assert!(
+            title.contains(real.to_str().unwrap()),
+            "the prompt names the real path: {title}"
+        );
+        assert!(text.contains("did not allow"), "{text}");
+        assert!(!ed.seen[start..]
+            .iter()
+            .any(|l| l.value["method"] == "fs/write_text_file"));
+        assert!(!real.exists());
+    }
 
     // The editor would run a terminal outside the sandbox: refused.
     let start = ed.seen.len();
@@ -171,4 +220,136 @@ fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
         .iter()
         .any(|l| l.value["method"] == "terminal/create"));
     assert!(!outside.join("via-terminal").exists());
+}
+
+#[test]
+fn the_allow_flow_remembers_each_answer_as_chosen() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    let config = || std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap();
+    let prompts = |ed: &Editor, from: usize| {
+        ed.seen[from..]
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .count()
+    };
+
+    // Allow once: written now, and again without asking; not recorded.
+    let once = outside.join("once.txt");
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} one", once.display()),
+        "allow-once",
+    );
+    assert!(text.starts_with("wrote"), "{text}");
+    let start = ed.seen.len();
+    let (_, text) = ed.prompt(&sid, &format!("/write {} two", once.display()));
+    assert!(
+        text.starts_with("wrote") && prompts(&ed, start) == 0,
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&once).unwrap(), "two");
+    assert!(!config().contains("once.txt"));
+
+    // Always: written and recorded in sandbox.json.
+    let always = outside.join("always.txt");
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} yes", always.display()),
+        "allow-always",
+    );
+    assert!(text.starts_with("wrote"), "{text}");
+    assert!(config().contains(always.to_str().unwrap()));
+
+    // Don't: refused, and asked again next time.
+    let dont = outside.join("dont.txt");
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} no", dont.display()),
+        "reject-once",
+    );
+    assert!(text.contains("did not allow"), "{text}");
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} no", dont.display()),
+        "reject-once",
+    );
+    assert!(text.contains("did not allow"), "{text}");
+
+    // Never: refused, recorded as a deny entry, never asked again.
+    let never = outside.join("never.txt");
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} no", never.display()),
+        "reject-always",
+    );
+    assert!(text.contains("did not allow"), "{text}");
+    assert!(config().contains("\"deny\"") && config().contains(never.to_str().unwrap()));
+    let start = ed.seen.len();
+    let (_, text) = ed.prompt(&sid, &format!("/write {} no", never.display()));
+    assert!(
+        text.contains("never to allow") && prompts(&ed, start) == 0,
+        "{text}"
+    );
+    assert!(!never.exists() && !dont.exists());
+
+    // A protected path is asked; a start-up file is never offered.
+    let (_, text) = prompt_answering(
+        &mut ed,
+        &sid,
+        &format!("/write {} export X=1", ws.join(".envrc").display()),
+        "reject-once",
+    );
+    assert!(text.contains("did not allow"), "{text}");
+    let start = ed.seen.len();
+    let bashrc = std::fs::canonicalize(ed.home()).unwrap().join(".bashrc");
+    let (_, text) = ed.prompt(&sid, &format!("/write {} evil", bashrc.display()));
+    assert!(
+        text.contains("never offers") && prompts(&ed, start) == 0,
+        "{text}"
+    );
+    assert!(!bashrc.exists());
+}
+
+#[test]
+fn a_burst_of_denials_of_one_path_is_one_prompt() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, first, outside) = armed_editor();
+    let mut sids = vec![first];
+    // Twenty sessions write the same outside path at once.
+    for _ in 0..19 {
+        sids.push(ed.new_session(&ws));
+    }
+    let target = outside.join("burst.txt");
+    let start = ed.seen.len();
+    let ids: Vec<serde_json::Value> = sids
+        .iter()
+        .map(|sid| ed.prompt_request(sid, &format!("/write {} same", target.display())))
+        .collect();
+    answer_prompt(&mut ed, "allow-once");
+    for id in &ids {
+        assert_eq!(ed.response(id)["result"]["stopReason"], "end_turn");
+    }
+    ed.drain_for(std::time::Duration::from_millis(300));
+    let prompts = ed.seen[start..]
+        .iter()
+        .filter(|l| l.value["method"] == "session/request_permission")
+        .count();
+    assert_eq!(prompts, 1, "one prompt for the burst");
+    for sid in &sids {
+        assert!(
+            ed.agent_text_since(start, sid).starts_with("wrote"),
+            "{sid}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "same");
 }

@@ -10,6 +10,11 @@ use super::Bridge;
 use crate::relay::envelope::notification;
 
 impl Bridge {
+    /// A tool call of the bridge's own on one session.
+    pub(super) fn announce_to(&mut self, session: &str, title: String, text: String) {
+        self.announce(session, title, text);
+    }
+
     fn announce(&mut self, session: &str, title: String, text: String) {
         self.announcements += 1;
         let update = json!({

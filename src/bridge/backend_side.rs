@@ -36,24 +36,21 @@ impl Bridge {
                         }
                         return;
                     }
+                    police::Verdict::Ask {
+                        session,
+                        path,
+                        reason,
+                        frame,
+                    } => {
+                        let held = super::allow::HeldWrite {
+                            generation,
+                            backend_id: id,
+                            frame,
+                        };
+                        return self.ask(session, path, reason, held);
+                    }
                 };
-                let bid = self.alloc_id();
-                let terminal_for = (method == "terminal/create")
-                    .then(|| frame.session_id())
-                    .flatten();
-                if method == "terminal/release" {
-                    self.forget_terminal(&frame);
-                }
-                self.at_editor.insert(
-                    bid,
-                    AtEditor::Backend {
-                        generation,
-                        id: id.clone(),
-                        terminal_for,
-                    },
-                );
-                self.backend_ids.insert((generation, id), bid);
-                self.to_editor(frame.with_id(&bid.to_string()));
+                self.forward_backend_request(generation, id, frame);
             }
             Kind::Notification { method } => match method.as_str() {
                 "session/update" => {
@@ -134,6 +131,33 @@ impl Bridge {
                 }
             }
         }
+    }
+
+    /// Sends a backend request on to the editor under a bridge id.
+    pub(super) fn forward_backend_request(
+        &mut self,
+        generation: u64,
+        id: crate::relay::RawId,
+        frame: Frame,
+    ) {
+        let method = frame.method().unwrap_or_default().to_owned();
+        let bid = self.alloc_id();
+        let terminal_for = (method == "terminal/create")
+            .then(|| frame.session_id())
+            .flatten();
+        if method == "terminal/release" {
+            self.forget_terminal(&frame);
+        }
+        self.at_editor.insert(
+            bid,
+            AtEditor::Backend {
+                generation,
+                id: id.clone(),
+                terminal_for,
+            },
+        );
+        self.backend_ids.insert((generation, id), bid);
+        self.to_editor(frame.with_id(&bid.to_string()));
     }
 
     fn forget_terminal(&mut self, frame: &Frame) {

@@ -248,6 +248,7 @@ impl Bridge {
         };
         match entry {
             AtEditor::Bridge => debug!(bid, "the editor answered a bridge request"),
+            AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
             AtEditor::Backend {
                 generation,
                 id: backend_id,

@@ -8,6 +8,7 @@
 //! writers are unbounded so the loop never blocks on a slow peer while the
 //! other peer is waiting on it.
 
+mod allow;
 mod announce;
 mod backend_side;
 mod editor_side;
@@ -93,6 +94,8 @@ enum AtEditor {
     },
     /// The bridge's own request, answered into the void.
     Bridge,
+    /// One of the bridge's permission prompts (see `allow`).
+    Prompt,
 }
 
 /// The answer to a bridge-originated request.
@@ -187,6 +190,13 @@ pub struct Bridge {
     /// Whether the first session was told the sandbox state.
     announced_first: bool,
     announcements: u64,
+    /// Open permission prompts, by the bridge id of the request.
+    prompts: HashMap<u64, allow::Prompt>,
+    prompt_by_path: HashMap<std::path::PathBuf, u64>,
+    /// Writes the user allowed through the editor, for this bridge's life.
+    grants: Vec<std::path::PathBuf>,
+    /// Paths the user said never to.
+    never: Vec<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -278,6 +288,10 @@ impl Bridge {
             pending_roots: Vec::new(),
             announced_first: false,
             announcements: 0,
+            prompts: HashMap::new(),
+            prompt_by_path: HashMap::new(),
+            grants: Vec::new(),
+            never: Vec::new(),
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.

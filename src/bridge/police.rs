@@ -23,6 +23,13 @@ pub(super) enum Verdict {
         code: i64,
         message: String,
     },
+    /// Put it to the user; `frame` is the request with the real path.
+    Ask {
+        session: String,
+        path: std::path::PathBuf,
+        reason: String,
+        frame: Frame,
+    },
 }
 
 impl Bridge {
@@ -74,25 +81,49 @@ impl Bridge {
                 ))
             }
         };
-        if decision.allowed {
+        let real_frame = || {
+            if real == request.path {
+                Some(frame.clone())
+            } else {
+                rewrite_path(frame, &real).and_then(|b| Frame::parse(b).ok())
+            }
+        };
+        let granted =
+            decision.kind != Kind::Island && !self.refused_for_good(&real) && self.granted(&real);
+        if decision.allowed || granted {
             // The editor follows symlinks when it writes: it gets the real
             // path that was judged, not the one the agent named. (A symlink
             // swapped in between the check and the write is the residual race.)
             if real == request.path {
                 return Verdict::Pass;
             }
-            return match rewrite_path(frame, &real) {
-                Some(bytes) => Verdict::Rewrite(bytes),
+            return match real_frame() {
+                Some(f) => Verdict::Rewrite(f.bytes),
                 None => refuse("zcode-acp could not rewrite the path of this write".into()),
             };
         }
         let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
+        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
         let why = match decision.kind {
             Kind::Island => {
                 "it is the sandbox's own configuration, which no grant opens".to_owned()
             }
             Kind::Protected if !decision.promptable => format!("it is never allowed ({rule})"),
-            _ => format!("{rule}; asking you in the editor is not built yet"),
+            _ if self.refused_for_good(&real) => "you chose never to allow it".to_owned(),
+            _ => match crate::bridge::allow::never_offered(&real, home.as_deref()) {
+                Some(never) => format!("{rule}, and zcode-acp never offers it: {never}"),
+                None => {
+                    return match real_frame() {
+                        Some(f) => Verdict::Ask {
+                            session: request.session_id.0.to_string(),
+                            path: real,
+                            reason: format!("{} ({rule})", decision.kind),
+                            frame: f,
+                        },
+                        None => refuse("zcode-acp could not rewrite the path of this write".into()),
+                    }
+                }
+            },
         };
         refuse(format!(
             "zcode-acp denied writing {} ({}): {why}",

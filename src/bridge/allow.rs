@@ -1,0 +1,240 @@
+//! The allow flow: a write the policy denies, but that the user may grant,
+//! is put to the user in the editor's own permission UI, as a
+//! `session/request_permission` of the bridge's own on the session where
+//! the denial happened. Only answers to these prompts change what is
+//! allowed; the agent's own permission requests pass through untouched.
+//!
+//! Answers: allow once (a grant for this bridge's lifetime), always allow
+//! (recorded in the project's sandbox.json and approved; if that cannot be
+//! written, once, and the user is told), don't allow (nothing remembered),
+//! never allow (recorded as a deny entry: never asked again). One prompt
+//! per path is open at a time: a burst of denials of one path waits on it.
+
+use std::path::{Path, PathBuf};
+
+use agent_client_protocol_schema::v1 as acp;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{AtEditor, Bridge};
+use crate::config::project::{self, List};
+use crate::relay::codes;
+use crate::relay::envelope::{error_response, request};
+use crate::relay::{Frame, RawId};
+
+/// A write held until the user answers.
+#[derive(Debug)]
+pub(super) struct HeldWrite {
+    pub generation: u64,
+    pub backend_id: RawId,
+    /// The request, its path already the real one that was judged.
+    pub frame: Frame,
+}
+
+/// An open prompt.
+#[derive(Debug)]
+pub(super) struct Prompt {
+    pub path: PathBuf,
+    pub session: String,
+    pub held: Vec<HeldWrite>,
+}
+
+/// Why a path is never offered, if it is not: granting these would hand the
+/// agent the whole machine, or a way to run code outside the sandbox later.
+pub fn never_offered(path: &Path, home: Option<&Path>) -> Option<&'static str> {
+    if path == Path::new("/") {
+        return Some("it would make the whole tree writable");
+    }
+    let home = home?;
+    if path == home {
+        return Some("it would make the whole home directory writable");
+    }
+    if path.starts_with(home.join(".ssh")) {
+        return Some("ssh keys and configuration decide who can log in, and where");
+    }
+    const STARTUP: &[&str] = &[
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zprofile",
+        ".zshenv",
+        ".zlogin",
+        ".config/fish",
+        ".xprofile",
+        ".xinitrc",
+    ];
+    if STARTUP.iter().any(|f| path.starts_with(home.join(f))) {
+        return Some("shell start-up files run in every new shell, outside the sandbox");
+    }
+    const AUTOSTART: &[&str] = &[
+        ".config/autostart",
+        "Library/LaunchAgents",
+        ".config/systemd/user",
+    ];
+    if AUTOSTART.iter().any(|d| path.starts_with(home.join(d))) {
+        return Some("programs there start at login, outside the sandbox");
+    }
+    None
+}
+
+impl Bridge {
+    /// Whether a grant made in this bridge covers `path`.
+    pub(super) fn granted(&self, path: &Path) -> bool {
+        self.grants.iter().any(|g| path.starts_with(g))
+    }
+
+    /// Whether the user said never for `path`.
+    pub(super) fn refused_for_good(&self, path: &Path) -> bool {
+        self.never.iter().any(|n| path.starts_with(n))
+    }
+
+    /// Puts a denied write to the user, or joins the prompt already open
+    /// for the same path.
+    pub(super) fn ask(&mut self, session: String, path: PathBuf, reason: String, held: HeldWrite) {
+        if let Some(bid) = self.prompt_by_path.get(&path) {
+            if let Some(p) = self.prompts.get_mut(bid) {
+                p.held.push(held);
+                return;
+            }
+        }
+        let bid = self.alloc_id();
+        self.announcements += 1;
+        let params = json!({
+            "sessionId": session,
+            "toolCall": {
+                "toolCallId": format!("zcode-acp-allow-{}", self.announcements),
+                "title": format!("Allow the agent to write {}?", path.display()),
+                "kind": "edit",
+                "status": "pending",
+                "locations": [{"path": path}],
+                "content": [{"type": "content", "content": {"type": "text", "text": format!(
+                    "The sandbox denies this write: {reason}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json; Never allow records a deny entry."
+                )}}],
+            },
+            "options": [
+                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
+                {"optionId": "reject-once", "name": "Don't allow", "kind": "reject_once"},
+                {"optionId": "reject-always", "name": "Never allow", "kind": "reject_always"},
+            ],
+        });
+        info!(path = %path.display(), session, "asking the user whether the agent may write");
+        self.at_editor.insert(bid, AtEditor::Prompt);
+        self.prompt_by_path.insert(path.clone(), bid);
+        self.prompts.insert(
+            bid,
+            Prompt {
+                path,
+                session,
+                held: vec![held],
+            },
+        );
+        self.to_editor(request(
+            bid,
+            "session/request_permission",
+            &params.to_string(),
+        ));
+    }
+
+    /// The user answered one of the bridge's prompts.
+    pub(super) fn on_prompt_answer(&mut self, bid: u64, frame: &Frame) {
+        let Some(prompt) = self.prompts.remove(&bid) else {
+            return;
+        };
+        self.prompt_by_path.remove(&prompt.path);
+        let choice = match frame.payload_as::<acp::RequestPermissionResponse>() {
+            Ok(r) => match r.outcome {
+                acp::RequestPermissionOutcome::Selected(s) => s.option_id.0.to_string(),
+                _ => "cancelled".to_owned(),
+            },
+            Err(_) => "cancelled".to_owned(),
+        };
+        let root = self
+            .sessions
+            .get(&prompt.session)
+            .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
+        let entry = prompt.path.to_string_lossy().into_owned();
+        let allowed = match choice.as_str() {
+            "allow-once" => {
+                self.grants.push(prompt.path.clone());
+                true
+            }
+            "allow-always" => {
+                let kept = root
+                    .as_ref()
+                    .is_some_and(|r| project::append(r, List::Allow, &entry, &self.cfg.managed));
+                self.grants.push(prompt.path.clone());
+                if !kept {
+                    let text = format!(
+                        "zcode-acp could not record the grant for {entry} in the project's sandbox.json, so it holds only until zcode-acp exits."
+                    );
+                    self.announce_to(
+                        &prompt.session,
+                        "Sandbox: allowed for this session only".into(),
+                        text,
+                    );
+                }
+                true
+            }
+            "reject-always" => {
+                if let Some(r) = &root {
+                    project::append(r, List::Deny, &entry, &self.cfg.managed);
+                }
+                self.never.push(prompt.path.clone());
+                false
+            }
+            _ => false,
+        };
+        info!(path = %prompt.path.display(), choice, "the user answered");
+        let current = self.generation.as_ref().map(|g| g.id);
+        for held in prompt.held {
+            if Some(held.generation) != current {
+                continue; // that agent is gone; nothing to answer
+            }
+            if allowed {
+                self.forward_backend_request(held.generation, held.backend_id, held.frame);
+            } else {
+                let message = format!("the user did not allow writing {entry}");
+                warn!("{message}");
+                if let Some(g) = &self.generation {
+                    g.send(error_response(
+                        &held.backend_id,
+                        codes::WRITE_DENIED,
+                        &message,
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_never_offered() {
+        let home = Path::new("/home/u");
+        for p in [
+            "/",
+            "/home/u",
+            "/home/u/.ssh/authorized_keys",
+            "/home/u/.bashrc",
+            "/home/u/.config/autostart/x.desktop",
+            "/home/u/.config/fish/config.fish",
+        ] {
+            assert!(never_offered(Path::new(p), Some(home)).is_some(), "{p}");
+        }
+        for p in [
+            "/home/u/other/file",
+            "/srv/data/x",
+            "/home/u/.bashrc-notes/x",
+        ] {
+            assert!(never_offered(Path::new(p), Some(home)).is_none(), "{p}");
+        }
+    }
+}
