@@ -237,15 +237,32 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         }
         None => Box::new(backend::Unconfined),
     };
+    #[cfg(target_os = "linux")]
+    let managed_for_arm = managed.clone();
     let cfg = bridge::BridgeConfig {
         backend,
         max_frame_bytes: args.max_frame_bytes,
         stop_grace: Duration::from_millis(args.stop_grace_ms),
         crash_limit: 3,
         crash_window: Duration::from_secs(30),
-        refuse_sandboxed_projects: !args.no_sandbox && !hook.confines(),
+        honor_project_switch: !args.no_sandbox,
         managed,
     };
-    bridge::Bridge::run(cfg, hook).await?;
+    // A project may turn the sandbox on in a bridge started without it.
+    let arm: Option<bridge::ArmFactory> = {
+        #[cfg(target_os = "linux")]
+        {
+            let (managed, paths) = (managed_for_arm, user.sandbox.state_paths.clone());
+            Some(Box::new(move || {
+                zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), paths.clone())
+                    .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>)
+            }))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
+    };
+    bridge::Bridge::run(cfg, hook, arm).await?;
     Ok(ExitCode::SUCCESS)
 }

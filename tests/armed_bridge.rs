@@ -353,3 +353,60 @@ fn a_burst_of_denials_of_one_path_is_one_prompt() {
     }
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "same");
 }
+
+#[test]
+fn a_project_that_turns_the_sandbox_on_arms_a_running_bridge() {
+    if !require_kernel_features() {
+        return;
+    }
+    // No global switch: the bridge starts unconfined.
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    ed.initialize();
+    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+
+    // A plain project: unconfined, and the agent can write outside.
+    let plain = workspace(&ed, "plain");
+    let first = ed.new_session(&plain);
+    let (_, text) = ed.prompt(
+        &first,
+        &format!("echo x > {}/free.txt && echo ok", outside.display()),
+    );
+    assert_eq!(text, "ok\n");
+
+    // A project that opts in: the bridge arms before its session opens.
+    let armed = workspace(&ed, "armed");
+    std::fs::create_dir_all(armed.join(".zcode/acp")).unwrap();
+    std::fs::write(
+        armed.join(".zcode/acp/sandbox.json"),
+        r#"{"enabled": true}"#,
+    )
+    .unwrap();
+    let sid = ed.new_session(&armed);
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("echo x > {}/caught.txt; echo rc=$?", outside.display()),
+    );
+    assert!(text.contains("rc=2"), "{text}");
+    assert!(
+        !outside.join("caught.txt").exists(),
+        "the opted-in project ran unconfined"
+    );
+    // The other live session was restarted under the sandbox and told so.
+    let told = ed
+        .wait_for("the re-arm announcement", |v| {
+            v["params"]["sessionId"] == first.as_str()
+                && v["params"]["update"]["title"].as_str().is_some_and(|t| {
+                    t.contains("namespaces+Landlock") && t.ends_with("(restarted)")
+                })
+        })
+        .value;
+    assert!(told["params"]["update"]["content"][0]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("turns the sandbox on"));
+}

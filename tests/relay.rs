@@ -395,8 +395,13 @@ fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfine
         "the agent never ran"
     );
 
-    // Requested by the project: its sessions are refused, others open.
-    let mut ed = Editor::start(fake_agent());
+    // Requested by the project where nothing can be armed: its sessions are
+    // refused, others open.
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("ZCODE_ACP_TEST_NO_LANDLOCK", "1")
+            .env("ZCODE_ACP_TEST_NO_NAMESPACES", "1"),
+    );
     ed.initialize();
     let ws = workspace(&ed, "armed");
     std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();

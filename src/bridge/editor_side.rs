@@ -147,9 +147,36 @@ impl Bridge {
                         "a session opened a workspace the sandbox does not cover yet ({list})"
                     ));
                 }
-                if let Some(message) = self.refused_for_sandbox(&track) {
-                    warn!(method, "{message}");
-                    return self.answer_error(&id, codes::SANDBOX_UNAVAILABLE, &message);
+                if let Some(config) = self.project_wants_sandbox(&track) {
+                    // The user asked for confinement for this project: arm the
+                    // bridge before the session opens, or refuse it; never the
+                    // opposite silently.
+                    match self.arm.as_ref().map(|make| make()) {
+                        Some(Ok(hook)) => {
+                            self.hook = hook;
+                            if let track::Track::Create(s) | track::Track::Reopen(s) = &track {
+                                self.pending_roots.extend(s.roots().cloned());
+                            }
+                            self.queue.push_front(frame);
+                            return self.request_restart(&format!(
+                                "{} turns the sandbox on",
+                                config.display()
+                            ));
+                        }
+                        failure => {
+                            let why = match failure {
+                                Some(Err(why)) => why,
+                                _ => "zcode-acp cannot arm a sandbox on this system yet".into(),
+                            };
+                            let message = format!(
+                                "{} turns the sandbox on for this project, but {why}, so the session was not opened; \
+                                 set \"enabled\": false there, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",
+                                config.display()
+                            );
+                            warn!(method, "{message}");
+                            return self.answer_error(&id, codes::SANDBOX_UNAVAILABLE, &message);
+                        }
+                    }
                 }
                 let bid = self.alloc_id();
                 if self.editor_ids.insert(id.clone(), bid).is_some() {
@@ -186,30 +213,23 @@ impl Bridge {
         (!uncovered.is_empty()).then_some(uncovered)
     }
 
-    /// A session whose project turns the sandbox on cannot be opened on an
-    /// unconfined backend: the user asked for confinement and must not get
-    /// the opposite silently.
-    fn refused_for_sandbox(&self, track: &track::Track) -> Option<String> {
-        if !self.cfg.refuse_sandboxed_projects {
+    /// The config of a project that turns the sandbox on, for a session
+    /// being opened while the bridge is not armed.
+    fn project_wants_sandbox(&self, track: &track::Track) -> Option<std::path::PathBuf> {
+        if !self.cfg.honor_project_switch || self.hook.confines() {
             return None;
         }
         let session = match track {
             track::Track::Create(s) | track::Track::Reopen(s) => s,
             _ => return None,
         };
-        let config = session.roots().find_map(|root| {
+        session.roots().find_map(|root| {
             let real = crate::policy::resolve_real(root).ok()?;
             let project = crate::config::project::load(&real, false, &self.cfg.managed);
             project
                 .armed
                 .then(|| crate::config::project::config_path(&real))
-        })?;
-        Some(format!(
-            "{} turns the sandbox on for this project, but this bridge runs the agent without one (turning it on in a running \
-             bridge is not built yet), so the session was not opened; start zcode-acp with ZCODE_ACP_SANDBOX=1 (on Linux), \
-             set \"enabled\": false there, or start it with --no-sandbox to run the agent unconfined on purpose",
-            config.display()
-        ))
+        })
     }
 
     fn forward_editor_cancel(&mut self, frame: &Frame) {

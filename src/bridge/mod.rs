@@ -44,9 +44,9 @@ pub struct BridgeConfig {
     /// Stop restarting after this many crashes within `crash_window`.
     pub crash_limit: usize,
     pub crash_window: Duration,
-    /// Refuse sessions whose project turns the sandbox on, since this
-    /// build cannot arm one (false with --no-sandbox).
-    pub refuse_sandboxed_projects: bool,
+    /// Honour a project's `"enabled": true` (false with --no-sandbox): arm
+    /// the bridge for it, or refuse its sessions where nothing can be armed.
+    pub honor_project_switch: bool,
     /// `~/.zcode-acp`: the approval ledger lives there.
     pub managed: crate::config::managed::ManagedRoot,
 }
@@ -147,9 +147,14 @@ struct Signals {
     chld: Signal,
 }
 
+/// Makes the hook that arms generations, when a project turns the sandbox
+/// on in a bridge started without it. Errors say why it cannot be armed.
+pub type ArmFactory = Box<dyn Fn() -> Result<Box<dyn SpawnHook>, String> + Send>;
+
 pub struct Bridge {
     cfg: BridgeConfig,
     hook: Box<dyn SpawnHook>,
+    arm: Option<ArmFactory>,
     editor_out: Option<mpsc::UnboundedSender<Vec<u8>>>,
     editor_in: mpsc::Receiver<EditorEvent>,
     backend_tx: crate::backend::EventSender,
@@ -202,7 +207,11 @@ pub struct Bridge {
 impl Bridge {
     /// Runs the bridge on this process's stdin/stdout until the editor
     /// leaves or a signal ends it.
-    pub async fn run(cfg: BridgeConfig, hook: Box<dyn SpawnHook>) -> anyhow::Result<()> {
+    pub async fn run(
+        cfg: BridgeConfig,
+        hook: Box<dyn SpawnHook>,
+        arm: Option<ArmFactory>,
+    ) -> anyhow::Result<()> {
         crate::backend::become_subreaper();
         let (editor_tx, editor_in) = mpsc::channel(64);
         let reader_tx = editor_tx.clone();
@@ -257,6 +266,7 @@ impl Bridge {
         let mut bridge = Bridge {
             cfg,
             hook,
+            arm,
             editor_out: Some(out_tx),
             editor_in,
             backend_tx,
