@@ -192,8 +192,11 @@ fn cancel_stops_the_running_command() {
     ed.initialize();
     let sid = ed.new_session(&workspace(&ed, "w"));
     let id = ed.prompt_request(&sid, "sleep 60");
-    ed.wait_for("the tool call", |v| {
+    ed.wait_for("the agent's tool call", |v| {
         v["params"]["update"]["sessionUpdate"] == "tool_call"
+            && v["params"]["update"]["toolCallId"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("sh-"))
     });
     ed.notify("session/cancel", json!({"sessionId": sid}));
     let r = ed.response(&id);

@@ -44,6 +44,15 @@ struct SessionState {
 /// An error answer: (code, message).
 type RpcError = (i64, String);
 
+/// A prompt whose cancel switch is registered.
+struct Started {
+    sid: String,
+    text: String,
+    cwd: PathBuf,
+    mode: String,
+    cancel: watch::Receiver<bool>,
+}
+
 pub(crate) struct Agent {
     out: mpsc::UnboundedSender<String>,
     sessions: Mutex<HashMap<String, SessionState>>,
@@ -120,8 +129,20 @@ impl Agent {
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
         match (method, id) {
             (Some(method), Some(id)) => {
+                let started = (method == "session/prompt").then(|| {
+                    let sid = params
+                        .get("sessionId")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                    self.begin_prompt(sid, &params)
+                });
                 tokio::spawn(async move {
-                    let reply = match self.clone().handle_request(&method, params).await {
+                    let outcome = match started {
+                        Some(Ok(p)) => Ok(self.run_prompt(p).await),
+                        Some(Err(e)) => Err(e),
+                        None => self.clone().handle_request(&method, params).await,
+                    };
+                    let reply = match outcome {
                         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                         Err((code, message)) => {
                             json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
@@ -283,31 +304,45 @@ impl Agent {
                 Ok(json!({}))
             }
             "session/prompt" => {
-                let sid = sid.ok_or((-32602, "sessionId is required".to_owned()))?;
-                let text = prompt_text(&params);
-                let (cwd, mode, cancel) = {
-                    let mut sessions = self.sessions.lock().unwrap();
-                    let s = sessions
-                        .get_mut(&sid)
-                        .ok_or((-32002, format!("session {sid} not found")))?;
-                    if s.cancel.is_some() {
-                        return Err((-32600, "a prompt is already running in this session".into()));
-                    }
-                    let (tx, rx) = watch::channel(false);
-                    s.cancel = Some(tx);
-                    (s.cwd.clone(), s.mode.clone(), rx)
-                };
-                self.store
-                    .append(&sid, &json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}))
-                    .ok();
-                let outcome = exec::prompt(&self, &sid, &cwd, &mode, text.trim(), cancel).await;
-                if let Some(s) = self.sessions.lock().unwrap().get_mut(&sid) {
-                    s.cancel = None;
-                }
-                Ok(json!({"stopReason": outcome}))
+                let started = self.begin_prompt(sid, &params)?;
+                Ok(self.run_prompt(started).await)
             }
             _ => Err((-32601, format!("method not found: {method}"))),
         }
+    }
+
+    /// The part of a prompt that must happen in message order: registering
+    /// its cancel switch, so a `session/cancel` right behind it is not lost.
+    fn begin_prompt(&self, sid: Option<String>, params: &Value) -> Result<Started, RpcError> {
+        let sid = sid.ok_or((-32602, "sessionId is required".to_owned()))?;
+        let text = prompt_text(params);
+        let mut sessions = self.sessions.lock().unwrap();
+        let s = sessions
+            .get_mut(&sid)
+            .ok_or((-32002, format!("session {sid} not found")))?;
+        if s.cancel.is_some() {
+            return Err((-32600, "a prompt is already running in this session".into()));
+        }
+        let (tx, rx) = watch::channel(false);
+        s.cancel = Some(tx);
+        Ok(Started {
+            cwd: s.cwd.clone(),
+            mode: s.mode.clone(),
+            cancel: rx,
+            sid,
+            text,
+        })
+    }
+
+    async fn run_prompt(&self, p: Started) -> Value {
+        self.store
+            .append(&p.sid, &json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": p.text}}))
+            .ok();
+        let outcome = exec::prompt(self, &p.sid, &p.cwd, &p.mode, p.text.trim(), p.cancel).await;
+        if let Some(s) = self.sessions.lock().unwrap().get_mut(&p.sid) {
+            s.cancel = None;
+        }
+        json!({"stopReason": outcome})
     }
 
     fn open(&self, sid: &str, cwd: PathBuf) {
