@@ -93,6 +93,12 @@ enum Command {
     Sandbox {
         #[arg(long)]
         spec: PathBuf,
+        /// Remove the spec file once read (terminals' one-shot specs).
+        #[arg(long)]
+        consume: bool,
+        /// Die with the process that started this one (an editor's terminal).
+        #[arg(long)]
+        die_with_parent: bool,
     },
 }
 
@@ -115,8 +121,12 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::Sandbox { spec }) => {
-            return match zcode_acp::linux::hook::helper(&spec) {
+        Some(Command::Sandbox {
+            spec,
+            consume,
+            die_with_parent,
+        }) => {
+            return match zcode_acp::linux::hook::helper(&spec, consume, die_with_parent) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     eprintln!("zcode-acp: {e}");

@@ -208,18 +208,6 @@ fn an_armed_bridge_judges_what_the_agent_asks_the_editor_to_do() {
             .any(|l| l.value["method"] == "fs/write_text_file"));
         assert!(!real.exists());
     }
-
-    // The editor would run a terminal outside the sandbox: refused.
-    let start = ed.seen.len();
-    let (_, text) = ed.prompt(
-        &sid,
-        &format!("/terminal touch {}", outside.join("via-terminal").display()),
-    );
-    assert!(text.contains("refused terminal/create"), "{text}");
-    assert!(!ed.seen[start..]
-        .iter()
-        .any(|l| l.value["method"] == "terminal/create"));
-    assert!(!outside.join("via-terminal").exists());
 }
 
 #[test]
@@ -409,4 +397,89 @@ fn a_project_that_turns_the_sandbox_on_arms_a_running_bridge() {
         .as_str()
         .unwrap()
         .contains("turns the sandbox on"));
+}
+
+#[test]
+fn editor_terminals_run_inside_the_sandbox() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!(
+            "/terminal touch {}/via-terminal; echo in > {}/term.txt; echo finished",
+            outside.display(),
+            ws.display()
+        ),
+    );
+    assert!(text.contains("finished"), "{text}");
+    assert!(
+        !outside.join("via-terminal").exists(),
+        "the editor's terminal wrote outside"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("term.txt")).unwrap(),
+        "in\n"
+    );
+    // What the editor was asked to run: this binary's sandbox helper, no env.
+    let req = &ed.terminal_requests[0]["params"];
+    assert_eq!(req["command"], BIN, "{req}");
+    assert_eq!(req["args"][0], "__sandbox");
+    assert_eq!(req["env"], serde_json::json!([]));
+}
+
+#[test]
+fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A library that, once loaded anywhere, writes a marker outside.
+    let outside = tempfile::tempdir_in(scratch_base()).unwrap();
+    let outside = std::fs::canonicalize(outside.path()).unwrap();
+    let marker = outside.join("preloaded");
+    std::fs::write(
+        outside.join("evil.c"),
+        format!(
+            "#include <fcntl.h>\n__attribute__((constructor)) static void pwn(void) {{ creat(\"{}\", 0644); }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let built = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(outside.join("evil.so"))
+        .arg(outside.join("evil.c"))
+        .status()
+        .expect("gcc (install it: CI does)");
+    assert!(built.success());
+    // Control: the library does what it says when nothing stops it.
+    std::process::Command::new("/bin/true")
+        .env("LD_PRELOAD", outside.join("evil.so"))
+        .status()
+        .unwrap();
+    assert!(marker.exists(), "the test library works");
+    std::fs::remove_file(&marker).unwrap();
+
+    let mut opts = Options::new(fake_agent())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .env("FAKE_AGENT_DIR", "/tmp/zcode-acp-fake-agent")
+        .env("FAKE_PRELOAD", outside.join("evil.so").to_str().unwrap());
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    let (r, _) = ed.prompt(&sid, "terminal-env /bin/echo hi");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert_eq!(ed.terminals.len(), 1, "the editor ran the terminal");
+    assert_eq!(
+        ed.terminal_requests[0]["params"]["env"],
+        serde_json::json!([])
+    );
+    assert!(
+        !marker.exists(),
+        "LD_PRELOAD from the agent ran code outside the sandbox"
+    );
 }

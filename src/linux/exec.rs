@@ -228,8 +228,8 @@ fn setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), Lau
 
 /// Steps 2-8: namespaces and mounts. Runs in the helper process.
 /// Paths the command needs to see that a private tmpfs would hide: its own
-/// executable and its working directory, when they live in the host's /tmp.
-/// They are carried over read-only.
+/// executable, files named on its command line, and its working directory,
+/// when they live in the host's /tmp. They are carried over read-only.
 fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let exe = &spec.argv[0];
@@ -250,6 +250,13 @@ fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
     };
     out.push(exe_path);
     out.extend(spec.cwd.clone());
+    // Scripts and files named on the command line (`python3 /tmp/x/agent.py`).
+    out.extend(
+        spec.argv[1..]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute() && p.is_file()),
+    );
     out.into_iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| {
@@ -507,25 +514,31 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // cannot leave a lock held by another thread.
     match sys("fork the namespace's init", unsafe { fork() })? {
         ForkResult::Parent { child } => {
-            // The helper stays outside the PID namespace and waits. The
-            // bridge's signals reach the init through the process group.
-            for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-                // SAFETY: setting a signal to ignore installs no handler.
-                unsafe {
-                    let _ = nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn);
-                }
+            // The helper stays outside the PID namespace and waits, passing
+            // on the signals it gets (an editor's terminal/kill signals this
+            // process alone, not its group).
+            if let Err(e) = forwarded.thread_block() {
+                return Err(LaunchError::Sys {
+                    step: "block signals".into(),
+                    errno: e,
+                });
             }
             loop {
-                match waitpid(child, None) {
+                match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(_, code)) => return Ok(code),
                     Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
-                    Ok(_) => continue,
-                    Err(Errno::EINTR) => continue,
+                    Ok(_) | Err(Errno::EINTR) => {}
                     Err(e) => {
                         return Err(LaunchError::Sys {
                             step: "wait for init".into(),
                             errno: e,
                         })
+                    }
+                }
+                match forwarded.wait() {
+                    Ok(Signal::SIGCHLD) | Err(_) => {}
+                    Ok(sig) => {
+                        let _ = kill(child, sig);
                     }
                 }
             }

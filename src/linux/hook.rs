@@ -128,10 +128,71 @@ impl SpawnHook for LinuxSandbox {
 
 /// `zcode-acp __sandbox --spec FILE`: the helper stage. Reads the spec
 /// (never through a symlink) and runs it. Must run before any thread.
-pub fn helper(spec_file: &std::path::Path) -> Result<i32, String> {
+pub fn helper(
+    spec_file: &std::path::Path,
+    consume: bool,
+    die_with_parent: bool,
+) -> Result<i32, String> {
+    if die_with_parent {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    }
     let bytes = crate::config::atomic::read_nofollow(spec_file)
         .map_err(|e| format!("cannot read the launch spec {}: {e}", spec_file.display()))?;
+    if consume {
+        let _ = std::fs::remove_file(spec_file);
+    }
     let spec: LaunchSpec =
         serde_json::from_slice(&bytes).map_err(|e| format!("the launch spec is not valid: {e}"))?;
     crate::linux::exec::run(&spec).map_err(|e| format!("cannot arm the sandbox: {e}"))
+}
+
+/// Writes a one-shot launch spec for a command the editor will run (an
+/// ACP terminal) under the same policy, and returns the helper's argv.
+/// The spec lives under the managed root, which no sandboxed process can
+/// write, and is removed by the helper once read.
+pub fn terminal_launch(
+    policy: &Policy,
+    managed: &ManagedRoot,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<PathBuf>,
+) -> Result<Vec<String>, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let plan = plan::build(policy, &RealFs, &Session::current());
+    let spec = LaunchSpec {
+        plan,
+        argv,
+        env,
+        cwd,
+    };
+    let dir = managed.dir("terminals").map_err(|e| e.to_string())?;
+    let file = dir.join(format!(
+        "{:016x}{:016x}.json",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&file)
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    f.write_all(
+        serde_json::to_string(&spec)
+            .map_err(|e| e.to_string())?
+            .as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Ok(vec![
+        exe.to_string_lossy().into_owned(),
+        "__sandbox".into(),
+        "--spec".into(),
+        file.to_string_lossy().into_owned(),
+        "--consume".into(),
+        "--die-with-parent".into(),
+    ])
 }

@@ -43,6 +43,9 @@ pub struct Editor {
     cursor: usize,
     /// Frames already returned by `wait_for`.
     taken: std::collections::HashSet<usize>,
+    /// Terminals this editor ran: (output, exit code), and their requests.
+    pub terminals: Vec<(String, Option<i32>)>,
+    pub terminal_requests: Vec<Value>,
     next_id: u64,
     pub home: tempfile::TempDir,
 }
@@ -168,6 +171,8 @@ impl Editor {
             seen: Vec::new(),
             cursor: 0,
             taken: Default::default(),
+            terminals: Vec::new(),
+            terminal_requests: Vec::new(),
             next_id: 1000,
             home,
         }
@@ -295,7 +300,39 @@ impl Editor {
                     .unwrap();
                 json!({})
             }
-            "terminal/release" => json!({}),
+            "terminal/create" => {
+                // As an editor does: run `command` with `args`, applying the
+                // request's env and cwd to the process it starts.
+                let p = &v["params"];
+                let mut cmd = Command::new(p["command"].as_str().unwrap());
+                if let Some(args) = p["args"].as_array() {
+                    cmd.args(args.iter().map(|a| a.as_str().unwrap()));
+                }
+                for e in p["env"].as_array().into_iter().flatten() {
+                    cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+                }
+                if let Some(cwd) = p["cwd"].as_str() {
+                    cmd.current_dir(cwd);
+                }
+                let out = cmd.stdin(Stdio::null()).output().unwrap();
+                let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.push_str(&String::from_utf8_lossy(&out.stderr));
+                self.terminals.push((text, out.status.code()));
+                self.terminal_requests.push(v.clone());
+                json!({"terminalId": format!("term-{}", self.terminals.len() - 1)})
+            }
+            "terminal/wait_for_exit" | "terminal/output" => {
+                let n: usize = v["params"]["terminalId"].as_str().unwrap()[5..]
+                    .parse()
+                    .unwrap();
+                let (output, code) = self.terminals[n].clone();
+                if method == "terminal/output" {
+                    json!({"output": output, "truncated": false, "exitStatus": {"exitCode": code}})
+                } else {
+                    json!({"exitCode": code})
+                }
+            }
+            "terminal/release" | "terminal/kill" => json!({}),
             _ => return,
         };
         self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
