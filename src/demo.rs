@@ -69,9 +69,127 @@ impl Client {
                 }
                 json!({})
             }
+            "session/request_permission" => {
+                println!(
+                    "   ?? the editor asks you: {}",
+                    params["toolCall"]["title"].as_str().unwrap_or("?")
+                );
+                println!("   ?? the demo answers: Allow once");
+                json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}})
+            }
             _ => json!({}),
         }
     }
+}
+
+/// Starts `zcode-acp [bridge_args] -- zcode-acp shell-agent`.
+fn start(exe: &Path, bridge_args: &[&str], agent_state: &Path) -> anyhow::Result<Client> {
+    let mut child = Command::new(exe)
+        .args(bridge_args)
+        .arg("--")
+        .arg(exe)
+        .arg("shell-agent")
+        .env("ZCODE_SHELL_AGENT_HOME", agent_state)
+        .env_remove("ZCODE_ACP_SANDBOX")
+        .env(
+            "ZCODE_ACP_LOG",
+            std::env::var("ZCODE_ACP_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the bridge")?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().context("no stdout")?;
+    Ok(Client {
+        child,
+        stdin,
+        lines: BufReader::new(stdout).lines(),
+        next_id: 0,
+    })
+}
+
+async fn open_session(client: &mut Client, workspace: &Path) -> anyhow::Result<String> {
+    println!("-> initialize");
+    client
+        .call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": true}}}),
+        )
+        .await?;
+    println!("-> session/new in {}", workspace.display());
+    let session = client
+        .call("session/new", json!({"cwd": workspace, "mcpServers": []}))
+        .await?;
+    let sid = session["sessionId"]
+        .as_str()
+        .context("no sessionId")?
+        .to_owned();
+    println!("<- session {sid}\n");
+    Ok(sid)
+}
+
+/// Part two: the same agent in a project that turns the sandbox on.
+#[cfg(target_os = "linux")]
+async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
+    println!("\n== part 2: a project that turns the sandbox on ==\n");
+    if let Err(why) = zcode_acp_sandbox_available() {
+        println!("skipped: {why}");
+        return Ok(());
+    }
+    let workspace = tmp.join("sandboxed");
+    std::fs::create_dir_all(workspace.join(".zcode/acp"))?;
+    std::fs::write(
+        workspace.join(".zcode/acp/sandbox.json"),
+        "{\"enabled\": true}\n",
+    )?;
+    println!(
+        "{}/.zcode/acp/sandbox.json says {{\"enabled\": true}}",
+        workspace.display()
+    );
+    // Outside everything the sandbox allows (not in /tmp, which is private
+    // inside): a folder in the home directory, removed at the end.
+    let home = dirs::home_dir().context("no home directory")?;
+    let outside = tempfile::Builder::new()
+        .prefix("zcode-acp-demo-outside-")
+        .tempdir_in(&home)?;
+    let target = outside.path().join("outside.txt");
+    let mut client = start(exe, &[], &workspace.join(".agent-state"))?;
+    let sid = open_session(&mut client, &workspace).await?;
+    prompt(
+        &mut client,
+        &sid,
+        "echo written inside > inside.txt && cat inside.txt",
+    )
+    .await?;
+    println!();
+    prompt(&mut client, &sid, &format!("echo x > {}", target.display())).await?;
+    println!();
+    prompt(
+        &mut client,
+        &sid,
+        &format!("/write {} written after you allowed it", target.display()),
+    )
+    .await?;
+    client.stdin.take();
+    let status = client.child.wait().await?;
+    println!("\n<- bridge exited: {status}");
+    println!(
+        "{} now says: {}",
+        target.display(),
+        std::fs::read_to_string(&target).unwrap_or_else(|e| format!("<{e}>"))
+    );
+    Ok(())
+}
+
+#[cfg(target_os = "linux")]
+fn zcode_acp_sandbox_available() -> Result<(), String> {
+    if crate::linux::landlock_abi() < 1 {
+        return Err("this kernel has no Landlock".into());
+    }
+    Ok(())
 }
 
 fn show_update(update: &Value) {
@@ -117,60 +235,12 @@ pub async fn run() -> anyhow::Result<()> {
     let workspace = tmp.path().join("workspace");
     std::fs::create_dir_all(&workspace)?;
     println!("zcode-acp demo: a scripted editor talks to `zcode-acp -- zcode-acp shell-agent`");
-    println!("(this demo shows the relay and runs the agent unconfined; try the sandbox with `zcode-acp run`)");
-    println!("workspace: {}\n", workspace.display());
+    println!("\n== part 1: the relay (the agent runs unconfined here) ==\n");
 
-    // The demo shows the relay; it runs the agent unconfined on purpose
+    // Part one shows the relay; it runs the agent unconfined on purpose
     // (--no-sandbox) so it behaves the same whatever the sandbox settings.
-    let mut child = Command::new(&exe)
-        .arg("--no-sandbox")
-        .arg("--")
-        .arg(&exe)
-        .arg("shell-agent")
-        .env("ZCODE_SHELL_AGENT_HOME", tmp.path().join("agent-state"))
-        .env(
-            "ZCODE_ACP_LOG",
-            std::env::var("ZCODE_ACP_LOG").unwrap_or_else(|_| "error".into()),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start the bridge")?;
-    let stdin = child.stdin.take();
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut client = Client {
-        child,
-        stdin,
-        lines: BufReader::new(stdout).lines(),
-        next_id: 0,
-    };
-
-    println!("-> initialize");
-    let init = client
-        .call(
-            "initialize",
-            json!({"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": true}}}),
-        )
-        .await?;
-    let caps = &init["agentCapabilities"];
-    println!(
-        "<- agent: {} {} (can load sessions: {}, can resume: {})",
-        init["agentInfo"]["title"].as_str().unwrap_or("?"),
-        init["agentInfo"]["version"].as_str().unwrap_or(""),
-        caps["loadSession"],
-        caps["sessionCapabilities"].get("resume").is_some()
-    );
-    println!("-> session/new in the workspace");
-    let session = client
-        .call("session/new", json!({"cwd": workspace, "mcpServers": []}))
-        .await?;
-    let sid = session["sessionId"]
-        .as_str()
-        .context("no sessionId")?
-        .to_owned();
-    println!("<- session {sid}\n");
+    let mut client = start(&exe, &["--no-sandbox"], &tmp.path().join("agent-state"))?;
+    let sid = open_session(&mut client, &workspace).await?;
 
     prompt(
         &mut client,
@@ -205,6 +275,8 @@ pub async fn run() -> anyhow::Result<()> {
     let status = client.child.wait().await?;
     println!("<- bridge exited: {status}");
     print_files(&workspace)?;
+    #[cfg(target_os = "linux")]
+    sandbox_part(&exe, tmp.path()).await?;
     Ok(())
 }
 
