@@ -257,7 +257,8 @@ fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
             .map(PathBuf::from)
             .filter(|p| p.is_absolute() && p.is_file()),
     );
-    out.into_iter()
+    let out = out
+        .into_iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| {
             spec.plan
@@ -266,7 +267,17 @@ fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
                 .any(|t| p.starts_with(&t.path) && *p != t.path)
                 && !spec.plan.writable.iter().any(|w| p.starts_with(&w.path))
         })
-        .collect()
+        .collect::<Vec<_>>();
+    // A file inside a directory that is carried anyway needs nothing more.
+    let mut kept: Vec<PathBuf> = Vec::new();
+    let mut by_depth = out;
+    by_depth.sort_by_key(|p| p.components().count());
+    for p in by_depth {
+        if !kept.iter().any(|k| p.starts_with(k)) {
+            kept.push(p);
+        }
+    }
+    kept
 }
 
 fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
