@@ -116,9 +116,31 @@ fn rand_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
+/// The zcode-acp binary the user can run.
+fn bin_for(user: Option<&TestUser>) -> PathBuf {
+    match user {
+        Some(u) => u.base.join("bin/zcode-acp"),
+        None => PathBuf::from(BIN),
+    }
+}
+
 fn run_in_outer_ns_as(
     cwd: &Path,
     args: &[&str],
+    extra_fd: Option<i32>,
+    user: Option<&TestUser>,
+) -> (Output, bool) {
+    let mut argv = vec![bin_for(user).to_string_lossy().into_owned()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    run_argv_in_outer_ns_as(cwd, &argv, extra_fd, user)
+}
+
+/// Runs `argv` (as `user`, if any) inside a fresh outer mount namespace
+/// whose `/` is shared; reports whether that namespace's mount table stayed
+/// as it was.
+fn run_argv_in_outer_ns_as(
+    cwd: &Path,
+    argv: &[String],
     extra_fd: Option<i32>,
     user: Option<&TestUser>,
 ) -> (Output, bool) {
@@ -133,17 +155,17 @@ fn run_in_outer_ns_as(
     // A home of the test's own: the launcher keeps its ledger and launch
     // files under ~/.zcode-acp.
     let home = tempfile::tempdir_in(scratch_base()).unwrap();
-    let (bin, home_path) = match user {
+    let home_path = match user {
         Some(u) => {
             u.own(outer.path());
-            (u.base.join("bin/zcode-acp"), u.base.join("home"))
+            u.base.join("home")
         }
-        None => (PathBuf::from(BIN), home.path().to_path_buf()),
+        None => home.path().to_path_buf(),
     };
     let ids = user.map(|u| (u.uid, u.gid));
     let mut cmd = Command::new("sh");
     cmd.env("HOME", &home_path);
-    cmd.arg("-c").arg(script).arg("sh").arg(&bin).args(args);
+    cmd.arg("-c").arg(script).arg("sh").args(argv);
     cmd.env("OUTER", outer.path())
         .current_dir(cwd)
         .stdin(Stdio::null());
@@ -501,43 +523,71 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     if !require_kernel_features() {
         return;
     }
-    let p = places();
-    // A tmux server outside, with its socket in the host's /tmp (where tmux
-    // puts it by default).
-    let sock_dir = tempfile::tempdir().unwrap();
-    let sock = sock_dir.path().join("tmux.sock");
-    let started = Command::new("tmux")
-        .args([
-            "-S",
-            sock.to_str().unwrap(),
-            "new-session",
-            "-d",
-            "sleep 60",
-        ])
-        .status();
-    if !started.is_ok_and(|s| s.success()) {
+    tmux_server_outside(&places(), None);
+}
+
+#[test]
+fn services_that_write_for_the_caller_are_out_of_reach_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = places_in(&user.base);
+    user.own(p.ws.parent().unwrap());
+    tmux_server_outside(&p, Some(&user));
+}
+
+/// A tmux server outside the sandbox, on its default socket directory in
+/// the host's /tmp: commands sent to it would run unconfined.
+fn tmux_server_outside(p: &Places, user: Option<&TestUser>) {
+    let label = format!("zcodetest{:08x}", rand_u32());
+    let tmux = |args: &[&str]| {
+        let mut c = Command::new("tmux");
+        c.arg("-L").arg(&label).args(args);
+        if let Some(u) = user {
+            std::os::unix::process::CommandExt::uid(&mut c, u.uid);
+            std::os::unix::process::CommandExt::gid(&mut c, u.gid);
+            c.env("HOME", u.base.join("home"));
+        }
+        c.status()
+    };
+    if !tmux(&["new-session", "-d", "sleep 60"]).is_ok_and(|s| s.success()) {
         panic!("tmux could not start a server (install tmux)");
     }
     // Ends the server this test started (through its own socket), even if
     // the test fails first.
-    struct TmuxServer<'a>(&'a Path);
-    impl Drop for TmuxServer<'_> {
+    struct Server<F: Fn(&[&str]) -> std::io::Result<std::process::ExitStatus>>(F);
+    impl<F: Fn(&[&str]) -> std::io::Result<std::process::ExitStatus>> Drop for Server<F> {
         fn drop(&mut self) {
-            let _ = Command::new("tmux")
-                .arg("-S")
-                .arg(self.0)
-                .arg("kill-server")
-                .status();
+            let _ = (self.0)(&["kill-server"]);
         }
     }
-    let server = TmuxServer(&sock);
+    let server = Server(tmux);
+    // Control: the server takes commands from outside.
+    assert!((server.0)(&["list-sessions"]).is_ok_and(|s| s.success()));
     let target = p.outside.join("via-tmux");
     let script = format!(
-        "tmux -S {sock} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
-        sock = sock.display(),
+        "tmux -L {label} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
         t = target.display()
     );
-    let out = run_script(&p.ws, &script, None);
+    let (out, unchanged) = run_in_outer_ns_as(
+        &p.ws,
+        &[
+            "run",
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        None,
+        user,
+    );
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     drop(server);
     assert!(
@@ -553,6 +603,21 @@ fn tiocsti_cannot_inject_input_into_the_callers_terminal() {
     if !require_kernel_features() {
         return;
     }
+    tiocsti(&places(), None);
+}
+
+#[test]
+fn tiocsti_cannot_inject_input_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = places_in(&user.base);
+    user.own(p.ws.parent().unwrap());
+    tiocsti(&p, Some(&user));
+}
+
+fn tiocsti(p: &Places, user: Option<&TestUser>) {
     if std::fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti")
         .map(|s| s.trim() == "0")
         .unwrap_or(false)
@@ -560,18 +625,27 @@ fn tiocsti_cannot_inject_input_into_the_callers_terminal() {
         eprintln!("SKIPPED: TIOCSTI is disabled by this kernel (dev.tty.legacy_tiocsti=0), so the test could not fail");
         return;
     }
-    let p = places();
     // `script` gives the sandbox a terminal it inherits on stdin.
     let inner = format!(
-        "{BIN} run --workspace {} -- /usr/bin/python3 -c 'import fcntl,termios,sys; fcntl.ioctl(0, termios.TIOCSTI, b\"x\"); print(\"ESCAPE tiocsti\")'; echo done",
+        "{} run --workspace {} -- /usr/bin/python3 -c 'import fcntl,termios,sys; fcntl.ioctl(0, termios.TIOCSTI, b\"x\"); print(\"ESCAPE tiocsti\")'; echo done",
+        bin_for(user).display(),
         p.ws.display()
     );
-    let out = Command::new("script")
-        .args(["-qec", &inner, "/dev/null"])
-        .output()
-        .unwrap();
+    let argv: Vec<String> = ["script", "-qec", &inner, "/dev/null"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("done"), "{stdout}");
+    assert!(
+        stdout.contains("done"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!stdout.contains("ESCAPE"), "{stdout}");
 }
 
@@ -698,10 +772,28 @@ fn the_users_runtime_dir_is_out_of_reach() {
     if !require_kernel_features() {
         return;
     }
-    let p = places();
-    let runtime = PathBuf::from("/run/user/0");
+    runtime_dir(&places(), None);
+}
+
+#[test]
+fn the_users_runtime_dir_is_out_of_reach_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = places_in(&user.base);
+    user.own(p.ws.parent().unwrap());
+    runtime_dir(&p, Some(&user));
+}
+
+fn runtime_dir(p: &Places, user: Option<&TestUser>) {
+    let uid = user.map_or(0, |u| u.uid);
+    let runtime = PathBuf::from(format!("/run/user/{uid}"));
     let created = !runtime.exists();
     std::fs::create_dir_all(&runtime).unwrap();
+    if let Some(u) = user {
+        u.own(&runtime);
+    }
     let sock = runtime.join(format!("zcode-acp-test-{}", std::process::id()));
     // Removes what this test made, even if it fails first.
     struct Cleanup(PathBuf, Option<PathBuf>);
@@ -715,6 +807,8 @@ fn the_users_runtime_dir_is_out_of_reach() {
     }
     let cleanup = Cleanup(sock.clone(), created.then(|| runtime.clone()));
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // Anyone may connect, as to the user's own bus: only the sandbox stops it.
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     // Control: reachable from outside.
     assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
     drop(listener.accept().unwrap());
@@ -722,7 +816,24 @@ fn the_users_runtime_dir_is_out_of_reach() {
         "/usr/bin/python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])' {} 2>/dev/null && echo ESCAPE runtime-dir; echo done",
         sock.display()
     );
-    let out = run_script(&p.ws, &script, None);
+    let (out, unchanged) = run_in_outer_ns_as(
+        &p.ws,
+        &[
+            "run",
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        None,
+        user,
+    );
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     drop(cleanup);
     assert!(
