@@ -483,3 +483,59 @@ fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
         "LD_PRELOAD from the agent ran code outside the sandbox"
     );
 }
+
+#[test]
+fn a_hand_added_allow_entry_is_ignored_until_accepted() {
+    if !require_kernel_features() {
+        return;
+    }
+    let mut opts = Options::new(shell_agent())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let extra = std::fs::canonicalize(ed.home()).unwrap().join("extra");
+    std::fs::create_dir_all(&extra).unwrap();
+    let ws = workspace(&ed, "w");
+    std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+    std::fs::write(
+        ws.join(".zcode/acp/sandbox.json"),
+        format!(r#"{{"enabled": true, "allow": ["{}"]}}"#, extra.display()),
+    )
+    .unwrap();
+    ed.initialize();
+    let sid = ed.new_session(&ws);
+    let ask = ed
+        .wait_for("the confirmation", |v| {
+            v["method"] == "session/request_permission"
+                && v["params"]["toolCall"]["title"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("sandbox.json changed"))
+        })
+        .value;
+    let text = ask["params"]["toolCall"]["content"][0]["content"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(text.contains(extra.to_str().unwrap()), "{text}");
+    // Not yet accepted: ignored.
+    let (_, out) = ed.prompt(
+        &sid,
+        &format!("echo x > {}/before.txt; echo rc=$?", extra.display()),
+    );
+    assert!(out.contains("rc=2"), "{out}");
+    // Accepted: the bridge re-arms and the entry counts.
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "accept-config"}}}));
+    ed.wait_for("the re-arm", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+    });
+    let (_, out) = ed.prompt(
+        &sid,
+        &format!("echo x > {}/after.txt; echo rc=$?", extra.display()),
+    );
+    assert!(out.contains("rc=0"), "{out}");
+    assert!(extra.join("after.txt").exists() && !extra.join("before.txt").exists());
+}

@@ -212,6 +212,84 @@ impl Bridge {
     }
 }
 
+impl Bridge {
+    /// A project's sandbox.json says more than the user approved (a new
+    /// allow entry, `enabled: false`, `strictGit: false`): until accepted it
+    /// is ignored. Put it to the user once per project and bridge.
+    pub(super) fn confirm_hand_edits(&mut self, session: &str) {
+        if !self.hook.confines() {
+            return;
+        }
+        let Some(roots) = self
+            .sessions
+            .get(session)
+            .map(|s| s.roots().cloned().collect::<Vec<_>>())
+        else {
+            return;
+        };
+        for root in roots {
+            let Ok(root) = crate::policy::resolve_real(&root) else {
+                continue;
+            };
+            if self.config_asked.contains(&root) {
+                continue;
+            }
+            let effective = project::inspect(&root, &self.cfg.managed);
+            if effective.ignored.is_empty() {
+                continue;
+            }
+            self.config_asked.push(root.clone());
+            let bid = self.alloc_id();
+            self.announcements += 1;
+            let config = project::config_path(&root);
+            let params = json!({
+                "sessionId": session,
+                "toolCall": {
+                    "toolCallId": format!("zcode-acp-config-{}", self.announcements),
+                    "title": format!("{} changed: accept?", config.display()),
+                    "kind": "edit",
+                    "status": "pending",
+                    "locations": [{"path": config}],
+                    "content": [{"type": "content", "content": {"type": "text", "text": format!(
+                        "These changes were not made through zcode-acp, so they are ignored until you accept them (the agent may have written them):\n- {}",
+                        effective.ignored.join("\n- ")
+                    )}}],
+                },
+                "options": [
+                    {"optionId": "accept-config", "name": "Accept the changes", "kind": "allow_once"},
+                    {"optionId": "ignore-config", "name": "Keep ignoring them", "kind": "reject_once"},
+                ],
+            });
+            info!(root = %root.display(), "asking the user to confirm hand edits of sandbox.json");
+            self.at_editor.insert(bid, AtEditor::ConfigPrompt { root });
+            self.to_editor(request(
+                bid,
+                "session/request_permission",
+                &params.to_string(),
+            ));
+        }
+    }
+
+    /// The user answered a hand-edit confirmation.
+    pub(super) fn on_config_answer(&mut self, root: PathBuf, frame: &Frame) {
+        let accepted = matches!(
+            frame.payload_as::<acp::RequestPermissionResponse>().map(|r| r.outcome),
+            Ok(acp::RequestPermissionOutcome::Selected(s)) if s.option_id.0.as_ref() == "accept-config"
+        );
+        if !accepted {
+            return info!(root = %root.display(), "the user keeps ignoring the hand edits of sandbox.json");
+        }
+        match project::approve_current(&root, &self.cfg.managed) {
+            // Re-arm so direct writes see the accepted entries too.
+            Ok(()) => self.request_restart(&format!(
+                "the changes to {} were accepted",
+                project::config_path(&root).display()
+            )),
+            Err(e) => warn!(root = %root.display(), "could not approve sandbox.json: {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

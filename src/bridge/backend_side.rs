@@ -117,6 +117,7 @@ impl Bridge {
                         self.to_editor(edited.unwrap_or_else(|| frame.with_id(editor_id.as_str())));
                         if let Some(session) = opened {
                             self.announce_first_session(&session);
+                            self.confirm_hand_edits(&session);
                         }
                     }
                     Origin::Bridge => {

@@ -269,6 +269,7 @@ impl Bridge {
         match entry {
             AtEditor::Bridge => debug!(bid, "the editor answered a bridge request"),
             AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
+            AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
             AtEditor::Backend {
                 generation,
                 id: backend_id,

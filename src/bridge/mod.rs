@@ -96,6 +96,8 @@ enum AtEditor {
     Bridge,
     /// One of the bridge's permission prompts (see `allow`).
     Prompt,
+    /// A confirmation of hand edits of a project's sandbox.json.
+    ConfigPrompt { root: std::path::PathBuf },
 }
 
 /// The answer to a bridge-originated request.
@@ -202,6 +204,8 @@ pub struct Bridge {
     grants: Vec<std::path::PathBuf>,
     /// Paths the user said never to.
     never: Vec<std::path::PathBuf>,
+    /// Projects whose hand edits were already put to the user.
+    config_asked: Vec<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -302,6 +306,7 @@ impl Bridge {
             prompt_by_path: HashMap::new(),
             grants: Vec::new(),
             never: Vec::new(),
+            config_asked: Vec::new(),
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.
