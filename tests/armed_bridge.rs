@@ -539,3 +539,53 @@ fn a_hand_added_allow_entry_is_ignored_until_accepted() {
     assert!(out.contains("rc=0"), "{out}");
     assert!(extra.join("after.txt").exists() && !extra.join("before.txt").exists());
 }
+
+#[test]
+fn a_refused_direct_write_is_offered_and_the_grant_takes_effect_from_the_next_prompt() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, _ws, sid, outside) = armed_editor();
+    let dir = outside.join("notes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("todo.txt");
+    // The agent writes by itself (no ACP request): the kernel refuses.
+    let id = ed.prompt_request(&sid, &format!("echo first > {}", target.display()));
+    let ask = answer_prompt(&mut ed, "allow-once");
+    let title = ask["params"]["toolCall"]["title"].as_str().unwrap();
+    assert!(
+        title.contains(&format!("in {}", dir.display())),
+        "the folder is granted, for atomic saves: {title}"
+    );
+    ed.response(&id);
+    assert!(!target.exists(), "the refused write stays refused");
+    // Re-armed at the end of the turn; the next prompt may write there.
+    ed.wait_for("the re-arm", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+    });
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!(
+            "echo second > {t}.tmp && mv {t}.tmp {t} && cat {t}",
+            t = target.display()
+        ),
+    );
+    assert_eq!(text, "second\n");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "second\n");
+    // Text in the agent's output is only a hint: a path the policy allows,
+    // or one it never offers, starts no prompt.
+    let start = ed.seen.len();
+    let bashrc = std::fs::canonicalize(ed.home()).unwrap().join(".bashrc");
+    let (_, _) = ed.prompt(
+        &sid,
+        &format!(
+            "echo 'cannot create {}: Read-only file system'",
+            bashrc.display()
+        ),
+    );
+    assert!(!ed.seen[start..]
+        .iter()
+        .any(|l| l.value["method"] == "session/request_permission"));
+}

@@ -19,6 +19,8 @@ pub struct SpawnContext<'a> {
     pub roots: &'a [PathBuf],
     /// The generation about to start (1 for the first).
     pub generation: u64,
+    /// Writes the user allowed for this bridge's lifetime.
+    pub grants: &'a [PathBuf],
 }
 
 /// The command to run for one generation.

@@ -37,6 +37,8 @@ pub(super) struct Prompt {
     pub path: PathBuf,
     pub session: String,
     pub held: Vec<HeldWrite>,
+    /// For a write the agent made itself: granting it needs a re-arm.
+    pub direct: bool,
 }
 
 /// Why a path is never offered, if it is not: granting these would hand the
@@ -130,6 +132,7 @@ impl Bridge {
                 path,
                 session,
                 held: vec![held],
+                direct: false,
             },
         );
         self.to_editor(request(
@@ -189,6 +192,20 @@ impl Bridge {
             _ => false,
         };
         info!(path = %prompt.path.display(), choice, "the user answered");
+        if prompt.direct && allowed {
+            // The agent writes these itself: the running generation cannot
+            // see the grant; the next one, armed at the end of this turn, does.
+            let text = format!(
+                "The agent may write {} from its next prompt: the sandbox is re-armed when the current turn ends.",
+                prompt.path.display()
+            );
+            self.announce_to(
+                &prompt.session,
+                "Sandbox: write allowed from the next prompt".into(),
+                text,
+            );
+            self.request_restart(&format!("you allowed writes to {}", prompt.path.display()));
+        }
         let current = self.generation.as_ref().map(|g| g.id);
         for held in prompt.held {
             if Some(held.generation) != current {
@@ -212,7 +229,170 @@ impl Bridge {
     }
 }
 
+/// Error messages of a write the kernel refused.
+const DENIAL_MARKERS: &[&str] = &[
+    "Read-only file system",
+    "Permission denied",
+    "Operation not permitted",
+];
+
+/// Absolute paths in a text an agent reported (a hint only: the policy
+/// decides whether any of them may start a prompt).
+pub fn paths_in(text: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices('/') {
+        let starts_token = i == 0 || {
+            let prev = text[..i].chars().next_back().unwrap_or(' ');
+            prev.is_whitespace() || "'\"`(=:".contains(prev)
+        };
+        if !starts_token {
+            continue;
+        }
+        let end = text[i..]
+            .find(|c: char| c.is_whitespace() || "'\"`:;,()".contains(c))
+            .map_or(text.len(), |n| i + n);
+        let candidate = &text[i..end];
+        if candidate.len() > 1 && !out.iter().any(|p: &PathBuf| p == Path::new(candidate)) {
+            out.push(PathBuf::from(candidate));
+        }
+    }
+    out
+}
+
+fn collect_strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s),
+        serde_json::Value::Array(items) => items.iter().for_each(|i| collect_strings(i, out)),
+        serde_json::Value::Object(map) => map.values().for_each(|i| collect_strings(i, out)),
+        _ => {}
+    }
+}
+
 impl Bridge {
+    /// A cheap first look: could this update report a refused write?
+    pub(super) fn may_show_denial(&self, frame: &Frame) -> bool {
+        self.hook.confines()
+            && frame.params_raw().is_some_and(|raw| {
+                raw.contains("tool_call") && DENIAL_MARKERS.iter().any(|m| raw.contains(m))
+            })
+    }
+
+    /// Watches the agent's tool calls for writes the kernel refused, and
+    /// offers the user a grant for those the policy really denies.
+    pub(super) fn spot_denials(&mut self, frame: &Frame) {
+        if !self.may_show_denial(frame) {
+            return;
+        }
+        let Some(raw) = frame.params_raw() else {
+            return;
+        };
+        let Ok(params) = serde_json::from_str::<serde_json::Value>(raw) else {
+            return;
+        };
+        let Some(session) = params["sessionId"].as_str().map(str::to_owned) else {
+            return;
+        };
+        let mut texts = Vec::new();
+        collect_strings(&params["update"], &mut texts);
+        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let mut asked = 0;
+        for text in texts
+            .iter()
+            .filter(|t| DENIAL_MARKERS.iter().any(|m| t.contains(m)))
+        {
+            for candidate in paths_in(text) {
+                if asked >= 3 {
+                    return;
+                }
+                let Some(policy) = self.hook.policy() else {
+                    return;
+                };
+                let Ok((real, decision)) = policy.evaluate(&candidate, crate::policy::Op::Write)
+                else {
+                    continue;
+                };
+                let offerable = !decision.allowed
+                    && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
+                    && !self.refused_for_good(&real)
+                    && never_offered(&real, home.as_deref()).is_none();
+                if !offerable {
+                    continue;
+                }
+                // Tools save by writing a temporary file beside the target
+                // and renaming it over: grant the folder when that is safe.
+                let grant = match real.parent() {
+                    Some(dir)
+                        if never_offered(dir, home.as_deref()).is_none()
+                            && policy.evaluate_resolved(dir, crate::policy::Op::Write).kind
+                                != crate::policy::Kind::Island
+                            && dir.is_dir() =>
+                    {
+                        dir.to_path_buf()
+                    }
+                    _ => real.clone(),
+                };
+                if self.granted(&grant) || self.prompt_by_path.contains_key(&grant) {
+                    continue;
+                }
+                asked += 1;
+                self.ask_direct(
+                    session.clone(),
+                    grant,
+                    format!("{} ({})", decision.kind, decision.rule.unwrap_or_default()),
+                );
+            }
+        }
+    }
+
+    fn ask_direct(&mut self, session: String, grant: PathBuf, reason: String) {
+        let bid = self.alloc_id();
+        self.announcements += 1;
+        let what = if grant.is_dir() {
+            format!("in {}", grant.display())
+        } else {
+            format!(
+                "{} (saves that replace the file through a temporary file may still fail)",
+                grant.display()
+            )
+        };
+        let params = json!({
+            "sessionId": session,
+            "toolCall": {
+                "toolCallId": format!("zcode-acp-allow-{}", self.announcements),
+                "title": format!("Allow the agent to write {what}?"),
+                "kind": "edit",
+                "status": "pending",
+                "locations": [{"path": grant}],
+                "content": [{"type": "content", "content": {"type": "text", "text": format!(
+                    "The sandbox refused a write the agent made: {reason}. A grant takes effect from the agent's next prompt (the sandbox is re-armed when this turn ends)."
+                )}}],
+            },
+            "options": [
+                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
+                {"optionId": "reject-once", "name": "Don't allow", "kind": "reject_once"},
+                {"optionId": "reject-always", "name": "Never allow", "kind": "reject_always"},
+            ],
+        });
+        info!(path = %grant.display(), session, "asking the user whether the agent may write (a refused direct write)");
+        self.at_editor.insert(bid, AtEditor::Prompt);
+        self.prompt_by_path.insert(grant.clone(), bid);
+        self.prompts.insert(
+            bid,
+            Prompt {
+                path: grant,
+                session,
+                held: Vec::new(),
+                direct: true,
+            },
+        );
+        self.to_editor(request(
+            bid,
+            "session/request_permission",
+            &params.to_string(),
+        ));
+    }
+
     /// A project's sandbox.json says more than the user approved (a new
     /// allow entry, `enabled: false`, `strictGit: false`): until accepted it
     /// is ignored. Put it to the user once per project and bridge.
@@ -293,6 +473,16 @@ impl Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_are_found_in_error_messages() {
+        let text = "sh: 1: cannot create /home/u/out/x.txt: Read-only file system\ntouch: cannot touch '/srv/a b': Permission denied (see /docs)";
+        let found = paths_in(text);
+        assert_eq!(found[0], PathBuf::from("/home/u/out/x.txt"));
+        assert_eq!(found[1], PathBuf::from("/srv/a"));
+        assert!(found.contains(&PathBuf::from("/docs")));
+        assert!(paths_in("a/b c:/d").iter().all(|p| p != Path::new("/b")));
+    }
 
     #[test]
     fn what_is_never_offered() {

@@ -67,7 +67,13 @@ impl Bridge {
                             s.mode = Some(mode);
                         }
                     }
-                    self.to_editor(frame.bytes);
+                    if self.may_show_denial(&frame) {
+                        // The update first, then any prompt it leads to.
+                        self.to_editor(frame.bytes.clone());
+                        self.spot_denials(&frame);
+                    } else {
+                        self.to_editor(frame.bytes);
+                    }
                 }
                 "$/cancel_request" => {
                     let target = cancel_target(&frame)

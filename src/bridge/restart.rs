@@ -147,10 +147,12 @@ impl Bridge {
             .collect();
         roots.sort();
         roots.dedup();
+        let grants = self.grants.clone();
         let ctx = SpawnContext {
             argv: &self.cfg.backend,
             roots: &roots,
             generation: id,
+            grants: &grants,
         };
         let cmd = self.hook.prepare(&ctx).map_err(|e| match e {
             crate::backend::SpawnError::Refused(why) => StartError::Refused(why),

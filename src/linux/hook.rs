@@ -70,7 +70,7 @@ impl SpawnHook for LinuxSandbox {
             workspaces: ctx.roots,
             backend: ctx.argv,
             state_paths: &self.state_paths,
-            once_allows: &[],
+            once_allows: ctx.grants,
             managed: &self.managed,
             inspect: false,
         })
