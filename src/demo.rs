@@ -84,6 +84,15 @@ impl Client {
 
 /// Starts `zcode-acp [bridge_args] -- zcode-acp shell-agent`.
 fn start(exe: &Path, bridge_args: &[&str], agent_state: &Path) -> anyhow::Result<Client> {
+    start_with_env(exe, bridge_args, agent_state, &[])
+}
+
+fn start_with_env(
+    exe: &Path,
+    bridge_args: &[&str],
+    agent_state: &Path,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Client> {
     let mut child = Command::new(exe)
         .args(bridge_args)
         .arg("--")
@@ -91,6 +100,7 @@ fn start(exe: &Path, bridge_args: &[&str], agent_state: &Path) -> anyhow::Result
         .arg("shell-agent")
         .env("ZCODE_SHELL_AGENT_HOME", agent_state)
         .env_remove("ZCODE_ACP_SANDBOX")
+        .envs(env.iter().copied())
         .env(
             "ZCODE_ACP_LOG",
             std::env::var("ZCODE_ACP_LOG").unwrap_or_else(|_| "error".into()),
@@ -165,22 +175,60 @@ async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
     )
     .await?;
     println!();
-    prompt(&mut client, &sid, &format!("echo x > {}", target.display())).await?;
-    println!();
     prompt(
         &mut client,
         &sid,
-        &format!("/write {} written after you allowed it", target.display()),
+        &format!("echo written directly > {}", target.display()),
+    )
+    .await?;
+    println!("\n(the grant takes effect from the next prompt: the agent was re-armed when that turn ended)");
+    prompt(
+        &mut client,
+        &sid,
+        &format!(
+            "echo written directly > {t} && cat {t}",
+            t = target.display()
+        ),
     )
     .await?;
     client.stdin.take();
     let status = client.child.wait().await?;
     println!("\n<- bridge exited: {status}");
+
     println!(
-        "{} now says: {}",
-        target.display(),
-        std::fs::read_to_string(&target).unwrap_or_else(|e| format!("<{e}>"))
+        "\n== part 3: ZCODE_ACP_SANDBOX=1, and a write the agent asks the editor to make ==\n"
     );
+    let plain = tmp.join("plain");
+    std::fs::create_dir_all(&plain)?;
+    let through_editor = outside.path().join("through-editor.txt");
+    let mut client = start_with_env(
+        exe,
+        &[],
+        &plain.join(".agent-state"),
+        &[("ZCODE_ACP_SANDBOX", "1")],
+    )?;
+    let sid = open_session(&mut client, &plain).await?;
+    prompt(
+        &mut client,
+        &sid,
+        &format!(
+            "/write {} written after you allowed it",
+            through_editor.display()
+        ),
+    )
+    .await?;
+    client.stdin.take();
+    let status = client.child.wait().await?;
+    println!("\n<- bridge exited: {status}");
+    for f in [&target, &through_editor] {
+        println!(
+            "{} now says: {}",
+            f.display(),
+            std::fs::read_to_string(f)
+                .unwrap_or_else(|e| format!("<{e}>"))
+                .trim_end()
+        );
+    }
     Ok(())
 }
 

@@ -589,3 +589,34 @@ fn a_refused_direct_write_is_offered_and_the_grant_takes_effect_from_the_next_pr
         .iter()
         .any(|l| l.value["method"] == "session/request_permission"));
 }
+
+#[test]
+fn a_malformed_project_config_arms_the_bridge() {
+    if !require_kernel_features() {
+        return;
+    }
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    ed.initialize();
+    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let ws = workspace(&ed, "w");
+    std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+    // A half-saved edit: not valid JSON. It counts as "on", and is kept as it is.
+    let half = r#"{"enabled": false, "allow": ["/"#;
+    std::fs::write(ws.join(".zcode/acp/sandbox.json"), half).unwrap();
+    let sid = ed.new_session(&ws);
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("echo x > {}/x.txt; echo rc=$?", outside.display()),
+    );
+    assert!(text.contains("rc=2"), "{text}");
+    assert!(!outside.join("x.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap(),
+        half
+    );
+}
