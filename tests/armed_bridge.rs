@@ -620,3 +620,49 @@ fn a_malformed_project_config_arms_the_bridge() {
         half
     );
 }
+
+#[test]
+fn a_grant_for_a_protected_path_opens_it_for_direct_writes() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, _outside) = armed_editor();
+    // A repository in the workspace: its hooks are protected.
+    let (_, _) = ed.prompt(&sid, "git init -q . && mkdir -p .git/hooks");
+    // Re-arm so the new repository's hooks are known to the policy.
+    sighup(ed.pid());
+    ed.wait_for("the re-arm", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+    });
+    let hook = ws.join(".git/hooks/pre-commit");
+    let id = ed.prompt_request(&sid, &format!("echo '#!/bin/sh' > {}", hook.display()));
+    let ask = answer_prompt(&mut ed, "allow-once");
+    assert!(ask["params"]["toolCall"]["title"]
+        .as_str()
+        .unwrap()
+        .contains(".git/hooks"));
+    ed.response(&id);
+    assert!(!hook.exists());
+    ed.wait_for("the re-arm after the grant", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+            && v["params"]["update"]["content"][0]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("you allowed"))
+    });
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("echo '#!/bin/sh' > {} && echo hooked", hook.display()),
+    );
+    assert_eq!(text, "hooked\n");
+    assert!(hook.exists());
+    // The rest of the repository's protection stands.
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("echo x >> {}; echo rc=$?", ws.join(".git/config").display()),
+    );
+    assert!(text.contains("rc=2"), "{text}");
+}

@@ -397,6 +397,11 @@ fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
         bind(&r.path)?;
         setattr(&r.path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
     }
+    // What the user granted inside a protected path opens again.
+    for r in &plan.reopen {
+        bind(&r.path)?;
+        setattr(&r.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
+    }
     for h in &plan.hidden {
         let is_dir = std::fs::symlink_metadata(&h.path).is_ok_and(|m| m.is_dir());
         if is_dir {

@@ -60,6 +60,10 @@ pub struct Plan {
     pub pins: Vec<Step>,
     /// Bound onto themselves and made read-only, recursively.
     pub readonly: Vec<Step>,
+    /// The user's grants for protected paths: made writable again after
+    /// the read-only binds.
+    #[serde(default)]
+    pub reopen: Vec<Step>,
     /// Covered so nothing inside can be reached (sockets of services that
     /// would write for the caller).
     pub hidden: Vec<Step>,
@@ -141,6 +145,19 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     let private_tmp = |p: &Path| PRIVATE_TMP.iter().any(|t| p == Path::new(t));
 
     for rule in policy.rules.iter().filter(|r| r.kind == Kind::Allow) {
+        if rule.reopens {
+            if let Matcher::Subpath(p) | Matcher::Literal(p) = &rule.matcher {
+                if fs.exists(p) {
+                    push_unique(&mut plan.reopen, step(p, &rule.why));
+                    if fs.is_dir(p) {
+                        plan.landlock_dirs.push(p.clone());
+                    } else {
+                        plan.landlock_files.push(p.clone());
+                    }
+                }
+            }
+            continue;
+        }
         match &rule.matcher {
             Matcher::Subpath(p) if private_tmp(p) => {
                 if fs.is_dir(p) {
@@ -247,6 +264,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     plan.writable.sort_by_key(|s| depth(&s.path));
     plan.pins.sort_by_key(|s| depth(&s.path));
     plan.readonly.sort_by_key(|s| depth(&s.path));
+    plan.reopen.sort_by_key(|s| depth(&s.path));
     plan.landlock_dirs.dedup();
     plan.landlock_files.dedup();
     plan

@@ -81,6 +81,7 @@ fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
         why: why.into(),
         promptable: false,
         dangerous: false,
+        reopens: false,
     }
 }
 
@@ -92,6 +93,7 @@ fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
         why: why.into(),
         promptable,
         dangerous: false,
+        reopens: false,
     }
 }
 
@@ -103,6 +105,7 @@ fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
         why: why.into(),
         promptable: false,
         dangerous: false,
+        reopens: false,
     }
 }
 
@@ -114,6 +117,7 @@ fn pin(kind: Kind, dir: &Path, why: impl Into<String>) -> Rule {
         why: why.into(),
         promptable: false,
         dangerous: false,
+        reopens: false,
     }
 }
 
@@ -301,6 +305,33 @@ impl Policy {
             }
         }
 
+        // The user's own grants (approved allow entries, once-allows) open a
+        // protected path they name or lie inside: placed after the protected
+        // band. A grant that merely contains a protected path (an entry for
+        // the whole workspace) opens nothing more.
+        let grants = input
+            .roots
+            .iter()
+            .flat_map(|r| r.project.allow.iter())
+            .chain(&input.once_allows);
+        let mut reopened: Vec<Rule> = Vec::new();
+        for g in grants {
+            if let Some(subject) = subjects.iter().find(|s| g.starts_with(s)) {
+                let mut r = allow(
+                    Matcher::Subpath(g.clone()),
+                    format!(
+                        "granted by the user, over the protection of {}",
+                        subject.display()
+                    ),
+                );
+                r.reopens = true;
+                if !reopened.iter().any(|x| x.matcher == r.matcher) {
+                    reopened.push(r);
+                }
+            }
+        }
+        protected.extend(reopened);
+
         // Islands: the sandbox's own configuration, last of all.
         let mut seen_beneath: Vec<&PathBuf> = Vec::new();
         for dir in &open_dirs {
@@ -453,6 +484,31 @@ mod tests {
         assert_eq!(k("/home/u/.bashrc", Op::Write), Kind::Outside);
         assert_eq!(k("/dev/null", Op::Write), Kind::Allow);
         assert_eq!(k("/dev/sda", Op::Write), Kind::Outside);
+    }
+
+    #[test]
+    fn a_grant_opens_the_protected_path_it_names_and_nothing_more() {
+        let mut input = sample();
+        input.once_allows = vec!["/home/u/proj/.git/hooks".into(), "/home/u/proj".into()];
+        let p = Policy::build(&input);
+        // The grant for the hooks opens them...
+        assert!(decide(&p, "/home/u/proj/.git/hooks/pre-commit", Op::Write).allowed);
+        // ...a grant for the whole workspace does not open its protected paths...
+        assert_eq!(
+            decide(&p, "/home/u/proj/.git/config", Op::Write).kind,
+            Kind::Protected
+        );
+        assert_eq!(
+            decide(&p, "/home/u/proj/.envrc", Op::Write).kind,
+            Kind::Protected
+        );
+        // ...and no grant opens an island.
+        input.once_allows = vec!["/home/u/proj/.zcode/acp".into()];
+        let p = Policy::build(&input);
+        assert_eq!(
+            decide(&p, "/home/u/proj/.zcode/acp/sandbox.json", Op::Write).kind,
+            Kind::Island
+        );
     }
 
     #[test]

@@ -119,6 +119,9 @@ pub struct Rule {
     pub promptable: bool,
     /// For allow rules: a root of `/` or the home directory.
     pub dangerous: bool,
+    /// For allow rules: a grant the user made for a protected path, placed
+    /// after the protected band so it opens what it names (never an island).
+    pub reopens: bool,
 }
 
 impl Rule {
@@ -208,6 +211,7 @@ mod tests {
             why: format!("{kind}"),
             promptable: true,
             dangerous: false,
+            reopens: false,
         }
     }
 

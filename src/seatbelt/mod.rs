@@ -76,6 +76,35 @@ fn comment(out: &mut String, why: &str) {
     }
 }
 
+/// One allow rule, excluding the denials inside it (only the islands, for
+/// a grant that opens a protected path).
+fn emit_allow(
+    out: &mut String,
+    rule: &Rule,
+    denials: &[&Rule],
+    islands_only: bool,
+) -> Result<(), QuoteError> {
+    comment(out, &rule.why);
+    let own = filter(&rule.matcher)?;
+    let excluded: Vec<String> = denials
+        .iter()
+        .filter(|d| {
+            (!islands_only || d.kind == Kind::Island) && may_overlap(&d.matcher, &rule.matcher)
+        })
+        .map(|d| filter(&d.matcher).map(|f| format!("(require-not {f})")))
+        .collect::<Result<_, _>>()?;
+    if excluded.is_empty() {
+        let _ = writeln!(out, "(allow file-write* {own})");
+    } else {
+        let _ = writeln!(
+            out,
+            "(allow file-write* (require-all {own}\n    {}))",
+            excluded.join("\n    ")
+        );
+    }
+    Ok(())
+}
+
 /// Builds the whole profile text.
 pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
     let mut out = String::from(BASE_PROFILE);
@@ -88,23 +117,8 @@ pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
     out.push_str("\n;; ---- allow: the write whitelist.\n");
     out.push_str(";; Each allow also excludes the protected paths and islands inside it, so\n");
     out.push_str(";; the result does not rest on rule order alone.\n");
-    for rule in policy.rules.iter().filter(|r| r.allows()) {
-        comment(&mut out, &rule.why);
-        let own = filter(&rule.matcher)?;
-        let excluded: Vec<String> = denials
-            .iter()
-            .filter(|d| may_overlap(&d.matcher, &rule.matcher))
-            .map(|d| filter(&d.matcher).map(|f| format!("(require-not {f})")))
-            .collect::<Result<_, _>>()?;
-        if excluded.is_empty() {
-            let _ = writeln!(out, "(allow file-write* {own})");
-        } else {
-            let _ = writeln!(
-                out,
-                "(allow file-write* (require-all {own}\n    {}))",
-                excluded.join("\n    ")
-            );
-        }
+    for rule in policy.rules.iter().filter(|r| r.allows() && !r.reopens) {
+        emit_allow(&mut out, rule, &denials, false)?;
     }
     for (kind, title) in [
         (
@@ -116,6 +130,17 @@ pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
             "islands: never writable, and no grant opens them",
         ),
     ] {
+        if kind == Kind::Island {
+            // The user's grants for protected paths come after the protected
+            // band (they open what they name) and before the islands.
+            let reopened: Vec<&Rule> = policy.rules.iter().filter(|r| r.reopens).collect();
+            if !reopened.is_empty() {
+                out.push_str("\n;; ---- grants the user made for protected paths.\n");
+                for rule in reopened {
+                    emit_allow(&mut out, rule, &denials, true)?;
+                }
+            }
+        }
         let _ = writeln!(out, "\n;; ---- {title}.");
         for rule in policy.rules.iter().filter(|r| r.kind == kind) {
             comment(&mut out, &rule.why);
