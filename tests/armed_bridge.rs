@@ -9,6 +9,22 @@ use std::time::Duration;
 
 use common::*;
 
+/// The bridge in front of the shell agent, in an outer mount namespace,
+/// with a home outside /tmp (the sandbox's /tmp is private) and the shell
+/// agent's transcripts in ~/.zcode-shell-agent, which the zcode backend
+/// profile keeps writable across generations. `global`: ZCODE_ACP_SANDBOX=1.
+fn start_shell_agent(global: bool) -> Editor {
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    if global {
+        opts = opts.env("ZCODE_ACP_SANDBOX", "1");
+    }
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    ed
+}
+
 #[test]
 fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     if !require_kernel_features() {
@@ -17,16 +33,7 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let outside = tempfile::tempdir_in(scratch_base()).unwrap();
     let outside = std::fs::canonicalize(outside.path()).unwrap();
-    let mut opts = Options::new(shell_agent())
-        .env("ZCODE_ACP_SANDBOX", "1")
-        // The shell agent keeps its transcripts in ~/.zcode-shell-agent, which
-        // the zcode backend profile keeps writable across generations.
-        .env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.outer_ns = true;
-    // A home outside /tmp: the sandbox's /tmp is private.
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let mut ed = start_shell_agent(true);
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
@@ -107,13 +114,7 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
 }
 
 fn armed_editor() -> (Editor, std::path::PathBuf, String, std::path::PathBuf) {
-    let mut opts = Options::new(shell_agent())
-        .env("ZCODE_ACP_SANDBOX", "1")
-        .env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.outer_ns = true;
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let mut ed = start_shell_agent(true);
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
@@ -348,11 +349,7 @@ fn a_project_that_turns_the_sandbox_on_arms_a_running_bridge() {
         return;
     }
     // No global switch: the bridge starts unconfined.
-    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.outer_ns = true;
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let mut ed = start_shell_agent(false);
     ed.initialize();
     let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
@@ -489,13 +486,7 @@ fn a_hand_added_allow_entry_is_ignored_until_accepted() {
     if !require_kernel_features() {
         return;
     }
-    let mut opts = Options::new(shell_agent())
-        .env("ZCODE_ACP_SANDBOX", "1")
-        .env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.outer_ns = true;
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let mut ed = start_shell_agent(true);
     let extra = std::fs::canonicalize(ed.home()).unwrap().join("extra");
     std::fs::create_dir_all(&extra).unwrap();
     let ws = workspace(&ed, "w");
@@ -595,11 +586,7 @@ fn a_malformed_project_config_arms_the_bridge() {
     if !require_kernel_features() {
         return;
     }
-    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.outer_ns = true;
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    let mut ed = start_shell_agent(false);
     ed.initialize();
     let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();

@@ -70,6 +70,13 @@ impl TestUser {
         u
     }
 
+    /// The places of the matrix, in this user's directory and theirs.
+    fn places(&self) -> Places {
+        let p = places_in(&self.base);
+        self.own(p.ws.parent().unwrap());
+        p
+    }
+
     /// Hands everything below `dir` to the user.
     fn own(&self, dir: &Path) {
         let status = Command::new("chown")
@@ -309,8 +316,7 @@ fn every_write_operation_in_every_place_as_an_unprivileged_user() {
         return;
     }
     let user = TestUser::create();
-    let p = places_in(&user.base);
-    user.own(p.ws.parent().unwrap());
+    let p = user.places();
     let ops = user.base.join("bin/ops.py");
     write_matrix(&p, Some(&user), ops.to_str().unwrap());
     // It really ran as the user: what it created is the user's.
@@ -427,8 +433,7 @@ fn escape_attempts_fail_as_an_unprivileged_user() {
         return;
     }
     let user = TestUser::create();
-    let p = places_in(&user.base);
-    user.own(p.ws.parent().unwrap());
+    let p = user.places();
     escape_attempts(&p, Some(&user));
 }
 
@@ -532,8 +537,7 @@ fn services_that_write_for_the_caller_are_out_of_reach_as_an_unprivileged_user()
         return;
     }
     let user = TestUser::create();
-    let p = places_in(&user.base);
-    user.own(p.ws.parent().unwrap());
+    let p = user.places();
     tmux_server_outside(&p, Some(&user));
 }
 
@@ -612,8 +616,7 @@ fn tiocsti_cannot_inject_input_as_an_unprivileged_user() {
         return;
     }
     let user = TestUser::create();
-    let p = places_in(&user.base);
-    user.own(p.ws.parent().unwrap());
+    let p = user.places();
     tiocsti(&p, Some(&user));
 }
 
@@ -781,8 +784,7 @@ fn the_users_runtime_dir_is_out_of_reach_as_an_unprivileged_user() {
         return;
     }
     let user = TestUser::create();
-    let p = places_in(&user.base);
-    user.own(p.ws.parent().unwrap());
+    let p = user.places();
     runtime_dir(&p, Some(&user));
 }
 

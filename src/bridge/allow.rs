@@ -102,19 +102,36 @@ impl Bridge {
                 return;
             }
         }
+        let title = format!("Allow the agent to write {}?", path.display());
+        let text = format!(
+            "The sandbox denies this write: {reason}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json; Never allow records a deny entry."
+        );
+        info!(path = %path.display(), session, "asking the user whether the agent may write");
+        self.open_prompt(session, path, title, text, vec![held], false);
+    }
+
+    /// Sends one of the bridge's allow prompts (the four answers) and
+    /// remembers what it is about.
+    fn open_prompt(
+        &mut self,
+        session: String,
+        path: PathBuf,
+        title: String,
+        text: String,
+        held: Vec<HeldWrite>,
+        direct: bool,
+    ) {
         let bid = self.alloc_id();
         self.announcements += 1;
         let params = json!({
             "sessionId": session,
             "toolCall": {
                 "toolCallId": format!("zcode-acp-allow-{}", self.announcements),
-                "title": format!("Allow the agent to write {}?", path.display()),
+                "title": title,
                 "kind": "edit",
                 "status": "pending",
                 "locations": [{"path": path}],
-                "content": [{"type": "content", "content": {"type": "text", "text": format!(
-                    "The sandbox denies this write: {reason}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json; Never allow records a deny entry."
-                )}}],
+                "content": [{"type": "content", "content": {"type": "text", "text": text}}],
             },
             "options": [
                 {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
@@ -123,7 +140,6 @@ impl Bridge {
                 {"optionId": "reject-always", "name": "Never allow", "kind": "reject_always"},
             ],
         });
-        info!(path = %path.display(), session, "asking the user whether the agent may write");
         self.at_editor.insert(bid, AtEditor::Prompt);
         self.prompt_by_path.insert(path.clone(), bid);
         self.prompts.insert(
@@ -131,8 +147,8 @@ impl Bridge {
             Prompt {
                 path,
                 session,
-                held: vec![held],
-                direct: false,
+                held,
+                direct,
             },
         );
         self.to_editor(request(
@@ -345,8 +361,6 @@ impl Bridge {
     }
 
     fn ask_direct(&mut self, session: String, grant: PathBuf, reason: String) {
-        let bid = self.alloc_id();
-        self.announcements += 1;
         let what = if grant.is_dir() {
             format!("in {}", grant.display())
         } else {
@@ -355,42 +369,18 @@ impl Bridge {
                 grant.display()
             )
         };
-        let params = json!({
-            "sessionId": session,
-            "toolCall": {
-                "toolCallId": format!("zcode-acp-allow-{}", self.announcements),
-                "title": format!("Allow the agent to write {what}?"),
-                "kind": "edit",
-                "status": "pending",
-                "locations": [{"path": grant}],
-                "content": [{"type": "content", "content": {"type": "text", "text": format!(
-                    "The sandbox refused a write the agent made: {reason}. A grant takes effect from the agent's next prompt (the sandbox is re-armed when this turn ends)."
-                )}}],
-            },
-            "options": [
-                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
-                {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
-                {"optionId": "reject-once", "name": "Don't allow", "kind": "reject_once"},
-                {"optionId": "reject-always", "name": "Never allow", "kind": "reject_always"},
-            ],
-        });
-        info!(path = %grant.display(), session, "asking the user whether the agent may write (a refused direct write)");
-        self.at_editor.insert(bid, AtEditor::Prompt);
-        self.prompt_by_path.insert(grant.clone(), bid);
-        self.prompts.insert(
-            bid,
-            Prompt {
-                path: grant,
-                session,
-                held: Vec::new(),
-                direct: true,
-            },
+        let text = format!(
+            "The sandbox refused a write the agent made: {reason}. A grant takes effect from the agent's next prompt (the sandbox is re-armed when this turn ends)."
         );
-        self.to_editor(request(
-            bid,
-            "session/request_permission",
-            &params.to_string(),
-        ));
+        info!(path = %grant.display(), session, "asking the user whether the agent may write (a refused direct write)");
+        self.open_prompt(
+            session,
+            grant,
+            format!("Allow the agent to write {what}?"),
+            text,
+            Vec::new(),
+            true,
+        );
     }
 
     /// A project's sandbox.json says more than the user approved (a new
