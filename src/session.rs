@@ -106,6 +106,11 @@ impl SessionTable {
         self.lost.insert(id.to_owned(), reason);
     }
 
+    /// Whether any session was lost (so a frame's session is worth reading).
+    pub fn any_lost(&self) -> bool {
+        !self.lost.is_empty()
+    }
+
     /// Why a session was lost, if it was.
     pub fn lost_reason(&self, id: &str) -> Option<&str> {
         self.lost.get(id).map(String::as_str)

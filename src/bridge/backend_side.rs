@@ -54,7 +54,11 @@ impl Bridge {
             }
             Kind::Notification { method } => match method.as_str() {
                 "session/update" => {
-                    if let Some(sid) = frame.session_id() {
+                    // Only while a session is being loaded: most updates are chunks.
+                    if let Some(sid) = (!self.swallow_updates.is_empty())
+                        .then(|| frame.session_id())
+                        .flatten()
+                    {
                         if self.swallow_updates.contains(&sid) {
                             return debug!(
                                 session = sid,

@@ -97,7 +97,12 @@ impl Bridge {
                 if method == "$/cancel_request" {
                     return self.forward_editor_cancel(&frame);
                 }
-                if let Some(sid) = frame.session_id() {
+                if let Some(sid) = self
+                    .sessions
+                    .any_lost()
+                    .then(|| frame.session_id())
+                    .flatten()
+                {
                     if let Some(reason) = self.sessions.lost_reason(&sid) {
                         debug!(
                             session = sid,
@@ -110,7 +115,12 @@ impl Bridge {
                 self.send_to_backend(frame.bytes);
             }
             Kind::Request { id, method } => {
-                if let Some(sid) = frame.session_id() {
+                if let Some(sid) = self
+                    .sessions
+                    .any_lost()
+                    .then(|| frame.session_id())
+                    .flatten()
+                {
                     if let Some(reason) = self.sessions.lost_reason(&sid).map(str::to_owned) {
                         match method.as_str() {
                             // These may bring it back.
