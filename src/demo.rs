@@ -142,7 +142,6 @@ async fn open_session(client: &mut Client, workspace: &Path) -> anyhow::Result<S
 }
 
 /// Part two: the same agent in a project that turns the sandbox on.
-#[cfg(target_os = "linux")]
 async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
     println!("\n== part 2: a project that turns the sandbox on ==\n");
     if let Err(why) = zcode_acp_sandbox_available() {
@@ -232,11 +231,18 @@ async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(target_os = "linux")]
 fn zcode_acp_sandbox_available() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
     if crate::linux::landlock_abi() < 1 {
         return Err("this kernel has no Landlock".into());
     }
+    #[cfg(target_os = "macos")]
+    if !Path::new(crate::seatbelt::arm::SANDBOX_EXEC).is_file() {
+        return Err("this system has no /usr/bin/sandbox-exec".into());
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    return Err("zcode-acp cannot arm a sandbox on this operating system".into());
+    #[allow(unreachable_code)]
     Ok(())
 }
 
@@ -323,7 +329,6 @@ pub async fn run() -> anyhow::Result<()> {
     let status = client.child.wait().await?;
     println!("<- bridge exited: {status}");
     print_files(&workspace)?;
-    #[cfg(target_os = "linux")]
     sandbox_part(&exe, tmp.path()).await?;
     Ok(())
 }

@@ -87,6 +87,15 @@ enum Command {
     /// What this machine can arm, what the sandbox allows, and a live self-test.
     #[cfg(target_os = "linux")]
     Doctor(zcode_acp::commands::doctor::DoctorArgs),
+    /// Internal: inside a terminal's sandbox, apply the agent's environment and run the command.
+    #[command(name = "__exec-env", hide = true)]
+    ExecEnv {
+        /// NAME=VALUE, applied to the command.
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
@@ -107,6 +116,13 @@ fn main() -> ExitCode {
     if let Err(e) = logging::init(cli.log_file.as_deref()) {
         eprintln!("zcode-acp: {e}");
         return ExitCode::from(2);
+    }
+    if let Some(Command::ExecEnv { env, command }) = &cli.command {
+        eprintln!(
+            "zcode-acp: {}",
+            zcode_acp::commands::exec_env::run(env, command)
+        );
+        return ExitCode::from(127);
     }
     // `run` sets up namespaces, which needs a process without threads: it
     // runs before the async runtime exists.
@@ -180,6 +196,7 @@ fn main() -> ExitCode {
             Some(Command::Run(_) | Command::Sandbox { .. } | Command::Doctor(_)) => {
                 unreachable!("handled before the runtime starts")
             }
+            Some(Command::ExecEnv { .. }) => unreachable!("handled before the runtime starts"),
             None => run_bridge(cli.bridge).await,
         }
     });
@@ -196,6 +213,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// The sandbox this platform arms, or why it cannot.
+fn platform_hook(
+    managed: &config::managed::ManagedRoot,
+    state_paths: &[PathBuf],
+) -> Result<Box<dyn backend::SpawnHook>, String> {
+    #[cfg(target_os = "linux")]
+    return zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), state_paths.to_vec())
+        .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
+    #[cfg(target_os = "macos")]
+    return zcode_acp::seatbelt::hook::SeatbeltSandbox::new(managed.clone(), state_paths.to_vec())
+        .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
+    #[allow(unreachable_code)]
+    {
+        let _ = (managed, state_paths);
+        Err("zcode-acp cannot arm a sandbox on this operating system".into())
+    }
+}
+
 /// The hook that arms every generation, or one that refuses to start the
 /// backend when this platform cannot arm it.
 fn sandbox_hook(
@@ -203,32 +238,18 @@ fn sandbox_hook(
     user: &config::UserConfig,
     requested_by: String,
 ) -> Box<dyn backend::SpawnHook> {
-    #[cfg(target_os = "linux")]
-    match zcode_acp::linux::hook::LinuxSandbox::new(
-        managed.clone(),
-        user.sandbox.state_paths.clone(),
-    ) {
+    match platform_hook(managed, &user.sandbox.state_paths) {
         Ok(hook) => {
             let swept = config::generation::sweep_dead(managed);
             if swept > 0 {
                 tracing::debug!(swept, "removed the sandbox directories of dead generations");
             }
-            return Box::new(hook);
+            hook
         }
-        Err(reason) => {
-            return Box::new(backend::RefuseUnsandboxed {
-                requested_by,
-                reason,
-            })
-        }
-    }
-    #[allow(unreachable_code)]
-    {
-        let _ = (managed, user);
-        Box::new(backend::RefuseUnsandboxed {
+        Err(reason) => Box::new(backend::RefuseUnsandboxed {
             requested_by,
-            reason: "this version of zcode-acp cannot arm a sandbox on this system yet".into(),
-        })
+            reason,
+        }),
     }
 }
 
@@ -247,7 +268,6 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         }
         None => Box::new(backend::Unconfined),
     };
-    #[cfg(target_os = "linux")]
     let managed_for_arm = managed.clone();
     let cfg = bridge::BridgeConfig {
         backend,
@@ -259,20 +279,9 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         managed,
     };
     // A project may turn the sandbox on in a bridge started without it.
-    let arm: Option<bridge::ArmFactory> = {
-        #[cfg(target_os = "linux")]
-        {
-            let (managed, paths) = (managed_for_arm, user.sandbox.state_paths.clone());
-            Some(Box::new(move || {
-                zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), paths.clone())
-                    .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>)
-            }))
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            None
-        }
-    };
+    let paths = user.sandbox.state_paths.clone();
+    let arm: Option<bridge::ArmFactory> =
+        Some(Box::new(move || platform_hook(&managed_for_arm, &paths)));
     bridge::Bridge::run(cfg, hook, arm).await?;
     Ok(ExitCode::SUCCESS)
 }

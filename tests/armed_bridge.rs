@@ -9,22 +9,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// The bridge in front of the shell agent, in an outer mount namespace,
-/// with a home outside /tmp (the sandbox's /tmp is private) and the shell
-/// agent's transcripts in ~/.zcode-shell-agent, which the zcode backend
-/// profile keeps writable across generations. `global`: ZCODE_ACP_SANDBOX=1.
-fn start_shell_agent(global: bool) -> Editor {
-    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
-    if global {
-        opts = opts.env("ZCODE_ACP_SANDBOX", "1");
-    }
-    opts.outer_ns = true;
-    opts.home_in = Some(scratch_base());
-    let ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
-    ed
-}
-
 #[test]
 fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     if !require_kernel_features() {
@@ -111,41 +95,6 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
         host_mounts
     );
-}
-
-fn armed_editor() -> (Editor, std::path::PathBuf, String, std::path::PathBuf) {
-    let mut ed = start_shell_agent(true);
-    ed.initialize();
-    let ws = workspace(&ed, "w");
-    let sid = ed.new_session(&ws);
-    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
-    std::fs::create_dir_all(&outside).unwrap();
-    (ed, ws, sid, outside)
-}
-
-/// Waits for the bridge's permission prompt and answers it.
-fn answer_prompt(ed: &mut Editor, option: &str) -> serde_json::Value {
-    let req = ed
-        .wait_for("a permission prompt", |v| {
-            v["method"] == "session/request_permission"
-        })
-        .value;
-    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
-    req
-}
-
-/// Runs a prompt whose write is put to the user, answering `option`.
-fn prompt_answering(
-    ed: &mut Editor,
-    sid: &str,
-    text: &str,
-    option: &str,
-) -> (serde_json::Value, String) {
-    let start = ed.seen.len();
-    let id = ed.prompt_request(sid, text);
-    let req = answer_prompt(ed, option);
-    ed.response(&id);
-    (req, ed.agent_text_since(start, sid))
 }
 
 #[test]
@@ -344,6 +293,47 @@ fn a_burst_of_denials_of_one_path_is_one_prompt() {
 }
 
 #[test]
+fn an_agent_refused_in_many_places_opens_a_few_prompts_at_a_time() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, _ws, sid, outside) = armed_editor();
+    let dirs: Vec<_> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|d| {
+            let p = outside.join(d);
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        })
+        .collect();
+    let writes = |dirs: &[std::path::PathBuf]| {
+        dirs.iter()
+            .map(|d| format!("echo x > {}/f", d.display()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let count = |ed: &Editor, start: usize| {
+        ed.seen[start..]
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .count()
+    };
+    // Three refusals in one turn: three prompts, left open.
+    let start = ed.seen.len();
+    ed.prompt(&sid, &format!("{}; echo done", writes(&dirs[..3])));
+    ed.drain_for(std::time::Duration::from_millis(300));
+    assert_eq!(count(&ed, start), 3);
+    // Two more in the next turn, while those are open: none.
+    let later = ed.seen.len();
+    ed.prompt(&sid, &format!("{}; echo done", writes(&dirs[3..])));
+    ed.drain_for(std::time::Duration::from_millis(300));
+    assert_eq!(count(&ed, later), 0, "the open prompts are capped");
+    for d in &dirs {
+        assert!(!d.join("f").exists());
+    }
+}
+
+#[test]
 fn a_project_that_turns_the_sandbox_on_arms_a_running_bridge() {
     if !require_kernel_features() {
         return;
@@ -468,9 +458,15 @@ fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
-    let (r, _) = ed.prompt(&sid, "terminal-env /bin/echo hi");
+    let (r, _) = ed.prompt(&sid, "terminal-env echo mark=$FAKE_TERMINAL_MARK");
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert_eq!(ed.terminals.len(), 1, "the editor ran the terminal");
+    // The agent's env still reaches the command, applied inside.
+    assert!(
+        ed.terminals[0].0.contains("mark=inside"),
+        "{:?}",
+        ed.terminals[0]
+    );
     assert_eq!(
         ed.terminal_requests[0]["params"]["env"],
         serde_json::json!([])

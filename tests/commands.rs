@@ -184,3 +184,44 @@ fn approve_accepts_a_hand_edit() {
         check(&h, &h.ws.join(".git/objects/x"))
     );
 }
+
+/// The last stage of a macOS terminal (`__exec-env`), which needs no
+/// sandbox to test: the agent's environment reaches the command, the
+/// command is found on the agent's `PATH`, and its exit status is kept.
+#[test]
+fn exec_env_applies_the_environment_and_becomes_the_command() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = home();
+    let bin = h.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join("agent-tool");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho \"mark=$MARK pid=$$ args=$*\"\nexit 7\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("PATH={}:/usr/bin:/bin", bin.display());
+    let child = Command::new(BIN)
+        .args([
+            "__exec-env",
+            "--env=MARK=a=b",
+            &format!("--env={path}"),
+            "--",
+        ])
+        .args(["agent-tool", "--env=not-ours", "-x"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    // The same process: the editor's kill reaches the command directly.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("mark=a=b pid={pid} args=--env=not-ours -x\n")
+    );
+    let bad = zcode(&h, &["__exec-env", "--env=novalue", "--", "true"]);
+    assert_eq!(bad.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME=VALUE"));
+}

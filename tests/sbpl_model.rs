@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use zcode_acp::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
 use zcode_acp::policy::{Matcher, Op, Ops, Policy};
-use zcode_acp::seatbelt::build_profile;
+use zcode_acp::seatbelt::{build_profile, build_profile_tagged};
 
 #[derive(Debug, Clone)]
 enum Sexp {
@@ -112,6 +112,9 @@ fn rules(profile: &str) -> Vec<Rule> {
             for item in &items[1..] {
                 match item {
                     Sexp::Sym(op) => ops.push(op.clone()),
+                    // An action modifier such as `(with message "tag")`:
+                    // changes what is logged, never what is decided.
+                    Sexp::List(l) if matches!(l.first(), Some(Sexp::Sym(h)) if h == "with") => {}
                     other => filters.push(other.clone()),
                 }
             }
@@ -312,7 +315,8 @@ proptest! {
     #[test]
     fn the_profile_decides_as_the_policy_does(input in input(), extra in prop::collection::vec(any_path(), 0..20)) {
         let policy = Policy::build(&input);
-        let profile = build_profile(&policy).expect("the alphabet is quotable");
+        let profile = build_profile_tagged(&policy, Some("zcode-acp-model"))
+            .expect("the alphabet is quotable");
         let rules = rules(&profile);
         let mut paths = probes(&policy);
         paths.extend(extra);

@@ -64,7 +64,7 @@ fn setup() -> Setup {
         profile_dir: None,
         managed_root: managed.path.clone(),
     };
-    let armed = arm_argv(&[], &input, &managed).unwrap();
+    let armed = arm_argv(&[], &input, &managed, Some("zcode-acp-test")).unwrap();
     Setup {
         _base: base,
         ws,
@@ -90,7 +90,8 @@ fn the_write_matrix_holds_on_disk() {
     let s = setup();
     let ws = s.ws.display().to_string();
     let out = s.outside.display().to_string();
-    let cases: Vec<(String, bool, Box<dyn Fn() -> bool>)> = vec![
+    type OnDisk = Box<dyn Fn() -> bool>;
+    let cases: Vec<(String, bool, OnDisk)> = vec![
         (
             format!("echo a > {ws}/new"),
             true,

@@ -143,7 +143,10 @@ impl Generation {
     /// the process group, SIGKILL after `grace`, then kill any descendant
     /// that left the group, until none is left. Returns the pids that could
     /// not be killed (none, unless something is badly wrong).
-    pub async fn stop(mut self, grace: Duration) -> Vec<i32> {
+    ///
+    /// `spare`: children of the bridge's own that are not the generation's
+    /// (the violation log reader); they and their descendants are left be.
+    pub async fn stop(mut self, grace: Duration, spare: &[i32]) -> Vec<i32> {
         self.stdin.take();
         let group = Pid::from_raw(self.pid);
         if !*self.exited.borrow() {
@@ -156,20 +159,29 @@ impl Generation {
             let mut exited = self.exited.clone();
             let _ = tokio::time::timeout(Duration::from_secs(5), exited.wait_for(|e| *e)).await;
         }
-        kill_all_descendants(self.pid).await
+        kill_all_descendants(self.pid, spare).await
     }
 }
 
-/// Kills every descendant of the bridge: at the point this runs, the only
-/// descendants are the stopped generation's (the next one is not spawned
-/// yet). Returns what survived.
-async fn kill_all_descendants(main_pid: i32) -> Vec<i32> {
+/// Kills every descendant of the bridge but `spare` and theirs: at the
+/// point this runs, the only other descendants are the stopped
+/// generation's (the next one is not spawned yet). Returns what survived.
+async fn kill_all_descendants(main_pid: i32, spare: &[i32]) -> Vec<i32> {
     let give_up = Instant::now() + Duration::from_secs(3);
+    let mut not_ours = vec![main_pid];
+    not_ours.extend_from_slice(spare);
     loop {
-        procs::reap_zombie_children(&[main_pid]);
-        let alive: Vec<i32> = procs::my_descendants()
+        procs::reap_zombie_children(&not_ours);
+        let procs = procs::snapshot();
+        let kept: Vec<i32> = spare
             .iter()
-            .filter(|p| !p.is_zombie())
+            .flat_map(|s| procs::descendants_in(&procs, *s))
+            .map(|p| p.pid)
+            .chain(spare.iter().copied())
+            .collect();
+        let alive: Vec<i32> = procs::descendants_in(&procs, std::process::id() as i32)
+            .iter()
+            .filter(|p| !p.is_zombie() && !kept.contains(&p.pid))
             .map(|p| p.pid)
             .collect();
         if alive.is_empty() {

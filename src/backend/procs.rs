@@ -4,8 +4,9 @@
 //! double forks). On Linux the bridge is a child subreaper, so such orphans
 //! are re-parented to the bridge instead of init: they stay the bridge's
 //! descendants, and walking the `/proc` parent links from the bridge finds
-//! every one of them. On other systems there is no `/proc` to walk and the
-//! process group is all the bridge can reach.
+//! every one of them. On macOS the parent links come from libproc; there
+//! is no subreaper, so a process that daemonizes (its parent exits) is
+//! re-parented to launchd and only its process group still reaches it.
 
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
@@ -38,6 +39,7 @@ pub fn parse_stat(line: &str) -> Option<ProcInfo> {
 }
 
 /// All processes visible in `/proc`. Empty where there is no `/proc`.
+#[cfg(not(target_os = "macos"))]
 pub fn snapshot() -> Vec<ProcInfo> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -54,6 +56,57 @@ pub fn snapshot() -> Vec<ProcInfo> {
         parse_stat(&stat)
     })
     .collect()
+}
+
+/// All processes this user may inspect, from libproc.
+#[cfg(target_os = "macos")]
+pub fn snapshot() -> Vec<ProcInfo> {
+    use std::mem::size_of;
+    // SAFETY: with a null buffer proc_listallpids only reports how many
+    // pids there are.
+    let count = unsafe { libc::proc_listallpids(std::ptr::null_mut(), 0) };
+    if count <= 0 {
+        return Vec::new();
+    }
+    // Room for processes started since the count.
+    let mut pids: Vec<libc::pid_t> = vec![0; count as usize + 64];
+    let bytes = (pids.len() * size_of::<libc::pid_t>()) as libc::c_int;
+    // SAFETY: the buffer is valid for `bytes` bytes of pids.
+    let got = unsafe { libc::proc_listallpids(pids.as_mut_ptr().cast(), bytes) };
+    if got <= 0 {
+        return Vec::new();
+    }
+    pids.truncate(got as usize);
+    pids.into_iter()
+        .filter(|pid| *pid > 0)
+        .filter_map(|pid| {
+            // SAFETY: proc_bsdinfo is plain old data; all zeroes is valid.
+            let mut info: libc::proc_bsdinfo = unsafe { std::mem::zeroed() };
+            let size = size_of::<libc::proc_bsdinfo>() as libc::c_int;
+            // SAFETY: the buffer is a proc_bsdinfo of `size` bytes, which is
+            // what PROC_PIDTBSDINFO writes.
+            let n = unsafe {
+                libc::proc_pidinfo(
+                    pid,
+                    libc::PROC_PIDTBSDINFO,
+                    0,
+                    (&mut info as *mut libc::proc_bsdinfo).cast(),
+                    size,
+                )
+            };
+            // A process that exited meanwhile (or one we may not inspect)
+            // answers short: skip it.
+            (n == size).then_some(ProcInfo {
+                pid,
+                ppid: info.pbi_ppid as i32,
+                state: if info.pbi_status == libc::SZOMB {
+                    'Z'
+                } else {
+                    'S'
+                },
+            })
+        })
+        .collect()
 }
 
 /// Every descendant of `root` in `procs` (children, their children, ...).
@@ -147,7 +200,6 @@ mod tests {
         assert_eq!(pids, vec![11, 12, 14]);
     }
 
-    #[cfg(target_os = "linux")]
     #[test]
     fn sees_a_real_child() {
         let mut child = std::process::Command::new("sleep")

@@ -63,6 +63,28 @@ pub trait SpawnHook: Send {
     fn policy(&self) -> Option<&crate::policy::Policy> {
         None
     }
+
+    /// Wraps a command the editor will run for the agent (an ACP terminal)
+    /// so it runs in the running generation's sandbox, and returns the
+    /// argv the editor should start instead, with an empty environment.
+    fn terminal(&self, _command: TerminalCommand) -> Result<Vec<String>, String> {
+        Err("this sandbox cannot confine the editor's terminals".into())
+    }
+
+    /// The message every write denial of this hook's profiles carries in
+    /// the system log (Seatbelt), so the bridge reads only its own agent's.
+    fn violation_tag(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// A command the agent asked the editor to run (`terminal/create`).
+#[derive(Debug, Clone)]
+pub struct TerminalCommand {
+    pub argv: Vec<String>,
+    /// Applied only inside the sandbox, after arming.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
 }
 
 /// Runs the backend as configured, with no confinement. The confinement

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use agent_client_protocol_schema::v1 as acp;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{AtEditor, Bridge};
 use crate::config::project::{self, List};
@@ -205,7 +205,12 @@ impl Bridge {
                 self.never.push(prompt.path.clone());
                 false
             }
-            _ => false,
+            _ => {
+                if prompt.direct {
+                    self.dismissed.insert(prompt.path.clone());
+                }
+                false
+            }
         };
         info!(path = %prompt.path.display(), choice, "the user answered");
         if prompt.direct && allowed {
@@ -244,6 +249,9 @@ impl Bridge {
         }
     }
 }
+
+/// Prompts about refused direct writes open at once, at most.
+const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
 
 /// Error messages of a write the kernel refused.
 const DENIAL_MARKERS: &[&str] = &[
@@ -320,44 +328,85 @@ impl Bridge {
                 if asked >= 3 {
                     return;
                 }
-                let Some(policy) = self.hook.policy() else {
-                    return;
-                };
-                let Ok((real, decision)) = policy.evaluate(&candidate, crate::policy::Op::Write)
-                else {
-                    continue;
-                };
-                let offerable = !decision.allowed
-                    && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
-                    && !self.refused_for_good(&real)
-                    && never_offered(&real, home.as_deref()).is_none();
-                if !offerable {
-                    continue;
+                if self.offer_direct_grant(&session, &candidate, home.as_deref()) {
+                    asked += 1;
                 }
-                // Tools save by writing a temporary file beside the target
-                // and renaming it over: grant the folder when that is safe.
-                let grant = match real.parent() {
-                    Some(dir)
-                        if never_offered(dir, home.as_deref()).is_none()
-                            && policy.evaluate_resolved(dir, crate::policy::Op::Write).kind
-                                != crate::policy::Kind::Island
-                            && dir.is_dir() =>
-                    {
-                        dir.to_path_buf()
-                    }
-                    _ => real.clone(),
-                };
-                if self.granted(&grant) || self.prompt_by_path.contains_key(&grant) {
-                    continue;
-                }
-                asked += 1;
-                self.ask_direct(
-                    session.clone(),
-                    grant,
-                    format!("{} ({})", decision.kind, decision.rule.unwrap_or_default()),
-                );
             }
         }
+    }
+
+    /// A write the sandbox refused, read from the system log: offered on
+    /// the session whose turn is running (the latest, when several are).
+    pub(super) fn on_refused_in_log(&mut self, v: crate::seatbelt::violations::Violation) {
+        if !self.hook.confines() {
+            return;
+        }
+        let turn = self
+            .at_backend
+            .iter()
+            .filter_map(|(bid, at)| match &at.origin {
+                super::Origin::Editor {
+                    track: super::track::Track::Prompt(Some(session)),
+                    ..
+                } => Some((*bid, session.clone())),
+                _ => None,
+            })
+            .max_by_key(|(bid, _)| *bid);
+        let Some((_, session)) = turn else {
+            debug!(path = %v.path.display(), process = v.process, "the sandbox refused a write outside any turn; not offered");
+            return;
+        };
+        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        self.offer_direct_grant(&session, &v.path, home.as_deref());
+    }
+
+    /// Offers a grant for a refused direct write at `candidate` when the
+    /// policy really denies it and it may be offered; returns whether a
+    /// prompt was opened. Tools save by writing a temporary file beside
+    /// the target and renaming it over: the folder is granted when safe.
+    fn offer_direct_grant(&mut self, session: &str, candidate: &Path, home: Option<&Path>) -> bool {
+        let Some(policy) = self.hook.policy() else {
+            return false;
+        };
+        let Ok((real, decision)) = policy.evaluate(candidate, crate::policy::Op::Write) else {
+            return false;
+        };
+        let offerable = !decision.allowed
+            && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
+            && !self.refused_for_good(&real)
+            && never_offered(&real, home).is_none();
+        if !offerable {
+            return false;
+        }
+        let grant = match real.parent() {
+            Some(dir)
+                if never_offered(dir, home).is_none()
+                    && policy.evaluate_resolved(dir, crate::policy::Op::Write).kind
+                        != crate::policy::Kind::Island
+                    && dir.is_dir() =>
+            {
+                dir.to_path_buf()
+            }
+            _ => real.clone(),
+        };
+        if self.granted(&grant)
+            || self.prompt_by_path.contains_key(&grant)
+            || self.dismissed.contains(&grant)
+        {
+            return false;
+        }
+        // An agent looping over many paths must not bury the editor in
+        // prompts: a few at a time; later refusals may ask once these close.
+        if self.prompts.values().filter(|p| p.direct).count() >= MAX_OPEN_DIRECT_PROMPTS {
+            debug!(path = %grant.display(), "not offered: enough prompts about refused writes are open");
+            return false;
+        }
+        self.ask_direct(
+            session.to_owned(),
+            grant,
+            format!("{} ({})", decision.kind, decision.rule.unwrap_or_default()),
+        );
+        true
     }
 
     fn ask_direct(&mut self, session: String, grant: PathBuf, reason: String) {

@@ -143,6 +143,10 @@ impl Bridge {
                     }
                 }
                 let track = track::editor_request(&method, &frame);
+                if let track::Track::Prompt(_) = track {
+                    // A new turn: refusals the user declined may be asked again.
+                    self.dismissed.clear();
+                }
                 if let Some(uncovered) = self.uncovered_roots(&track) {
                     // The running generation cannot write there: re-arm
                     // first, and let the new generation answer this request.

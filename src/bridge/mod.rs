@@ -15,6 +15,7 @@ mod editor_side;
 mod police;
 mod restart;
 pub mod track;
+mod watch;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -140,6 +141,8 @@ enum Event {
     Terminate(&'static str),
     Hangup,
     Child,
+    /// The sandbox refused a write (from the system log).
+    Refused(crate::seatbelt::violations::Violation),
 }
 
 struct Signals {
@@ -206,6 +209,11 @@ pub struct Bridge {
     never: Vec<std::path::PathBuf>,
     /// Projects whose hand edits were already put to the user.
     config_asked: Vec<std::path::PathBuf>,
+    /// Refused direct writes the user declined, not asked again until the
+    /// editor's next prompt (the agent may retry many times in one turn).
+    dismissed: HashSet<std::path::PathBuf>,
+    /// The system log reader for the hook's tag, when it has one (macOS).
+    violations: Option<watch::ViolationWatch>,
 }
 
 impl Bridge {
@@ -307,6 +315,8 @@ impl Bridge {
             grants: Vec::new(),
             never: Vec::new(),
             config_asked: Vec::new(),
+            dismissed: HashSet::new(),
+            violations: None,
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.
@@ -349,6 +359,7 @@ impl Bridge {
             _ = self.signals.int.recv() => Event::Terminate("SIGINT"),
             _ = self.signals.hup.recv() => Event::Hangup,
             _ = self.signals.chld.recv() => Event::Child,
+            Some(v) = watch::next(&mut self.violations) => Event::Refused(v),
         }
     }
 
@@ -399,12 +410,14 @@ impl Bridge {
                     .iter()
                     .chain(self.dying.iter())
                     .map(|g| g.pid)
+                    .chain(self.violations.as_ref().and_then(|w| w.pid))
                     .collect();
                 let reaped = procs::reap_zombie_children(&spare);
                 if reaped > 0 {
                     debug!(reaped, "reaped processes a backend left behind");
                 }
             }
+            Event::Refused(v) => self.on_refused_in_log(v),
         }
     }
 
@@ -485,7 +498,13 @@ impl Bridge {
 
     async fn stop_generation(&mut self, generation: Generation) {
         let id = generation.id;
-        let survivors = generation.stop(self.cfg.stop_grace).await;
+        let spare: Vec<i32> = self
+            .violations
+            .as_ref()
+            .and_then(|w| w.pid)
+            .into_iter()
+            .collect();
+        let survivors = generation.stop(self.cfg.stop_grace, &spare).await;
         if survivors.is_empty() {
             debug!(
                 generation = id,
@@ -555,5 +574,7 @@ impl Bridge {
         for generation in std::mem::take(&mut self.dying) {
             self.stop_generation(generation).await;
         }
+        // Its `log` child would otherwise outlive the bridge.
+        self.violations = None;
     }
 }

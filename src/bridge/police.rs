@@ -60,72 +60,56 @@ impl Bridge {
             code: codes::NOT_WHILE_ARMED,
             message,
         };
-        #[cfg(target_os = "linux")]
-        {
-            let request: acp::CreateTerminalRequest = match frame.params_as() {
-                Ok(r) => r,
-                Err(e) => {
-                    return refuse(format!(
-                        "zcode-acp could not read this terminal/create request: {e}"
-                    ))
-                }
-            };
-            let Some(policy) = self.hook.policy() else {
-                return refuse(
-                    "zcode-acp has no sandbox policy for this agent, so it cannot run its terminal"
-                        .into(),
-                );
-            };
-            // An empty `args` means `command` is a whole shell line, as the
-            // editor runs it through a shell.
-            let argv = if request.args.is_empty() {
-                vec![
-                    "/bin/sh".to_owned(),
-                    "-c".to_owned(),
-                    request.command.clone(),
-                ]
-            } else {
-                std::iter::once(request.command.clone())
-                    .chain(request.args.iter().cloned())
-                    .collect()
-            };
-            let env = request
-                .env
-                .iter()
-                .map(|e| (e.name.clone(), e.value.clone()))
-                .collect();
-            let wrapped = match crate::linux::hook::terminal_launch(
-                policy,
-                &self.cfg.managed,
-                argv,
-                env,
-                request.cwd.clone(),
-            ) {
-                Ok(w) => w,
-                Err(e) => {
-                    return refuse(format!(
-                        "zcode-acp could not prepare the terminal's sandbox: {e}"
-                    ))
-                }
-            };
-            let Ok(mut value) = frame.to_value() else {
-                return refuse("zcode-acp could not rewrite this terminal/create".into());
-            };
-            let params = &mut value["params"];
-            params["command"] = Value::from(wrapped[0].clone());
-            params["args"] = Value::from(wrapped[1..].to_vec());
-            params["env"] = Value::Array(Vec::new());
-            match serde_json::to_vec(&value) {
-                Ok(bytes) => Verdict::Rewrite(bytes),
-                Err(e) => refuse(format!(
-                    "zcode-acp could not rewrite this terminal/create: {e}"
-                )),
+        let request: acp::CreateTerminalRequest = match frame.params_as() {
+            Ok(r) => r,
+            Err(e) => {
+                return refuse(format!(
+                    "zcode-acp could not read this terminal/create request: {e}"
+                ))
             }
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = frame;
-            refuse("zcode-acp refused terminal/create: the editor would run the command outside the sandbox".into())
+        };
+        // An empty `args` means `command` is a whole shell line, as the
+        // editor runs it through a shell.
+        let argv = if request.args.is_empty() {
+            vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                request.command.clone(),
+            ]
+        } else {
+            std::iter::once(request.command.clone())
+                .chain(request.args.iter().cloned())
+                .collect()
+        };
+        let env = request
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        let wrapped = match self.hook.terminal(crate::backend::spawn::TerminalCommand {
+            argv,
+            env,
+            cwd: request.cwd.clone(),
+        }) {
+            Ok(w) => w,
+            Err(e) => {
+                return refuse(format!(
+                    "zcode-acp refused terminal/create: it could not run the command in the sandbox ({e})"
+                ))
+            }
+        };
+        let Ok(mut value) = frame.to_value() else {
+            return refuse("zcode-acp could not rewrite this terminal/create".into());
+        };
+        let params = &mut value["params"];
+        params["command"] = Value::from(wrapped[0].clone());
+        params["args"] = Value::from(wrapped[1..].to_vec());
+        params["env"] = Value::Array(Vec::new());
+        match serde_json::to_vec(&value) {
+            Ok(bytes) => Verdict::Rewrite(bytes),
+            Err(e) => refuse(format!(
+                "zcode-acp could not rewrite this terminal/create: {e}"
+            )),
         }
     }
 

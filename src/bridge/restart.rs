@@ -158,6 +158,8 @@ impl Bridge {
             crate::backend::SpawnError::Refused(why) => StartError::Refused(why),
             other => StartError::Failed(other.to_string()),
         })?;
+        // Before the agent starts, so its first refusals are seen too.
+        self.watch_violations();
         let generation =
             Generation::start(id, &cmd, self.cfg.max_frame_bytes, self.backend_tx.clone())
                 .map_err(|e| StartError::Failed(e.to_string()))?;

@@ -16,7 +16,8 @@ use crate::session::{Session, SessionTable};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Track {
     None,
-    Prompt,
+    /// A turn of this session (None when its id could not be read).
+    Prompt(Option<String>),
     Initialize {
         params: String,
     },
@@ -66,7 +67,15 @@ fn unreadable(method: &str, e: serde_json::Error) -> Track {
 pub fn editor_request(method: &str, frame: &Frame) -> Track {
     let params = || frame.params_raw().unwrap_or("null").to_owned();
     match method {
-        "session/prompt" => Track::Prompt,
+        "session/prompt" => {
+            // Only the id: a prompt's content may be large, and is not ours.
+            #[derive(Deserialize)]
+            struct Turn {
+                #[serde(rename = "sessionId")]
+                session_id: String,
+            }
+            Track::Prompt(frame.params_as::<Turn>().ok().map(|t| t.session_id))
+        }
         "initialize" => Track::Initialize { params: params() },
         "authenticate" => Track::Authenticate { params: params() },
         "session/new" => match frame.params_as::<acp::NewSessionRequest>() {
@@ -227,7 +236,9 @@ pub fn apply_success(
             }
             None
         }
-        Track::None | Track::Prompt | Track::Initialize { .. } | Track::Authenticate { .. } => None,
+        Track::None | Track::Prompt(_) | Track::Initialize { .. } | Track::Authenticate { .. } => {
+            None
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub fn workspaces(given: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
 pub mod allow;
 #[cfg(target_os = "linux")]
 pub mod doctor;
+pub mod exec_env;
 pub mod profile;
 #[cfg(target_os = "linux")]
 pub mod run;

@@ -8,7 +8,9 @@
 
 use std::path::PathBuf;
 
-use crate::backend::spawn::{PreparedCommand, SpawnContext, SpawnError, SpawnHook};
+use crate::backend::spawn::{
+    PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
+};
 use crate::config::generation::GenerationDir;
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::LaunchSpec;
@@ -123,6 +125,20 @@ impl SpawnHook for LinuxSandbox {
 
     fn policy(&self) -> Option<&Policy> {
         self.policy.as_ref()
+    }
+
+    fn terminal(&self, command: TerminalCommand) -> Result<Vec<String>, String> {
+        let policy = self
+            .policy
+            .as_ref()
+            .ok_or("no generation is armed, so there is no policy to run the terminal under")?;
+        terminal_launch(
+            policy,
+            &self.managed,
+            command.argv,
+            command.env,
+            command.cwd,
+        )
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use super::build_profile;
+use super::build_profile_tagged;
 pub use crate::config::generation::{sweep_dead, GenerationDir};
 use crate::config::managed::ManagedRoot;
 use crate::policy::{Policy, PolicyInput};
@@ -36,18 +36,20 @@ pub struct Armed {
 }
 
 /// Builds the policy for `input` (with this generation's own directory as
-/// an island), writes the profile, and wraps `argv`.
+/// an island), writes the profile (its write denials carrying `tag` in the
+/// system log), and wraps `argv`.
 pub fn arm_argv(
     argv: &[String],
     input: &PolicyInput,
     managed: &ManagedRoot,
+    tag: Option<&str>,
 ) -> Result<Armed, ArmError> {
     let dir = GenerationDir::create(managed)?;
     let mut input = input.clone();
     input.profile_dir = Some(dir.path.clone());
     input.managed_root = managed.path.clone();
     let policy = Policy::build(&input);
-    let profile = dir.write_file("profile.sb", &build_profile(&policy)?)?;
+    let profile = dir.write_file("profile.sb", &build_profile_tagged(&policy, tag)?)?;
     let mut wrapped = vec![
         SANDBOX_EXEC.to_owned(),
         "-f".to_owned(),
@@ -94,6 +96,7 @@ mod tests {
             &["codex-acp".into(), "-x".into()],
             &input(home.path()),
             &managed,
+            Some("zcode-acp-test"),
         )
         .unwrap();
         assert_eq!(&armed.argv[..2], &[SANDBOX_EXEC, "-f"]);
@@ -105,13 +108,20 @@ mod tests {
         );
         let text = std::fs::read_to_string(&armed.profile).unwrap();
         assert!(text.contains(&format!(
-            "(deny file-write* (subpath \"{}\"))",
+            "(deny file-write* (subpath \"{}\") (with message \"zcode-acp-test\"))",
             dir.display()
         )));
         assert!(text.ends_with(&format!(
-            "(deny file-write* (subpath \"{}\"))\n",
+            "(deny file-write* (subpath \"{}\") (with message \"zcode-acp-test\"))\n",
             managed.path.display()
         )));
+        // Every write denial is tagged, so the log can be read for our own.
+        for line in text.lines().filter(|l| l.starts_with("(deny file-write")) {
+            assert!(
+                line.ends_with("(with message \"zcode-acp-test\"))"),
+                "{line}"
+            );
+        }
         // A second write into the same directory is refused, not followed.
         assert!(armed.dir.write_file("profile.sb", "x").is_err());
     }

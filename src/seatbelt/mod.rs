@@ -5,7 +5,9 @@
 //! with [`Policy::evaluate_resolved`]); writing and arming it is in [`arm`].
 
 pub mod arm;
+pub mod hook;
 pub mod quote;
+pub mod violations;
 
 use std::fmt::Write;
 use std::path::Path;
@@ -107,7 +109,23 @@ fn emit_allow(
 
 /// Builds the whole profile text.
 pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
+    build_profile_tagged(policy, None)
+}
+
+/// Builds the profile with every write denial carrying `tag` as its
+/// message: Seatbelt logs each refused operation with the message of the
+/// rule that refused it, so the bridge can tell its own agent's denials
+/// from every other sandboxed process's in the system log.
+pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String, QuoteError> {
+    let with = match tag {
+        Some(tag) => format!(" (with message {})", quote::string(Path::new(tag))?),
+        None => String::new(),
+    };
     let mut out = String::from(BASE_PROFILE);
+    out.push_str(
+        "\n;; ---- base: no file writes anywhere; everything writable is allowed below.\n",
+    );
+    let _ = writeln!(out, "(deny file-write*{with})");
     let denials: Vec<&Rule> = policy
         .rules
         .iter()
@@ -147,11 +165,11 @@ pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
             let f = filter(&rule.matcher)?;
             match rule.ops {
                 Ops::All => {
-                    let _ = writeln!(out, "(deny file-write* {f})");
+                    let _ = writeln!(out, "(deny file-write* {f}{with})");
                 }
                 // Pinned in place: no rename or removal, contents stay open.
                 Ops::RemoveOnly => {
-                    let _ = writeln!(out, "(deny file-write-unlink {f})");
+                    let _ = writeln!(out, "(deny file-write-unlink {f}{with})");
                 }
             }
         }

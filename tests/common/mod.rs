@@ -107,37 +107,7 @@ impl Editor {
             cmd.env(k, v);
         }
         if opts.outer_ns {
-            let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
-                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-                .unwrap();
-            // SAFETY: runs in the forked child before exec; system calls only.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let mut st: libc::stat = std::mem::zeroed();
-                    if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if st.st_ino == parent_ns {
-                        return Err(std::io::Error::other(
-                            "the mount namespace did not change; refusing to mount",
-                        ));
-                    }
-                    if libc::mount(
-                        std::ptr::null(),
-                        c"/".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC | libc::MS_SHARED,
-                        std::ptr::null(),
-                    ) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            in_outer_mount_ns(&mut cmd);
         }
         let mut child = cmd.spawn().expect("start zcode-acp");
         let stdin = child.stdin.take();
@@ -422,6 +392,7 @@ pub fn workspace(editor: &Editor, name: &str) -> PathBuf {
     p
 }
 
+#[cfg(target_os = "linux")]
 pub fn alive(pid: i32) -> bool {
     // Zombies count as gone: they run nothing.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -434,6 +405,14 @@ pub fn alive(pid: i32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// No `/proc` here: the same question put to libproc.
+#[cfg(not(target_os = "linux"))]
+pub fn alive(pid: i32) -> bool {
+    zcode_acp::backend::procs::snapshot()
+        .iter()
+        .any(|p| p.pid == pid && !p.is_zombie())
 }
 
 pub fn wait_until(what: &str, f: impl Fn() -> bool) {
@@ -493,3 +472,98 @@ pub fn require_kernel_features() -> bool {
     }
     true
 }
+
+// ---- An armed bridge in front of the shell agent.
+
+/// The bridge in front of the shell agent, in an outer mount namespace (Linux),
+/// with a home outside /tmp (the sandbox's /tmp is private) and the shell
+/// agent's transcripts in ~/.zcode-shell-agent, which the zcode backend
+/// profile keeps writable across generations. `global`: ZCODE_ACP_SANDBOX=1.
+pub fn start_shell_agent(global: bool) -> Editor {
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    if global {
+        opts = opts.env("ZCODE_ACP_SANDBOX", "1");
+    }
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    let ed = Editor::start_with(opts);
+    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
+    ed
+}
+
+pub fn armed_editor() -> (Editor, std::path::PathBuf, String, std::path::PathBuf) {
+    let mut ed = start_shell_agent(true);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    (ed, ws, sid, outside)
+}
+
+/// Waits for the bridge's permission prompt and answers it.
+pub fn answer_prompt(ed: &mut Editor, option: &str) -> serde_json::Value {
+    let req = ed
+        .wait_for("a permission prompt", |v| {
+            v["method"] == "session/request_permission"
+        })
+        .value;
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+    req
+}
+
+/// Runs a prompt whose write is put to the user, answering `option`.
+pub fn prompt_answering(
+    ed: &mut Editor,
+    sid: &str,
+    text: &str,
+    option: &str,
+) -> (serde_json::Value, String) {
+    let start = ed.seen.len();
+    let id = ed.prompt_request(sid, text);
+    let req = answer_prompt(ed, option);
+    ed.response(&id);
+    (req, ed.agent_text_since(start, sid))
+}
+
+/// Runs the bridge in a mount namespace of its own (shared propagation
+/// inside it), so whatever its sandbox helpers mount never reaches this
+/// machine's mount table. macOS has no mount namespaces and its sandbox
+/// mounts nothing, so there this is nothing to do.
+#[cfg(target_os = "linux")]
+fn in_outer_mount_ns(cmd: &mut Command) {
+    let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+    // SAFETY: runs in the forked child before exec; system calls only.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if st.st_ino == parent_ns {
+                return Err(std::io::Error::other(
+                    "the mount namespace did not change; refusing to mount",
+                ));
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SHARED,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn in_outer_mount_ns(_cmd: &mut Command) {}
