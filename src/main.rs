@@ -81,8 +81,8 @@ enum Command {
     Deny(zcode_acp::commands::allow::ListArgs),
     /// Approve a project's sandbox.json as it is now (after editing it by hand).
     Approve(zcode_acp::commands::allow::ApproveArgs),
-    /// Run a command under the sandbox (Linux: namespaces + Landlock).
-    #[cfg(target_os = "linux")]
+    /// Run a command under the sandbox (Linux: namespaces + Landlock; macOS: Seatbelt).
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
     Run(zcode_acp::commands::run::RunArgs),
     /// What this machine can arm, what the sandbox allows, and a live self-test.
     #[cfg(target_os = "linux")]
@@ -126,7 +126,7 @@ fn main() -> ExitCode {
     }
     // `run` sets up namespaces, which needs a process without threads: it
     // runs before the async runtime exists.
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
     let cli = match cli.command {
         Some(Command::Run(args)) => {
             return match zcode_acp::commands::run::run(args) {
@@ -137,6 +137,10 @@ fn main() -> ExitCode {
                 }
             };
         }
+        command => Cli { command, ..cli },
+    };
+    #[cfg(target_os = "linux")]
+    let cli = match cli.command {
         Some(Command::Sandbox {
             spec,
             consume,
@@ -193,9 +197,11 @@ fn main() -> ExitCode {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
             #[cfg(target_os = "linux")]
-            Some(Command::Run(_) | Command::Sandbox { .. } | Command::Doctor(_)) => {
+            Some(Command::Sandbox { .. } | Command::Doctor(_)) => {
                 unreachable!("handled before the runtime starts")
             }
+            #[cfg(any(target_os = "linux", target_os = "macos"))]
+            Some(Command::Run(_)) => unreachable!("handled before the runtime starts"),
             Some(Command::ExecEnv { .. }) => unreachable!("handled before the runtime starts"),
             None => run_bridge(cli.bridge).await,
         }

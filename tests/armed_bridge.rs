@@ -414,6 +414,13 @@ fn editor_terminals_run_inside_the_sandbox() {
     assert_eq!(req["command"], BIN, "{req}");
     assert_eq!(req["args"][0], "__sandbox");
     assert_eq!(req["env"], serde_json::json!([]));
+    // The spec was written in the generation's own directory, and read once.
+    let spec = std::path::Path::new(req["args"][2].as_str().unwrap());
+    assert!(
+        spec.starts_with(ed.home().join(".zcode-acp/sandbox")),
+        "{spec:?}"
+    );
+    assert!(!spec.exists(), "the helper consumes its spec");
 }
 
 #[test]

@@ -115,45 +115,59 @@ fn a_terminals_env_is_applied_only_inside_the_sandbox() {
     }
     let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
     let scratch = std::fs::canonicalize(scratch.path()).unwrap();
-    let marker = scratch.join("injected");
-    // A library that, once loaded, writes a marker outside the workspace,
-    // and a program that does not strip DYLD_* (unlike Apple's own).
-    let dylib = cc(
+    let outside_marker = scratch.join("injected");
+
+    // The fake agent logs what it sees: somewhere writable inside ($TMPDIR).
+    let agent_dir = tempfile::tempdir().unwrap();
+    let mut opts = Options::new(fake_agent())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .env("FAKE_AGENT_DIR", agent_dir.path().to_str().unwrap())
+        .env("FAKE_PRELOAD_VAR", "DYLD_INSERT_LIBRARIES")
+        .env("FAKE_PRELOAD", scratch.join("evil.dylib").to_str().unwrap());
+    opts.home_in = Some(scratch_base());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let ws = std::fs::canonicalize(ws).unwrap();
+    let inside_marker = ws.join("loaded");
+    // A library that, once loaded, writes one marker outside the workspace
+    // and one inside, and a program that keeps DYLD_* (Apple's own strip it).
+    cc(
         &scratch,
         "evil.dylib",
         &format!(
-            "#include <fcntl.h>\n__attribute__((constructor)) static void pwn(void) {{ creat(\"{}\", 0644); }}\n",
-            marker.display()
+            "#include <fcntl.h>\n__attribute__((constructor)) static void pwn(void) {{ creat(\"{}\", 0644); creat(\"{}\", 0644); }}\n",
+            outside_marker.display(),
+            inside_marker.display()
         ),
         &["-dynamiclib"],
     );
     let victim = cc(&scratch, "victim", "int main(void) { return 0; }\n", &[]);
     // Control: the injection works when nothing stops it.
     std::process::Command::new(&victim)
-        .env("DYLD_INSERT_LIBRARIES", &dylib)
+        .env("DYLD_INSERT_LIBRARIES", scratch.join("evil.dylib"))
         .status()
         .unwrap();
-    assert!(marker.exists(), "the test library loads into the victim");
-    std::fs::remove_file(&marker).unwrap();
+    assert!(
+        outside_marker.exists(),
+        "the test library loads into the victim"
+    );
+    std::fs::remove_file(&outside_marker).unwrap();
+    std::fs::remove_file(&inside_marker).unwrap();
 
-    let mut opts = Options::new(fake_agent())
-        .env("ZCODE_ACP_SANDBOX", "1")
-        .env("FAKE_PRELOAD_VAR", "DYLD_INSERT_LIBRARIES")
-        .env("FAKE_PRELOAD", dylib.to_str().unwrap());
-    opts.home_in = Some(scratch_base());
-    let mut ed = Editor::start_with(opts);
-    ed.initialize();
-    let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
-    let (r, _) = ed.prompt(&sid, &format!("terminal-exec-env {}", victim.display()));
+    // An argument, so the command runs directly, not through Apple's /bin/sh.
+    let (r, _) = ed.prompt(&sid, &format!("terminal-exec-env {} x", victim.display()));
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert_eq!(ed.terminals.len(), 1, "the editor ran the terminal");
     assert_eq!(
         ed.terminal_requests[0]["params"]["env"],
         serde_json::json!([])
     );
+    // The agent's DYLD_INSERT_LIBRARIES was applied, inside the sandbox.
+    assert!(inside_marker.exists(), "{:?}", ed.terminals[0]);
     assert!(
-        !marker.exists(),
+        !outside_marker.exists(),
         "DYLD_INSERT_LIBRARIES from the agent wrote outside the sandbox"
     );
 }

@@ -304,3 +304,46 @@ fn reads_and_process_execution_stay_open() {
     ));
     assert!(Path::new(&s.outside).join("victim").exists());
 }
+
+#[test]
+fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
+    // A home of its own (not under $TMPDIR, which is writable by design).
+    let real_home = resolve_real(&dirs::home_dir().unwrap()).unwrap();
+    let base = tempfile::Builder::new()
+        .prefix("zcode-acp-run-")
+        .tempdir_in(&real_home)
+        .unwrap();
+    let home = resolve_real(base.path()).unwrap();
+    let ws = home.join("ws");
+    let outside = home.join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
+        .args(["run", "--workspace"])
+        .arg(&ws)
+        .args(["--", "/bin/sh", "-c"])
+        .arg(format!(
+            "echo a > {}/in; echo b > {}/x; exit 3",
+            ws.display(),
+            outside.display()
+        ))
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("in")).unwrap(), "a\n");
+    assert!(
+        !outside.join("x").exists(),
+        "run let the command write outside"
+    );
+    // The run's profile directory went with it.
+    let left: Vec<_> = std::fs::read_dir(home.join(".zcode-acp/sandbox"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -19,5 +19,5 @@ pub mod allow;
 pub mod doctor;
 pub mod exec_env;
 pub mod profile;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 pub mod run;

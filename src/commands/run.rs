@@ -1,12 +1,18 @@
-//! `zcode-acp run`: any command under the same sandbox a backend gets.
+//! `zcode-acp run`: any command under the same sandbox a backend gets
+//! (Linux: namespaces + Landlock; macOS: `sandbox-exec`).
 
 use std::path::PathBuf;
 
 use crate::config::managed::ManagedRoot;
+#[cfg(target_os = "linux")]
 use crate::linux::exec::{self, LaunchSpec};
+#[cfg(target_os = "linux")]
 use crate::linux::plan::{self, RealFs, Session};
+use crate::policy::build::PolicyInput;
 use crate::policy::discover::{gather, Sources};
-use crate::policy::{Platform, Policy};
+use crate::policy::Platform;
+#[cfg(target_os = "linux")]
+use crate::policy::Policy;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -21,14 +27,14 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// Builds the launch for `args`. Creates each workspace's `.zcode/acp`
-/// (the island must exist to be made read-only).
-pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
+/// What the policy for `args` is built from; creates the missing state
+/// and cache directories the policy makes writable.
+fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInput, ManagedRoot)> {
     let workspaces = super::workspaces(&args.workspaces)?;
     let user = crate::config::load_user_config()?;
     let managed = ManagedRoot::user_default()?;
     let (input, _) = gather(&Sources {
-        platform: Platform::Linux,
+        platform,
         workspaces: &workspaces,
         backend: &args.command,
         state_paths: &user.sandbox.state_paths,
@@ -42,6 +48,13 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
     })?;
     crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
     crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
+    Ok((input, managed))
+}
+
+/// Builds the launch for `args`.
+#[cfg(target_os = "linux")]
+pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
+    let (input, _) = policy_input(args, Platform::Linux)?;
     let policy = Policy::build(&input);
     let session = Session::current();
     let plan = plan::build(&policy, &RealFs, &session);
@@ -58,6 +71,7 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
 
 /// Runs the command sandboxed; returns its exit code. Must be called
 /// before any thread is started.
+#[cfg(target_os = "linux")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let spec = launch_spec(&args)?;
     exec::run(&spec).map_err(|e| {
@@ -65,4 +79,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             "cannot arm the sandbox: {e}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
         )
     })
+}
+
+/// Runs the command under `sandbox-exec` with a profile written for this
+/// run (removed when it ends); returns its exit code, or 128 + the signal
+/// that ended it, as a shell would.
+#[cfg(target_os = "macos")]
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let (input, managed) = policy_input(&args, Platform::Macos)?;
+    let armed = crate::seatbelt::arm::arm_argv(&args.command, &input, &managed, None).map_err(|e| {
+        anyhow::anyhow!("cannot arm the sandbox: {e}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)")
+    })?;
+    let status = std::process::Command::new(&armed.argv[0])
+        .args(&armed.argv[1..])
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", armed.argv[0]))?;
+    drop(armed);
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
 }

@@ -128,17 +128,12 @@ impl SpawnHook for LinuxSandbox {
     }
 
     fn terminal(&self, command: TerminalCommand) -> Result<Vec<String>, String> {
-        let policy = self
-            .policy
-            .as_ref()
-            .ok_or("no generation is armed, so there is no policy to run the terminal under")?;
-        terminal_launch(
-            policy,
-            &self.managed,
-            command.argv,
-            command.env,
-            command.cwd,
-        )
+        let (Some(policy), Some(dir)) = (&self.policy, &self.current) else {
+            return Err(
+                "no generation is armed, so there is no policy to run the terminal under".into(),
+            );
+        };
+        terminal_launch(policy, dir, command.argv, command.env, command.cwd)
     }
 }
 
@@ -165,17 +160,17 @@ pub fn helper(
 
 /// Writes a one-shot launch spec for a command the editor will run (an
 /// ACP terminal) under the same policy, and returns the helper's argv.
-/// The spec lives under the managed root, which no sandboxed process can
-/// write, and is removed by the helper once read.
+/// The spec lives in the running generation's directory under the managed
+/// root, which no sandboxed process can write; the helper removes it once
+/// read, and one the editor never started goes with the directory (when
+/// the next generation is prepared, or by the sweep after a crash).
 pub fn terminal_launch(
     policy: &Policy,
-    managed: &ManagedRoot,
+    dir: &GenerationDir,
     argv: Vec<String>,
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
 ) -> Result<Vec<String>, String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let plan = plan::build(policy, &RealFs, &Session::current());
     let spec = LaunchSpec {
         plan,
@@ -183,25 +178,13 @@ pub fn terminal_launch(
         env,
         cwd,
     };
-    let dir = managed.dir("terminals").map_err(|e| e.to_string())?;
-    let file = dir.join(format!(
-        "{:016x}{:016x}.json",
+    let text = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
+    let name = format!(
+        "terminal-{:016x}{:016x}.json",
         rand::random::<u64>(),
         rand::random::<u64>()
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&file)
-        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-    f.write_all(
-        serde_json::to_string(&spec)
-            .map_err(|e| e.to_string())?
-            .as_bytes(),
-    )
-    .map_err(|e| e.to_string())?;
+    );
+    let file = dir.write_file(&name, &text).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     Ok(vec![
         exe.to_string_lossy().into_owned(),

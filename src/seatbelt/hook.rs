@@ -41,7 +41,7 @@ impl SeatbeltSandbox {
     ) -> Result<SeatbeltSandbox, String> {
         if !sandbox_exec.is_file() {
             return Err(format!(
-                "{} is missing, so Seatbelt cannot be armed on this system",
+                "{} is missing (Seatbelt cannot be armed without it)",
                 sandbox_exec.display()
             ));
         }
@@ -153,7 +153,7 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(err.contains("cannot be armed"), "{err}");
+        assert!(err.contains("sandbox-exec is missing"), "{err}");
     }
 
     #[test]

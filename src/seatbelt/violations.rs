@@ -126,6 +126,19 @@ mod tests {
     }
 
     #[test]
+    fn a_coalesced_report_still_names_the_path() {
+        // The OS folds a process's repeats into one line with a prefix.
+        let v = parse_message(
+            &format!(
+                "1 duplicate report for Sandbox: bash(9) deny(1) file-write-data /Users/me/x {TAG}"
+            ),
+            TAG,
+        )
+        .unwrap();
+        assert_eq!((v.pid, v.path), (9, PathBuf::from("/Users/me/x")));
+    }
+
+    #[test]
     fn process_names_may_hold_spaces_and_parentheses() {
         let v = parse_message(
             &format!(
