@@ -150,6 +150,100 @@ fn sandboxed_spawn(n: usize) -> String {
     )
 }
 
+/// Writes the agent asks the editor to make (`fs/write_text_file`, from
+/// the shell agent's `/write`), through a bridge without the sandbox and
+/// through an armed one, which resolves and judges each path against the
+/// policy before the editor sees it. Both bridges run the same agent; the
+/// ratio is what judging costs per write, turn included.
+fn judged_writes(n: usize) -> String {
+    let ws = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ws = std::fs::canonicalize(ws.path()).unwrap();
+    let run = |armed: bool| -> Duration {
+        let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--", BIN, "shell-agent"])
+            .env("HOME", home.path())
+            // The agent's default state dir, which the armed sandbox keeps
+            // writable (the backend profile), in both runs alike.
+            .env("ZCODE_SHELL_AGENT_HOME", "")
+            .env("ZCODE_ACP_LOG", "error")
+            .env_remove("ZCODE_ACP_SANDBOX");
+        std::fs::create_dir_all(home.path().join(".zcode-shell-agent")).unwrap();
+        if armed {
+            cmd.env("ZCODE_ACP_SANDBOX", "1");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut send = |v: serde_json::Value| {
+            stdin.write_all(v.to_string().as_bytes()).unwrap();
+            stdin.write_all(b"\n").unwrap();
+            stdin.flush().unwrap();
+        };
+        // Reads until the answer to `id`, acting as the editor meanwhile.
+        let mut answer = |id: u64, send: &mut dyn FnMut(serde_json::Value)| -> serde_json::Value {
+            loop {
+                let mut line = String::new();
+                assert!(
+                    stdout.read_line(&mut line).unwrap() > 0,
+                    "the bridge exited"
+                );
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if v["method"] == "fs/write_text_file" {
+                    let p = &v["params"];
+                    std::fs::write(p["path"].as_str().unwrap(), p["content"].as_str().unwrap())
+                        .unwrap();
+                    send(serde_json::json!({"jsonrpc": "2.0", "id": v["id"], "result": {}}));
+                } else if v.get("method").is_none() && v["id"] == id {
+                    return v;
+                }
+            }
+        };
+        send(
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {"fs": {"writeTextFile": true}}}}),
+        );
+        answer(1, &mut send);
+        send(
+            serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+            "params": {"cwd": ws, "mcpServers": []}}),
+        );
+        let created = answer(2, &mut send);
+        let sid = created["result"]["sessionId"].clone();
+        assert!(sid.is_string(), "{created}");
+        let took = time(|| {
+            for i in 0..n {
+                let id = 3 + i as u64;
+                let path = ws.join(format!("f{i}.txt"));
+                send(
+                    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+                    "params": {"sessionId": sid, "prompt": [{"type": "text",
+                        "text": format!("/write {} written", path.display())}]}}),
+                );
+                let r = answer(id, &mut send);
+                assert!(r.get("result").is_some(), "{r}");
+                assert!(path.exists(), "the write was not made");
+            }
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        took / n as u32
+    };
+    let plain = median((0..3).map(|_| run(false)).collect());
+    let armed = median((0..3).map(|_| run(true)).collect());
+    format!(
+        "| `fs/write_text_file` turn, armed bridge (judged) vs unarmed ({n} sequential) | {:.2} ms | {:.2} ms | {:.2}x |",
+        plain.as_secs_f64() * 1e3,
+        armed.as_secs_f64() * 1e3,
+        armed.as_secs_f64() / plain.as_secs_f64()
+    )
+}
+
 fn main() {
     let state = tempfile::tempdir().unwrap();
     // `cargo bench` passes --bench; `cargo test` runs this once, small, so
@@ -218,6 +312,7 @@ fn main() {
         rss.0 as f64 / rss.1.max(1) as f64
     ));
     rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
+    rows.push(judged_writes(if full { 200 } else { 2 }));
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
     println!("|---|---|---|---|");
     for r in rows {

@@ -261,6 +261,22 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
         }
     }
 
+    // Inside a private tmpfs only the writable trees carried over exist. A
+    // step for anything else there names what the sandbox cannot see (a
+    // `.zcode` a session once left in the host's /tmp), and the host's copy
+    // is out of the agent's reach anyway: binding it would only fail.
+    let in_tmpfs = |p: &Path| plan.tmpfs.iter().any(|t| p.starts_with(&t.path));
+    let carried: Vec<PathBuf> = plan
+        .writable
+        .iter()
+        .filter(|w| in_tmpfs(&w.path))
+        .map(|w| w.path.clone())
+        .collect();
+    let reachable = |p: &Path| !in_tmpfs(p) || carried.iter().any(|c| p.starts_with(c));
+    plan.pins.retain(|s| reachable(&s.path));
+    plan.readonly.retain(|s| reachable(&s.path));
+    plan.reopen.retain(|s| reachable(&s.path));
+
     plan.writable.sort_by_key(|s| depth(&s.path));
     plan.pins.sort_by_key(|s| depth(&s.path));
     plan.readonly.sort_by_key(|s| depth(&s.path));
@@ -389,5 +405,44 @@ mod tests {
             .gaps
             .iter()
             .any(|g| g.path == Path::new("/home/u/w/.envrc")));
+    }
+
+    #[test]
+    fn what_a_private_tmp_hides_needs_no_step_but_a_carried_workspace_keeps_its_own() {
+        // A session once opened in the host's /tmp left a .zcode there; a
+        // workspace in /tmp is carried over with its config.
+        let policy = Policy::build(&PolicyInput {
+            platform: Platform::Linux,
+            home: "/home/u".into(),
+            roots: vec![RootInput {
+                path: "/tmp/ws".into(),
+                project: ProjectRules::default(),
+                repos: vec![],
+            }],
+            backend_state: vec![],
+            temp_and_caches: vec![Grant {
+                matcher: Matcher::Subpath("/tmp".into()),
+                why: "temp".into(),
+            }],
+            once_allows: vec![],
+            profile_dir: None,
+            managed_root: "/home/u/.zcode-acp".into(),
+        });
+        let fs = fake(&[
+            ("/home/u", true),
+            ("/tmp", true),
+            ("/tmp/.zcode", true),
+            ("/tmp/.zcode/acp", true),
+            ("/tmp/ws", true),
+            ("/tmp/ws/.zcode", true),
+            ("/tmp/ws/.zcode/acp", true),
+        ]);
+        let plan = build(&policy, &fs, &Session::default());
+        let has = |steps: &[Step], p: &str| steps.iter().any(|s| s.path == Path::new(p));
+        assert!(has(&plan.writable, "/tmp/ws"), "{plan:?}");
+        assert!(!has(&plan.readonly, "/tmp/.zcode/acp"), "{plan:?}");
+        assert!(!has(&plan.pins, "/tmp/.zcode"), "{plan:?}");
+        assert!(has(&plan.readonly, "/tmp/ws/.zcode/acp"), "{plan:?}");
+        assert!(has(&plan.pins, "/tmp/ws/.zcode"), "{plan:?}");
     }
 }
