@@ -27,8 +27,9 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// What the policy for `args` is built from; creates the missing state
-/// and cache directories the policy makes writable.
+/// What the policy for `args` is built from. Creates each workspace's
+/// `.zcode/acp` (the island must exist to be made read-only) and the
+/// missing state and cache directories the policy makes writable.
 fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInput, ManagedRoot)> {
     let workspaces = super::workspaces(&args.workspaces)?;
     let user = crate::config::load_user_config()?;
