@@ -347,3 +347,43 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A tmux server outside the sandbox runs whatever it is sent: its default
+/// socket directory is refused, while a socket of the agent's own (in the
+/// workspace) still works.
+#[test]
+fn a_multiplexer_socket_outside_cannot_be_reached() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixListener;
+    let s = setup();
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = PathBuf::from(format!("/private/tmp/tmux-{uid}"));
+    // A real tmux directory is left as it is: only our socket comes and goes.
+    let created = !dir.exists();
+    if created {
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let theirs = dir.join(format!("zcode-acp-test-{}", std::process::id()));
+    let _server = UnixListener::bind(&theirs).unwrap();
+    let ours = s.ws.join("own.sock");
+    let _own = UnixListener::bind(&ours).unwrap();
+    let connect = |p: &Path| {
+        format!(
+            "/usr/bin/python3 -c 'import socket,sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' {}",
+            p.display()
+        )
+    };
+    let reached_theirs = run(&s, &connect(&theirs));
+    let reached_ours = run(&s, &connect(&ours));
+    let _ = std::fs::remove_file(&theirs);
+    if created {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    assert!(
+        !reached_theirs,
+        "the sandbox reached a tmux server's socket"
+    );
+    assert!(reached_ours, "the agent's own socket must work");
+}
