@@ -348,11 +348,11 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// A tmux server outside the sandbox runs whatever it is sent: its default
-/// socket directory is refused, while a socket of the agent's own (in the
-/// workspace) still works.
+/// A tmux server or a container engine outside the sandbox runs whatever
+/// it is sent: their sockets are refused, while a socket of the agent's
+/// own (in the workspace) still works.
 #[test]
-fn a_multiplexer_socket_outside_cannot_be_reached() {
+fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixListener;
     let s = setup();
@@ -367,6 +367,8 @@ fn a_multiplexer_socket_outside_cannot_be_reached() {
     }
     let theirs = dir.join(format!("zcode-acp-test-{}", std::process::id()));
     let _server = UnixListener::bind(&theirs).unwrap();
+    let docker = s.outside.join("docker.sock");
+    let _engine = UnixListener::bind(&docker).unwrap();
     let ours = s.ws.join("own.sock");
     let _own = UnixListener::bind(&ours).unwrap();
     let connect = |p: &Path| {
@@ -376,6 +378,7 @@ fn a_multiplexer_socket_outside_cannot_be_reached() {
         )
     };
     let reached_theirs = run(&s, &connect(&theirs));
+    let reached_engine = run(&s, &connect(&docker));
     let reached_ours = run(&s, &connect(&ours));
     let _ = std::fs::remove_file(&theirs);
     if created {
@@ -384,6 +387,10 @@ fn a_multiplexer_socket_outside_cannot_be_reached() {
     assert!(
         !reached_theirs,
         "the sandbox reached a tmux server's socket"
+    );
+    assert!(
+        !reached_engine,
+        "the sandbox reached a container engine's socket"
     );
     assert!(reached_ours, "the agent's own socket must work");
 }
