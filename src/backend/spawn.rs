@@ -48,6 +48,37 @@ pub enum SpawnError {
     Refused(String),
 }
 
+impl SpawnError {
+    /// The sandbox could not be armed for this generation.
+    pub fn cannot_arm(e: impl std::fmt::Display) -> SpawnError {
+        SpawnError::Refused(format!("cannot arm the sandbox: {e}"))
+    }
+}
+
+/// What a sandbox hook arms a generation with: the policy input for its
+/// roots, gathered as the bridge does (templates created, the ledger kept),
+/// with the writable state and cache directories created.
+pub fn arming_input(
+    platform: crate::policy::Platform,
+    ctx: &SpawnContext<'_>,
+    state_paths: &[PathBuf],
+    managed: &crate::config::managed::ManagedRoot,
+) -> Result<crate::policy::PolicyInput, SpawnError> {
+    use crate::policy::discover::{create_writable_dirs, gather, Sources};
+    let (input, _) = gather(&Sources {
+        platform,
+        workspaces: ctx.roots,
+        backend: ctx.argv,
+        state_paths,
+        once_allows: ctx.grants,
+        managed,
+        inspect: false,
+    })
+    .map_err(SpawnError::cannot_arm)?;
+    create_writable_dirs(&input);
+    Ok(input)
+}
+
 /// Decides how each backend generation is started.
 pub trait SpawnHook: Send {
     fn prepare(&mut self, ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError>;

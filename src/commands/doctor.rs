@@ -8,7 +8,6 @@ use std::process::Command;
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::{choose_level, namespaces_available};
 use crate::linux::plan::{self, RealFs, Session};
-use crate::policy::discover::{gather, Sources};
 use crate::policy::{Kind, Matcher, Ops, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
@@ -69,18 +68,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     }
 
     let workspaces = super::workspaces(&args.workspaces)?;
-    let user = crate::config::load_user_config()?;
-    let managed = ManagedRoot::user_default()?;
     let backend = crate::config::resolve_backend(&[])?.unwrap_or_default();
-    let (input, projects) = gather(&Sources {
-        platform: Platform::Linux,
-        workspaces: &workspaces,
-        backend: &backend,
-        state_paths: &user.sandbox.state_paths,
-        once_allows: &[],
-        managed: &managed,
-        inspect: true,
-    })?;
+    let super::Gathered {
+        input,
+        projects,
+        managed,
+    } = super::gather_as_user(Platform::Linux, &workspaces, &backend, &[], true)?;
     for (root, eff) in &projects {
         println!(
             "\nworkspace {}: sandbox.json {:?}, armed by the project: {}",

@@ -14,6 +14,41 @@ pub fn workspaces(given: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// What a policy for `workspaces` is built from, with this user's config
+/// and managed root, as the bridge would gather it (`inspect`: only look,
+/// creating no template and leaving the ledger as it is).
+pub fn gather_as_user(
+    platform: crate::policy::Platform,
+    workspaces: &[PathBuf],
+    backend: &[String],
+    once_allows: &[PathBuf],
+    inspect: bool,
+) -> anyhow::Result<Gathered> {
+    let user = crate::config::load_user_config()?;
+    let managed = crate::config::managed::ManagedRoot::user_default()?;
+    let (input, projects) = crate::policy::discover::gather(&crate::policy::discover::Sources {
+        platform,
+        workspaces,
+        backend,
+        state_paths: &user.sandbox.state_paths,
+        once_allows,
+        managed: &managed,
+        inspect,
+    })?;
+    Ok(Gathered {
+        input,
+        projects,
+        managed,
+    })
+}
+
+pub struct Gathered {
+    pub input: crate::policy::PolicyInput,
+    /// Each workspace's project config as it takes effect.
+    pub projects: Vec<(PathBuf, crate::config::project::Effective)>,
+    pub managed: crate::config::managed::ManagedRoot,
+}
+
 pub mod allow;
 #[cfg(target_os = "linux")]
 pub mod doctor;

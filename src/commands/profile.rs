@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::config::managed::ManagedRoot;
-use crate::policy::discover::{gather, Sources};
 use crate::policy::{Op, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
@@ -47,17 +45,9 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         Some(line) => line.split_whitespace().map(str::to_owned).collect(),
         None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
     };
-    let user = crate::config::load_user_config()?;
-    let managed = ManagedRoot::user_default()?;
-    let (input, projects) = gather(&Sources {
-        platform,
-        workspaces: &workspaces,
-        backend: &backend,
-        state_paths: &user.sandbox.state_paths,
-        once_allows: &[],
-        managed: &managed,
-        inspect: true,
-    })?;
+    let super::Gathered {
+        input, projects, ..
+    } = super::gather_as_user(platform, &workspaces, &backend, &[], true)?;
     let policy = Policy::build(&input);
     for (root, eff) in &projects {
         for why in &eff.ignored {

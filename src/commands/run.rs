@@ -9,7 +9,6 @@ use crate::linux::exec::{self, LaunchSpec};
 #[cfg(target_os = "linux")]
 use crate::linux::plan::{self, RealFs, Session};
 use crate::policy::build::PolicyInput;
-use crate::policy::discover::{gather, Sources};
 use crate::policy::Platform;
 #[cfg(target_os = "linux")]
 use crate::policy::Policy;
@@ -31,25 +30,15 @@ pub struct RunArgs {
 /// `.zcode/acp` (the island must exist to be made read-only) and the
 /// missing state and cache directories the policy makes writable.
 fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInput, ManagedRoot)> {
+    let allow = args
+        .allow
+        .iter()
+        .map(|a| crate::policy::resolve::absolutize(a))
+        .collect::<Result<Vec<_>, _>>()?;
     let workspaces = super::workspaces(&args.workspaces)?;
-    let user = crate::config::load_user_config()?;
-    let managed = ManagedRoot::user_default()?;
-    let (input, _) = gather(&Sources {
-        platform,
-        workspaces: &workspaces,
-        backend: &args.command,
-        state_paths: &user.sandbox.state_paths,
-        once_allows: &args
-            .allow
-            .iter()
-            .map(|a| crate::policy::resolve::absolutize(a))
-            .collect::<Result<Vec<_>, _>>()?,
-        managed: &managed,
-        inspect: false,
-    })?;
-    crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
-    crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
-    Ok((input, managed))
+    let gathered = super::gather_as_user(platform, &workspaces, &args.command, &allow, false)?;
+    crate::policy::discover::create_writable_dirs(&gathered.input);
+    Ok((gathered.input, gathered.managed))
 }
 
 /// Builds the launch for `args`.

@@ -9,13 +9,12 @@
 use std::path::PathBuf;
 
 use crate::backend::spawn::{
-    PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
+    arming_input, PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
 };
 use crate::config::generation::GenerationDir;
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::LaunchSpec;
 use crate::linux::plan::{self, RealFs, Session};
-use crate::policy::discover::{gather, Sources};
 use crate::policy::{Platform, Policy};
 
 pub struct LinuxSandbox {
@@ -56,10 +55,6 @@ impl LinuxSandbox {
     }
 }
 
-fn refuse(e: impl std::fmt::Display) -> SpawnError {
-    SpawnError::Refused(format!("cannot arm the sandbox: {e}"))
-}
-
 impl SpawnHook for LinuxSandbox {
     fn prepare(&mut self, ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError> {
         if ctx.argv.is_empty() {
@@ -67,19 +62,8 @@ impl SpawnHook for LinuxSandbox {
         }
         self.current = None;
         self.policy = None;
-        let (mut input, _) = gather(&Sources {
-            platform: Platform::Linux,
-            workspaces: ctx.roots,
-            backend: ctx.argv,
-            state_paths: &self.state_paths,
-            once_allows: ctx.grants,
-            managed: &self.managed,
-            inspect: false,
-        })
-        .map_err(refuse)?;
-        crate::policy::discover::create_missing_dirs(&input.backend_state, &input.home);
-        crate::policy::discover::create_missing_dirs(&input.temp_and_caches, &input.home);
-        let dir = GenerationDir::create(&self.managed).map_err(refuse)?;
+        let mut input = arming_input(Platform::Linux, ctx, &self.state_paths, &self.managed)?;
+        let dir = GenerationDir::create(&self.managed).map_err(SpawnError::cannot_arm)?;
         input.profile_dir = Some(dir.path.clone());
         let policy = Policy::build(&input);
         let session = Session::current();
@@ -93,9 +77,11 @@ impl SpawnHook for LinuxSandbox {
             env: Vec::new(),
             cwd: None,
         };
-        let text = serde_json::to_string(&spec).map_err(refuse)?;
-        let file = dir.write_file("launch.json", &text).map_err(refuse)?;
-        let exe = std::env::current_exe().map_err(refuse)?;
+        let text = serde_json::to_string(&spec).map_err(SpawnError::cannot_arm)?;
+        let file = dir
+            .write_file("launch.json", &text)
+            .map_err(SpawnError::cannot_arm)?;
+        let exe = std::env::current_exe().map_err(SpawnError::cannot_arm)?;
         self.current = Some(dir);
         self.policy = Some(policy);
         Ok(PreparedCommand {

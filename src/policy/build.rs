@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::protected::{Shape, IN_GIT_DIR, IN_WORK_TREE};
+use super::protected::{Entry, Shape, IN_GIT_DIR, IN_WORK_TREE};
 use super::{Kind, Matcher, Ops, Policy, Rule};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +82,24 @@ fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
         promptable: false,
         dangerous: false,
         reopens: false,
+    }
+}
+
+/// Protects each of `entries` beneath `base` once (a work tree may also be
+/// a root, and worktrees share a git directory).
+fn protect_entries(
+    base: &Path,
+    entries: &[Entry],
+    protected: &mut Vec<Rule>,
+    subjects: &mut Vec<PathBuf>,
+) {
+    for e in entries {
+        let p = base.join(e.name);
+        if subjects.contains(&p) {
+            continue;
+        }
+        protected.push(protect(shape_matcher(&p, e.shape), e.why, true));
+        subjects.push(p);
     }
 }
 
@@ -238,14 +256,7 @@ impl Policy {
             let mut trees: Vec<&Path> = vec![&root.path];
             trees.extend(root.repos.iter().map(|r| r.work_tree.as_path()));
             for tree in trees {
-                for e in IN_WORK_TREE {
-                    let p = tree.join(e.name);
-                    if subjects.contains(&p) {
-                        continue;
-                    }
-                    protected.push(protect(shape_matcher(&p, e.shape), e.why, true));
-                    subjects.push(p);
-                }
+                protect_entries(tree, IN_WORK_TREE, &mut protected, &mut subjects);
             }
             for repo in &root.repos {
                 for dir in dedup([&repo.common_dir, &repo.git_dir]) {
@@ -258,14 +269,7 @@ impl Policy {
                         subjects.push(dir.clone());
                         continue;
                     }
-                    for e in IN_GIT_DIR {
-                        let p = dir.join(e.name);
-                        if subjects.contains(&p) {
-                            continue;
-                        }
-                        protected.push(protect(shape_matcher(&p, e.shape), e.why, true));
-                        subjects.push(p);
-                    }
+                    protect_entries(dir, IN_GIT_DIR, &mut protected, &mut subjects);
                 }
             }
             for p in &root.project.deny {

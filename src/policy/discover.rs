@@ -332,11 +332,17 @@ pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Gr
     grants
 }
 
-/// Creates the missing state and cache directories of a policy that lie in
-/// the home directory, before arming: a directory that does not exist when
-/// the sandbox is armed cannot be made writable, and tools (npm, pip,
-/// agents) fail when their cache or state directory cannot be created.
-pub fn create_missing_dirs(grants: &[Grant], home: &Path) {
+/// Creates the missing state and cache directories of a policy input that
+/// lie in the home directory, before arming: a directory that does not
+/// exist when the sandbox is armed cannot be made writable, and tools
+/// (npm, pip, agents) fail when their cache or state directory cannot be
+/// created.
+pub fn create_writable_dirs(input: &PolicyInput) {
+    create_missing_dirs(&input.backend_state, &input.home);
+    create_missing_dirs(&input.temp_and_caches, &input.home);
+}
+
+fn create_missing_dirs(grants: &[Grant], home: &Path) {
     use std::os::unix::fs::DirBuilderExt;
     for g in grants {
         if let Matcher::Subpath(dir) = &g.matcher {

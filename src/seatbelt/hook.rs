@@ -10,10 +10,9 @@ use std::path::PathBuf;
 
 use super::arm::{arm_argv, Armed, SANDBOX_EXEC};
 use crate::backend::spawn::{
-    PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
+    arming_input, PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
 };
 use crate::config::managed::ManagedRoot;
-use crate::policy::discover::{create_missing_dirs, gather, Sources};
 use crate::policy::{Platform, Policy};
 
 pub struct SeatbeltSandbox {
@@ -54,29 +53,15 @@ impl SeatbeltSandbox {
     }
 }
 
-fn refuse(e: impl std::fmt::Display) -> SpawnError {
-    SpawnError::Refused(format!("cannot arm the sandbox: {e}"))
-}
-
 impl SpawnHook for SeatbeltSandbox {
     fn prepare(&mut self, ctx: &SpawnContext<'_>) -> Result<PreparedCommand, SpawnError> {
         if ctx.argv.is_empty() {
             return Err(SpawnError::Empty);
         }
         self.current = None;
-        let (input, _) = gather(&Sources {
-            platform: Platform::Macos,
-            workspaces: ctx.roots,
-            backend: ctx.argv,
-            state_paths: &self.state_paths,
-            once_allows: ctx.grants,
-            managed: &self.managed,
-            inspect: false,
-        })
-        .map_err(refuse)?;
-        create_missing_dirs(&input.backend_state, &input.home);
-        create_missing_dirs(&input.temp_and_caches, &input.home);
-        let armed = arm_argv(ctx.argv, &input, &self.managed, Some(&self.tag)).map_err(refuse)?;
+        let input = arming_input(Platform::Macos, ctx, &self.state_paths, &self.managed)?;
+        let armed = arm_argv(ctx.argv, &input, &self.managed, Some(&self.tag))
+            .map_err(SpawnError::cannot_arm)?;
         let argv = armed.argv.clone();
         self.current = Some(armed);
         Ok(PreparedCommand {
