@@ -392,25 +392,8 @@ fn editor_terminals_run_inside_the_sandbox() {
         return;
     }
     let (mut ed, ws, sid, outside) = armed_editor();
-    let (_, text) = ed.prompt(
-        &sid,
-        &format!(
-            "/terminal touch {}/via-terminal; echo in > {}/term.txt; echo finished",
-            outside.display(),
-            ws.display()
-        ),
-    );
-    assert!(text.contains("finished"), "{text}");
-    assert!(
-        !outside.join("via-terminal").exists(),
-        "the editor's terminal wrote outside"
-    );
-    assert_eq!(
-        std::fs::read_to_string(ws.join("term.txt")).unwrap(),
-        "in\n"
-    );
+    let req = &terminal_writes_inside_only(&mut ed, &ws, &sid, &outside);
     // What the editor was asked to run: this binary's sandbox helper, no env.
-    let req = &ed.terminal_requests[0]["params"];
     assert_eq!(req["command"], BIN, "{req}");
     assert_eq!(req["args"][0], "__sandbox");
     assert_eq!(req["env"], serde_json::json!([]));

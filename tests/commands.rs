@@ -30,8 +30,31 @@ fn zcode(h: &Home, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// A run that must have succeeded (its stderr is shown when it did not).
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `zcode-acp allow|deny PATH --workspace WS`.
+fn record(h: &Home, verb: &str, path: &Path) -> Output {
+    zcode(
+        h,
+        &[
+            verb,
+            path.to_str().unwrap(),
+            "--workspace",
+            h.ws.to_str().unwrap(),
+        ],
+    )
+}
+
 fn check(h: &Home, path: &Path) -> String {
-    let out = zcode(
+    let out = ok(zcode(
         h,
         &[
             "profile",
@@ -42,12 +65,7 @@ fn check(h: &Home, path: &Path) -> String {
             "--check",
             path.to_str().unwrap(),
         ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .next()
@@ -78,20 +96,7 @@ fn allow_records_approves_and_takes_effect() {
     .unwrap();
     assert!(check(&h, &shared.join("f")).contains("denied (outside)"));
     // ...and `allow` approves it (deduped, unknown keys kept).
-    let out = zcode(
-        &h,
-        &[
-            "allow",
-            shared.to_str().unwrap(),
-            "--workspace",
-            h.ws.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(record(&h, "allow", &shared));
     let v = sandbox_json(&h);
     assert_eq!(v["allow"].as_array().unwrap().len(), 1);
     assert_eq!(v["mine"], 1);
@@ -106,20 +111,7 @@ fn allow_records_approves_and_takes_effect() {
 fn deny_records_a_path_that_is_never_allowed() {
     let h = home();
     let secrets = h.ws.join("secrets");
-    let out = zcode(
-        &h,
-        &[
-            "deny",
-            secrets.to_str().unwrap(),
-            "--workspace",
-            h.ws.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(record(&h, "deny", &secrets));
     assert_eq!(sandbox_json(&h)["deny"][0], secrets.to_str().unwrap());
     let line = check(&h, &secrets.join("key"));
     assert!(
@@ -136,15 +128,7 @@ fn the_sandboxs_own_configuration_and_the_whole_home_cannot_be_allowed() {
         h.dir.path().to_path_buf(),
         PathBuf::from("/"),
     ] {
-        let out = zcode(
-            &h,
-            &[
-                "allow",
-                target.to_str().unwrap(),
-                "--workspace",
-                h.ws.to_str().unwrap(),
-            ],
-        );
+        let out = record(&h, "allow", &target);
         assert_eq!(out.status.code(), Some(1), "{}", target.display());
         assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to allow"));
     }
@@ -162,22 +146,18 @@ fn approve_accepts_a_hand_edit() {
     std::fs::write(&file, r#"{"enabled": true, "strictGit": true}"#).unwrap();
     std::fs::create_dir_all(h.ws.join(".git")).unwrap();
     // Approved once with strictGit on (recorded in the ledger)...
-    let out = zcode(&h, &["approve", "--workspace", h.ws.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(zcode(
+        &h,
+        &["approve", "--workspace", h.ws.to_str().unwrap()],
+    ));
     assert!(check(&h, &h.ws.join(".git/objects/x")).contains("protected"));
     // ...a hand edit turning strictGit off is ignored until approved.
     std::fs::write(&file, r#"{"enabled": true, "strictGit": false}"#).unwrap();
     assert!(check(&h, &h.ws.join(".git/objects/x")).contains("protected"));
-    let out = zcode(&h, &["approve", "--workspace", h.ws.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(zcode(
+        &h,
+        &["approve", "--workspace", h.ws.to_str().unwrap()],
+    ));
     assert!(
         check(&h, &h.ws.join(".git/objects/x")).contains("allowed"),
         "{}",

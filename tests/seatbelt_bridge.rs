@@ -10,19 +10,6 @@ mod common;
 
 use common::*;
 
-/// The whole suite needs the real sandbox-exec: say so rather than pass.
-fn require_seatbelt() -> bool {
-    if std::path::Path::new("/usr/bin/sandbox-exec").is_file() {
-        return true;
-    }
-    let reason = "needs /usr/bin/sandbox-exec";
-    if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
-        panic!("a sandbox test would be skipped: {reason}");
-    }
-    eprintln!("SKIPPED: {reason}");
-    false
-}
-
 #[test]
 fn an_armed_bridge_confines_the_agent_under_seatbelt() {
     if !require_seatbelt() {
@@ -63,24 +50,7 @@ fn editor_terminals_run_under_the_same_profile() {
         return;
     }
     let (mut ed, ws, sid, outside) = armed_editor();
-    let (_, text) = ed.prompt(
-        &sid,
-        &format!(
-            "/terminal touch {}/via-terminal; echo in > {}/term.txt; echo finished",
-            outside.display(),
-            ws.display()
-        ),
-    );
-    assert!(text.contains("finished"), "{text}");
-    assert!(
-        !outside.join("via-terminal").exists(),
-        "the editor's terminal wrote outside"
-    );
-    assert_eq!(
-        std::fs::read_to_string(ws.join("term.txt")).unwrap(),
-        "in\n"
-    );
-    let req = &ed.terminal_requests[0]["params"];
+    let req = &terminal_writes_inside_only(&mut ed, &ws, &sid, &outside);
     assert_eq!(req["command"], "/usr/bin/sandbox-exec", "{req}");
     assert_eq!(req["args"][0], "-f");
     assert!(req["args"][1]

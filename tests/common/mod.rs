@@ -463,14 +463,31 @@ pub fn require_kernel_features() -> bool {
     let landlock = zcode_acp::linux::landlock_abi();
     let root = nix::unistd::getuid().is_root();
     if landlock < 1 || !root {
-        let reason = format!("needs root and Landlock (landlock ABI {landlock}, root {root})");
-        if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
-            panic!("a sandbox test would be skipped: {reason}");
-        }
-        eprintln!("SKIPPED: {reason}");
-        return false;
+        return skip(&format!(
+            "needs root and Landlock (landlock ABI {landlock}, root {root})"
+        ));
     }
     true
+}
+
+/// Whether the Seatbelt tests can run here (the real sandbox-exec), with
+/// the same rule for skipping.
+#[cfg(target_os = "macos")]
+pub fn require_seatbelt() -> bool {
+    if Path::new("/usr/bin/sandbox-exec").is_file() {
+        return true;
+    }
+    skip("needs /usr/bin/sandbox-exec")
+}
+
+/// Says why a sandbox test does not run (false), or fails it where CI
+/// requires every test.
+fn skip(reason: &str) -> bool {
+    if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
+        panic!("a sandbox test would be skipped: {reason}");
+    }
+    eprintln!("SKIPPED: {reason}");
+    false
 }
 
 // ---- An armed bridge in front of the shell agent.
@@ -524,6 +541,35 @@ pub fn prompt_answering(
     let req = answer_prompt(ed, option);
     ed.response(&id);
     (req, ed.agent_text_since(start, sid))
+}
+
+/// Has the armed agent ask the editor, through `/terminal`, to write once
+/// outside and once in the workspace; checks on disk that only the inside
+/// write happened, and returns what the editor was asked to run.
+pub fn terminal_writes_inside_only(
+    ed: &mut Editor,
+    ws: &Path,
+    sid: &str,
+    outside: &Path,
+) -> serde_json::Value {
+    let (_, text) = ed.prompt(
+        sid,
+        &format!(
+            "/terminal touch {}/via-terminal; echo in > {}/term.txt; echo finished",
+            outside.display(),
+            ws.display()
+        ),
+    );
+    assert!(text.contains("finished"), "{text}");
+    assert!(
+        !outside.join("via-terminal").exists(),
+        "the editor's terminal wrote outside"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("term.txt")).unwrap(),
+        "in\n"
+    );
+    ed.terminal_requests[0]["params"].clone()
 }
 
 /// Runs the bridge in a mount namespace of its own (shared propagation
