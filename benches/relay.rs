@@ -163,12 +163,11 @@ fn judged_writes(n: usize) -> String {
         let mut cmd = Command::new(BIN);
         cmd.args(["--", BIN, "shell-agent"])
             .env("HOME", home.path())
-            // The agent's default state dir, which the armed sandbox keeps
-            // writable (the backend profile), in both runs alike.
+            // The agent's default state dir, which the armed sandbox makes
+            // and keeps writable (the backend profile).
             .env("ZCODE_SHELL_AGENT_HOME", "")
             .env("ZCODE_ACP_LOG", "error")
             .env_remove("ZCODE_ACP_SANDBOX");
-        std::fs::create_dir_all(home.path().join(".zcode-shell-agent")).unwrap();
         if armed {
             cmd.env("ZCODE_ACP_SANDBOX", "1");
         }
@@ -244,6 +243,121 @@ fn judged_writes(n: usize) -> String {
     )
 }
 
+/// File-heavy work in the workspace (a clone of a 3,000-file repository,
+/// then its removal) under the sandbox with Claude's backend profile, whose
+/// `~/.claude.json*` grant brings the supervisor's seccomp filter, against
+/// the same sandbox with codex's profile, which has none. The ratio is what
+/// the supervisor costs work that never touches the names it serves. Once
+/// on this machine's disk, and once on a tmpfs (made in a mount namespace
+/// of the benchmark's own), where nothing else hides the cost. Linux only:
+/// Seatbelt expresses name prefixes itself.
+#[cfg(target_os = "linux")]
+fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
+    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = std::fs::canonicalize(base.path()).unwrap();
+    let (home, ws, src) = (base.join("home"), base.join("ws"), base.join("src"));
+    for d in [&home, &ws, &src] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for i in 0..files {
+        let dir = src.join(format!("d{}", i / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let git = |args: &[&str], dir: &std::path::Path| {
+        let ok = Command::new("git")
+            .args(["-c", "user.email=b@e", "-c", "user.name=bench"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    git(&["init", "-q"], &src);
+    git(&["add", "-A"], &src);
+    git(&["commit", "-qm", "bench"], &src);
+    let job = format!("git clone -q {} dst && rm -rf dst", src.display());
+    let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+    let run = |profile: &str, tmpfs: bool| -> Duration {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--backend-profile", profile, "--workspace"])
+            .arg(&ws)
+            .args(["--", "sh", "-c", &job])
+            .current_dir(&ws)
+            .env("HOME", &home)
+            .env("ZCODE_ACP_LOG", "error");
+        if tmpfs {
+            let ws = std::ffi::CString::new(ws.to_str().unwrap()).unwrap();
+            // SAFETY: runs in the forked child before exec; system calls
+            // only. The tmpfs is mounted only after the child is checked to
+            // be in a mount namespace of its own.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let mut st: libc::stat = std::mem::zeroed();
+                    if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0
+                        || st.st_ino == parent_ns
+                    {
+                        return Err(std::io::Error::other("not in a mount namespace of its own"));
+                    }
+                    if libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) != 0
+                        || libc::mount(
+                            c"tmpfs".as_ptr(),
+                            ws.as_ptr(),
+                            c"tmpfs".as_ptr(),
+                            0,
+                            std::ptr::null(),
+                        ) != 0
+                        || libc::chdir(ws.as_ptr()) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let start = Instant::now();
+        let status = cmd.status().unwrap();
+        let took = start.elapsed();
+        assert!(status.success(), "the sandboxed git clone failed");
+        took
+    };
+    let mut rows = Vec::new();
+    for (tmpfs, place) in [(false, "this machine's disk"), (true, "a tmpfs")] {
+        let mut plain = Vec::new();
+        let mut supervised = Vec::new();
+        for _ in 0..runs {
+            plain.push(run("codex", tmpfs));
+            supervised.push(run("claude", tmpfs));
+        }
+        let (p, s) = (median(plain), median(supervised));
+        rows.push(format!(
+            "| `git clone` + `rm -rf` of {files} files in the workspace on {place}: supervised (Claude's profile) vs not (codex's), {runs} each | {:.0} ms | {:.0} ms | {:.2}x |",
+            p.as_secs_f64() * 1e3,
+            s.as_secs_f64() * 1e3,
+            s.as_secs_f64() / p.as_secs_f64()
+        ));
+    }
+    rows
+}
+
+#[cfg(not(target_os = "linux"))]
+fn supervised_file_work(_runs: usize, _files: usize) -> Vec<String> {
+    Vec::new()
+}
+
 fn main() {
     let state = tempfile::tempdir().unwrap();
     // `cargo bench` passes --bench; `cargo test` runs this once, small, so
@@ -313,6 +427,10 @@ fn main() {
     ));
     rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
     rows.push(judged_writes(if full { 200 } else { 2 }));
+    rows.extend(supervised_file_work(
+        if full { 9 } else { 1 },
+        if full { 3000 } else { 100 },
+    ));
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
     println!("|---|---|---|---|");
     for r in rows {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use zcode_acp::policy::backends::StateSettings;
 use zcode_acp::{backend, bridge, config, demo, logging, relay, shell_agent};
 
 const USAGE_HINT: &str = r#"zcode-acp needs an agent backend to run.
@@ -61,6 +62,11 @@ struct BridgeArgs {
     /// Run the agent unconfined on purpose, even where a sandbox is requested.
     #[arg(long)]
     no_sandbox: bool,
+
+    /// Whose state the agent may write: claude, codex, gemini, zcode or none
+    /// (default: read from the backend command; also ZCODE_ACP_BACKEND_PROFILE).
+    #[arg(long, value_name = "PROFILE")]
+    backend_profile: Option<String>,
 
     /// The agent backend command line.
     #[arg(last = true, value_name = "BACKEND")]
@@ -222,17 +228,17 @@ fn main() -> ExitCode {
 /// The sandbox this platform arms, or why it cannot.
 fn platform_hook(
     managed: &config::managed::ManagedRoot,
-    state_paths: &[PathBuf],
+    state: &StateSettings,
 ) -> Result<Box<dyn backend::SpawnHook>, String> {
     #[cfg(target_os = "linux")]
-    return zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), state_paths.to_vec())
+    return zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), state.clone())
         .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
     #[cfg(target_os = "macos")]
-    return zcode_acp::seatbelt::hook::SeatbeltSandbox::new(managed.clone(), state_paths.to_vec())
+    return zcode_acp::seatbelt::hook::SeatbeltSandbox::new(managed.clone(), state.clone())
         .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
     #[allow(unreachable_code)]
     {
-        let _ = (managed, state_paths);
+        let _ = (managed, state);
         Err("zcode-acp cannot arm a sandbox on this operating system".into())
     }
 }
@@ -241,10 +247,10 @@ fn platform_hook(
 /// backend when this platform cannot arm it.
 fn sandbox_hook(
     managed: &config::managed::ManagedRoot,
-    user: &config::UserConfig,
+    state: &StateSettings,
     requested_by: String,
 ) -> Box<dyn backend::SpawnHook> {
-    match platform_hook(managed, &user.sandbox.state_paths) {
+    match platform_hook(managed, state) {
         Ok(hook) => {
             let swept = config::generation::sweep_dead(managed);
             if swept > 0 {
@@ -265,9 +271,11 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     let user = config::load_user_config()?;
+    let state = config::state_settings(&user, args.backend_profile.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let managed = config::managed::ManagedRoot::user_default()?;
     let hook: Box<dyn backend::SpawnHook> = match config::sandbox_requested_globally(&user) {
-        Some(requested_by) if !args.no_sandbox => sandbox_hook(&managed, &user, requested_by),
+        Some(requested_by) if !args.no_sandbox => sandbox_hook(&managed, &state, requested_by),
         Some(requested_by) => {
             tracing::warn!("the sandbox is requested ({requested_by}) but --no-sandbox was given: the agent runs UNCONFINED");
             Box::new(backend::Unconfined)
@@ -285,9 +293,8 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         managed,
     };
     // A project may turn the sandbox on in a bridge started without it.
-    let paths = user.sandbox.state_paths.clone();
     let arm: Option<bridge::ArmFactory> =
-        Some(Box::new(move || platform_hook(&managed_for_arm, &paths)));
+        Some(Box::new(move || platform_hook(&managed_for_arm, &state)));
     bridge::Bridge::run(cfg, hook, arm).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -151,6 +151,18 @@ fn run_argv_in_outer_ns_as(
     extra_fd: Option<i32>,
     user: Option<&TestUser>,
 ) -> (Output, bool) {
+    run_with_home(cwd, argv, extra_fd, user, None)
+}
+
+/// As [`run_argv_in_outer_ns_as`], with the home directory given (its
+/// owner must be the user who runs).
+fn run_with_home(
+    cwd: &Path,
+    argv: &[String],
+    extra_fd: Option<i32>,
+    user: Option<&TestUser>,
+    home_at: Option<&Path>,
+) -> (Output, bool) {
     let before = host_mounts();
     let parent_ns = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino;
     let script = r#"cat /proc/self/mountinfo > "$OUTER/before"; "$@"; rc=$?; cat /proc/self/mountinfo > "$OUTER/after"; exit $rc"#;
@@ -169,6 +181,7 @@ fn run_argv_in_outer_ns_as(
         }
         None => home.path().to_path_buf(),
     };
+    let home_path = home_at.map_or(home_path, Path::to_path_buf);
     let ids = user.map(|u| (u.uid, u.gid));
     let mut cmd = Command::new("sh");
     cmd.env("HOME", &home_path);
@@ -842,4 +855,194 @@ fn runtime_dir(p: &Places, user: Option<&TestUser>) {
         stdout.contains("done") && !stdout.contains("ESCAPE"),
         "{stdout}"
     );
+}
+
+/// Name-prefix grants: the supervisor makes Claude's saves of
+/// `~/.claude.json` work (a temporary file created exclusively and a lock
+/// directory beside it, renamed over it) while the home directory stays
+/// closed to every other name, to symlinks, to set-user-ID bits and to
+/// in-place writes, checked on disk.
+#[test]
+fn name_prefix_grants_in_the_home_directory() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    name_prefix_grants(&p, None, &p.ws.parent().unwrap().join("home"));
+}
+
+#[test]
+fn name_prefix_grants_in_the_home_directory_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    let home = user.base.join("home");
+    name_prefix_grants(&p, Some(&user), &home);
+}
+
+fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(home.join(".claude.json"), "old\n").unwrap();
+    std::fs::write(home.join(".bashrc"), "original\n").unwrap();
+    std::fs::set_permissions(home.join(".bashrc"), PermissionsExt::from_mode(0o644)).unwrap();
+    // A dotfile manager's symlink that happens to carry the prefix.
+    std::os::unix::fs::symlink(home.join(".bashrc"), home.join(".claude.json.link")).unwrap();
+    std::fs::write(p.ws.join("moved-in"), "x").unwrap();
+    if let Some(u) = user {
+        u.own(home);
+        u.own(&p.ws);
+    }
+    let h = home.display();
+    let name = home.file_name().unwrap().to_string_lossy();
+    let ws = p.ws.display();
+    let script = format!(
+        r#"t() {{ label=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "$label=ok"; else echo "$label=no"; fi; }}
+t save sh -c 'set -C; echo new > {h}/.claude.json.tmp.1 && mv {h}/.claude.json.tmp.1 {h}/.claude.json'
+t lock sh -c 'mkdir {h}/.claude.json.lock && touch {h}/.claude.json.lock && rmdir {h}/.claude.json.lock'
+t relative sh -c 'cd {h} && set -C && echo rel > .claude.json.rel'
+t read-back sh -c 'test "$(cat {h}/.claude.json)" = new'
+t suid python3 -c 'import os; os.open("{h}/.claude.json.bin", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o4755)'
+t in-place sh -c 'echo over > {h}/.claude.json'
+t bashrc sh -c 'echo evil > {h}/.bashrc'
+t profile sh -c 'echo evil > {h}/.bash_profile'
+t through-link sh -c 'echo evil > {h}/.claude.json.link'
+t chmod-link chmod 666 {h}/.claude.json.link
+t rename-out sh -c 'echo x > {h}/.claude.json.x && mv {h}/.claude.json.x {h}/.profile'
+t rename-in python3 -c 'import os; os.rename("{ws}/moved-in", "{h}/.claude.json.in")'
+t hardlink ln {h}/.bashrc {h}/.claude.json.hl
+t symlink ln -s {h}/.bashrc {h}/.claude.json.sl
+t dotdot sh -c 'echo x > {h}/../{name}/.claude.json.dd'
+t managed sh -c 'echo x > {h}/.zcode-acp/x'
+"#
+    );
+    let argv: Vec<String> = vec![
+        bin_for(user).to_string_lossy().into_owned(),
+        "run".into(),
+        "--backend-profile".into(),
+        "claude".into(),
+        "--workspace".into(),
+        p.ws.display().to_string(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        script,
+    ];
+    let (out, unchanged) = run_with_home(&p.ws, &argv, None, user, Some(home));
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result = |label: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{label}=")))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no result for {label}: {stdout}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .to_owned()
+    };
+    for ok in ["save", "lock", "relative", "read-back", "suid"] {
+        assert_eq!(
+            result(ok),
+            "ok",
+            "{ok}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for no in [
+        "in-place",
+        "bashrc",
+        "profile",
+        "through-link",
+        "chmod-link",
+        "rename-out",
+        "rename-in",
+        "hardlink",
+        "symlink",
+        "dotdot",
+        "managed",
+    ] {
+        assert_eq!(result(no), "no", "{no} got through: {stdout}");
+    }
+    // On disk: the saves landed, nothing else changed.
+    assert_eq!(content(&home.join(".claude.json")), "new\n");
+    assert_eq!(content(&home.join(".claude.json.rel")), "rel\n");
+    assert!(!home.join(".claude.json.lock").exists());
+    assert!(!home.join(".claude.json.tmp.1").exists());
+    assert_eq!(content(&home.join(".bashrc")), "original\n");
+    let mode = |f: &str| {
+        std::fs::metadata(home.join(f))
+            .unwrap()
+            .permissions()
+            .mode()
+    };
+    assert_eq!(mode(".bashrc") & 0o7777, 0o644);
+    assert_eq!(
+        mode(".claude.json.bin") & 0o7000,
+        0,
+        "no set-user-ID bit is ever set"
+    );
+    for absent in [
+        ".bash_profile",
+        ".profile",
+        ".claude.json.in",
+        ".claude.json.hl",
+        ".claude.json.sl",
+        ".claude.json.dd",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(home.join(absent)).is_err(),
+            "{absent} exists"
+        );
+    }
+    assert!(p.ws.join("moved-in").exists());
+    // Files the supervisor made belong to the user, as the agent's own would.
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(home.join(".claude.json.rel"))
+        .unwrap()
+        .uid();
+    assert_eq!(owner, user.map_or(0, |u| u.uid));
+}
+
+/// A backend whose state needs no name-prefix grant gets no supervisor
+/// filter at all: nothing it runs pays for one.
+#[test]
+fn only_backends_with_name_prefix_grants_are_supervised() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let filters = |profile: &str| {
+        let argv: Vec<String> = [
+            BIN,
+            "run",
+            "--backend-profile",
+            profile,
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "grep Seccomp_filters /proc/self/status",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{out:?}"))
+    };
+    assert_eq!(filters("claude"), filters("codex") + 1);
 }

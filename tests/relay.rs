@@ -232,6 +232,48 @@ fn load_restores_without_showing_replayed_history() {
 }
 
 #[test]
+fn a_refused_resume_falls_back_to_load_without_showing_the_replay() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_RESUME", "1")
+            .env("FAKE_LOAD", "1")
+            .env("FAKE_REFUSE_RESUME", "1"),
+    );
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    restart(&ed);
+    let (r, _) = ed.prompt(&sid, "notify 1");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let restores = std::fs::read_to_string(ed.home().join("restores.log")).unwrap();
+    let resume = restores.find(&format!("session/resume {sid}"));
+    let load = restores.find(&format!("session/load {sid}"));
+    assert!(
+        matches!((resume, load), (Some(a), Some(b)) if a < b),
+        "resume first, then load: {restores}"
+    );
+    assert!(!ed.seen.iter().any(|l| l.raw.contains("REPLAYED HISTORY")));
+
+    // Refused both ways: lost, and the message gives both reasons.
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_RESUME", "1")
+            .env("FAKE_LOAD", "1")
+            .env("FAKE_REFUSE_RESTORE", "1"),
+    );
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    restart(&ed);
+    let id = ed.prompt_request(&sid, "notify 1");
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32092, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("refused session/resume") && msg.contains("refused session/load"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn a_session_that_cannot_be_restored_says_why_and_others_go_on() {
     for (env, why) in [
         (None, "neither session/resume nor session/load"),

@@ -43,6 +43,8 @@ pub struct Generation {
     pub id: u64,
     pub pid: i32,
     pub confinement: String,
+    /// Which backend profile chose the agent's writable state, and why.
+    pub backend_profile: Option<String>,
     stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     exited: watch::Receiver<bool>,
 }
@@ -118,6 +120,7 @@ impl Generation {
             id,
             pid,
             confinement: cmd.confinement.clone(),
+            backend_profile: cmd.backend_profile.clone(),
             stdin: Some(stdin_tx),
             exited: exited_rx,
         })

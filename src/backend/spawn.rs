@@ -30,6 +30,9 @@ pub struct PreparedCommand {
     pub env: Vec<(OsString, OsString)>,
     /// A short description for logs and the editor ("unconfined", ...).
     pub confinement: String,
+    /// Which backend profile decided the agent's writable state, and why
+    /// (None when nothing is confined).
+    pub backend_profile: Option<String>,
 }
 
 /// Why a generation could not be started.
@@ -57,26 +60,29 @@ impl SpawnError {
 
 /// What a sandbox hook arms a generation with: the policy input for its
 /// roots, gathered as the bridge does (templates created, the ledger kept),
-/// with the writable state and cache directories created.
+/// with the writable state and cache directories created, and the backend
+/// profile that chose the agent's state, in words.
 pub fn arming_input(
     platform: crate::policy::Platform,
     ctx: &SpawnContext<'_>,
-    state_paths: &[PathBuf],
+    state: &crate::policy::backends::StateSettings,
     managed: &crate::config::managed::ManagedRoot,
-) -> Result<crate::policy::PolicyInput, SpawnError> {
+) -> Result<(crate::policy::PolicyInput, String), SpawnError> {
     use crate::policy::discover::{create_writable_dirs, gather, Sources};
-    let (input, _) = gather(&Sources {
+    let gathered = gather(&Sources {
         platform,
         workspaces: ctx.roots,
         backend: ctx.argv,
-        state_paths,
+        state,
         once_allows: ctx.grants,
         managed,
         inspect: false,
     })
     .map_err(SpawnError::cannot_arm)?;
-    create_writable_dirs(&input);
-    Ok(input)
+    create_writable_dirs(&gathered.input);
+    let profile = gathered.backend.describe();
+    tracing::info!(backend_profile = %profile, "the agent's own state is chosen by its backend profile");
+    Ok((gathered.input, profile))
 }
 
 /// Decides how each backend generation is started.
@@ -131,6 +137,7 @@ impl SpawnHook for Unconfined {
             argv: ctx.argv.to_vec(),
             env: Vec::new(),
             confinement: "unconfined (no sandbox)".into(),
+            backend_profile: None,
         })
     }
 }

@@ -253,36 +253,6 @@ impl Bridge {
 /// Prompts about refused direct writes open at once, at most.
 const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
 
-/// Error messages of a write the kernel refused.
-const DENIAL_MARKERS: &[&str] = &[
-    "Read-only file system",
-    "Permission denied",
-    "Operation not permitted",
-];
-
-/// Absolute paths in a text an agent reported (a hint only: the policy
-/// decides whether any of them may start a prompt).
-pub fn paths_in(text: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for (i, _) in text.match_indices('/') {
-        let starts_token = i == 0 || {
-            let prev = text[..i].chars().next_back().unwrap_or(' ');
-            prev.is_whitespace() || "'\"`(=:".contains(prev)
-        };
-        if !starts_token {
-            continue;
-        }
-        let end = text[i..]
-            .find(|c: char| c.is_whitespace() || "'\"`:;,()".contains(c))
-            .map_or(text.len(), |n| i + n);
-        let candidate = &text[i..end];
-        if candidate.len() > 1 && !out.iter().any(|p: &PathBuf| p == Path::new(candidate)) {
-            out.push(PathBuf::from(candidate));
-        }
-    }
-    out
-}
-
 fn collect_strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
     match v {
         serde_json::Value::String(s) => out.push(s),
@@ -296,9 +266,9 @@ impl Bridge {
     /// A cheap first look: could this update report a refused write?
     pub(super) fn may_show_denial(&self, frame: &Frame) -> bool {
         self.hook.confines()
-            && frame.params_raw().is_some_and(|raw| {
-                raw.contains("tool_call") && DENIAL_MARKERS.iter().any(|m| raw.contains(m))
-            })
+            && frame
+                .params_raw()
+                .is_some_and(|raw| raw.contains("tool_call") && super::refusals::may_contain(raw))
     }
 
     /// Watches the agent's tool calls for writes the kernel refused, and
@@ -320,11 +290,8 @@ impl Bridge {
         collect_strings(&params["update"], &mut texts);
         let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
         let mut asked = 0;
-        for text in texts
-            .iter()
-            .filter(|t| DENIAL_MARKERS.iter().any(|m| t.contains(m)))
-        {
-            for candidate in paths_in(text) {
+        for text in texts.iter().filter(|t| super::refusals::may_contain(t)) {
+            for candidate in super::refusals::refused_paths(text) {
                 if asked >= 3 {
                     return;
                 }
@@ -401,11 +368,11 @@ impl Bridge {
             debug!(path = %grant.display(), "not offered: enough prompts about refused writes are open");
             return false;
         }
-        self.ask_direct(
-            session.to_owned(),
-            grant,
-            format!("{} ({})", decision.kind, decision.rule.unwrap_or_default()),
-        );
+        let reason = match decision.rule {
+            Some(rule) => format!("{} ({rule})", decision.kind),
+            None => "outside everything the sandbox lets the agent write".to_owned(),
+        };
+        self.ask_direct(session.to_owned(), grant, reason);
         true
     }
 
@@ -512,16 +479,6 @@ impl Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_found_in_error_messages() {
-        let text = "sh: 1: cannot create /home/u/out/x.txt: Read-only file system\ntouch: cannot touch '/srv/a b': Permission denied (see /docs)";
-        let found = paths_in(text);
-        assert_eq!(found[0], PathBuf::from("/home/u/out/x.txt"));
-        assert_eq!(found[1], PathBuf::from("/srv/a"));
-        assert!(found.contains(&PathBuf::from("/docs")));
-        assert!(paths_in("a/b c:/d").iter().all(|p| p != Path::new("/b")));
-    }
 
     #[test]
     fn what_is_never_offered() {

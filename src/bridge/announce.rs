@@ -64,7 +64,7 @@ impl Bridge {
         }
         self.announced_first = true;
         let mut text = if self.hook.confines() {
-            format!(
+            let mut text = format!(
                 "The agent runs in a writes-only sandbox: it can write in the workspace roots ({}), temp and cache \
                  directories and its own state; writes elsewhere are denied.",
                 self.armed_roots
@@ -72,7 +72,17 @@ impl Bridge {
                     .map(|r| r.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
-            )
+            );
+            if let Some(profile) = self
+                .generation
+                .as_ref()
+                .and_then(|g| g.backend_profile.as_ref())
+            {
+                text.push_str(&format!(
+                    "\nIts own state is chosen by the backend profile: {profile}."
+                ));
+            }
+            text
         } else {
             "The agent runs unconfined: zcode-acp relays it, but no sandbox limits what it writes. \
              Set ZCODE_ACP_SANDBOX=1 to arm one."

@@ -13,6 +13,7 @@ mod announce;
 mod backend_side;
 mod editor_side;
 mod police;
+mod refusals;
 mod restart;
 pub mod track;
 mod watch;

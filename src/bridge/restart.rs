@@ -218,17 +218,23 @@ impl Bridge {
                 self.lose(&session.id, problem.clone());
                 continue;
             }
-            let method = if self.caps.resume {
-                "session/resume"
-            } else if self.caps.load {
-                "session/load"
-            } else {
+            // Resume first (nothing is replayed); where the agent refuses it
+            // but can load, load (the replayed history is swallowed) before
+            // calling the session lost.
+            let mut methods = Vec::new();
+            if self.caps.resume {
+                methods.push("session/resume");
+            }
+            if self.caps.load {
+                methods.push("session/load");
+            }
+            if methods.is_empty() {
                 self.lose(
                     &session.id,
                     "the agent supports neither session/resume nor session/load".into(),
                 );
                 continue;
-            };
+            }
             let mut params = json!({
                 "sessionId": session.id,
                 "cwd": session.cwd,
@@ -237,24 +243,38 @@ impl Bridge {
             if !session.additional_directories.is_empty() {
                 params["additionalDirectories"] = json!(session.additional_directories);
             }
-            if method == "session/load" {
-                self.swallow_updates.insert(session.id.clone());
-            }
-            let outcome = self.call_backend(method, &params.to_string()).await;
-            self.swallow_updates.remove(&session.id);
-            match outcome? {
-                CallOutcome::Ok(_) => {}
-                CallOutcome::Rejected { code, message } => {
-                    let reason = if code == codes::AUTH_REQUIRED {
-                        format!("the restarted agent needs you to log in again ({message}); zcode-acp never starts a login on its own")
-                    } else {
-                        format!("the agent refused {method}: {message}")
-                    };
-                    self.lose(&session.id, reason);
-                    continue;
+            let mut refusals: Vec<String> = Vec::new();
+            let mut restored_by = None;
+            for method in methods {
+                if method == "session/load" {
+                    self.swallow_updates.insert(session.id.clone());
                 }
-                CallOutcome::Lost => return Err(StartError::Died(format!("during {method}"))),
+                let outcome = self.call_backend(method, &params.to_string()).await;
+                self.swallow_updates.remove(&session.id);
+                match outcome? {
+                    CallOutcome::Ok(_) => {
+                        restored_by = Some(method);
+                        break;
+                    }
+                    CallOutcome::Rejected { code, message } if code == codes::AUTH_REQUIRED => {
+                        // A new login is needed: loading instead cannot help.
+                        refusals = vec![format!("the restarted agent needs you to log in again ({message}); zcode-acp never starts a login on its own")];
+                        break;
+                    }
+                    CallOutcome::Rejected { message, .. } => {
+                        warn!(
+                            session = session.id,
+                            method, "the restarted agent refused to restore the session: {message}"
+                        );
+                        refusals.push(format!("the agent refused {method}: {message}"));
+                    }
+                    CallOutcome::Lost => return Err(StartError::Died(format!("during {method}"))),
+                }
             }
+            let Some(method) = restored_by else {
+                self.lose(&session.id, refusals.join("; then "));
+                continue;
+            };
             self.reapply_settings(&session).await?;
             info!(session = session.id, method, "session restored");
         }

@@ -45,15 +45,16 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
                 path.display()
             );
         }
-        let (input, _) = gather(&Sources {
+        let input = gather(&Sources {
             platform: Platform::current(),
             workspaces: std::slice::from_ref(&root),
             backend: &[],
-            state_paths: &[],
+            state: &Default::default(),
             once_allows: &[],
             managed: &managed,
             inspect: true,
-        })?;
+        })?
+        .input;
         let decision = Policy::build(&input).evaluate_resolved(&path, Op::Write);
         if decision.kind == Kind::Island {
             anyhow::bail!(

@@ -15,6 +15,14 @@ pub struct DoctorArgs {
     /// A workspace root (repeatable; default: the current directory).
     #[arg(long = "workspace", value_name = "DIR")]
     pub workspaces: Vec<PathBuf>,
+    /// The backend command whose state is checked (default: from
+    /// ZCODE_ACP_BACKEND or the user config).
+    #[arg(long, value_name = "COMMAND")]
+    pub backend: Option<String>,
+    /// Whose state is writable: claude, codex, gemini, zcode or none
+    /// (default: read from the backend command).
+    #[arg(long, value_name = "PROFILE")]
+    pub backend_profile: Option<String>,
 }
 
 fn describe(m: &Matcher) -> String {
@@ -68,12 +76,32 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     }
 
     let workspaces = super::workspaces(&args.workspaces)?;
-    let backend = crate::config::resolve_backend(&[])?.unwrap_or_default();
+    let backend = match &args.backend {
+        Some(line) => line.split_whitespace().map(str::to_owned).collect(),
+        None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
+    };
     let super::Gathered {
         input,
         projects,
+        backend: detected,
         managed,
-    } = super::gather_as_user(Platform::Linux, &workspaces, &backend, &[], true)?;
+    } = super::gather_as_user(
+        Platform::Linux,
+        &workspaces,
+        &backend,
+        args.backend_profile.as_deref(),
+        &[],
+        true,
+    )?;
+    println!(
+        "\nbackend: {}",
+        if backend.is_empty() {
+            "none configured (pass --backend, or set ZCODE_ACP_BACKEND)".to_owned()
+        } else {
+            format!("`{}`", backend.join(" "))
+        }
+    );
+    println!("backend profile: {}", detected.describe());
     for (root, eff) in &projects {
         println!(
             "\nworkspace {}: sandbox.json {:?}, armed by the project: {}",

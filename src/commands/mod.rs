@@ -21,23 +21,27 @@ pub fn gather_as_user(
     platform: crate::policy::Platform,
     workspaces: &[PathBuf],
     backend: &[String],
+    backend_profile: Option<&str>,
     once_allows: &[PathBuf],
     inspect: bool,
 ) -> anyhow::Result<Gathered> {
     let user = crate::config::load_user_config()?;
+    let state =
+        crate::config::state_settings(&user, backend_profile).map_err(anyhow::Error::msg)?;
     let managed = crate::config::managed::ManagedRoot::user_default()?;
-    let (input, projects) = crate::policy::discover::gather(&crate::policy::discover::Sources {
+    let gathered = crate::policy::discover::gather(&crate::policy::discover::Sources {
         platform,
         workspaces,
         backend,
-        state_paths: &user.sandbox.state_paths,
+        state: &state,
         once_allows,
         managed: &managed,
         inspect,
     })?;
     Ok(Gathered {
-        input,
-        projects,
+        input: gathered.input,
+        projects: gathered.projects,
+        backend: gathered.backend,
         managed,
     })
 }
@@ -46,6 +50,8 @@ pub struct Gathered {
     pub input: crate::policy::PolicyInput,
     /// Each workspace's project config as it takes effect.
     pub projects: Vec<(PathBuf, crate::config::project::Effective)>,
+    /// Which backend profiles apply, and why.
+    pub backend: crate::policy::backends::Detected,
     pub managed: crate::config::managed::ManagedRoot,
 }
 

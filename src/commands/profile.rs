@@ -21,6 +21,10 @@ pub struct ProfileArgs {
     /// (default: from ZCODE_ACP_BACKEND or the user config).
     #[arg(long, value_name = "COMMAND")]
     pub backend: Option<String>,
+    /// Whose state is writable: claude, codex, gemini, zcode or none
+    /// (default: read from the backend command).
+    #[arg(long, value_name = "PROFILE")]
+    pub backend_profile: Option<String>,
 }
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
@@ -46,8 +50,19 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
     };
     let super::Gathered {
-        input, projects, ..
-    } = super::gather_as_user(platform, &workspaces, &backend, &[], true)?;
+        input,
+        projects,
+        backend,
+        ..
+    } = super::gather_as_user(
+        platform,
+        &workspaces,
+        &backend,
+        args.backend_profile.as_deref(),
+        &[],
+        true,
+    )?;
+    eprintln!("note: backend profile: {}", backend.describe());
     let policy = Policy::build(&input);
     for (root, eff) in &projects {
         for why in &eff.ignored {
@@ -125,6 +140,12 @@ fn print_linux_plan(policy: &Policy) {
     println!("\n# 7. Landlock: write rights on these files");
     for f in &plan.landlock_files {
         println!("{}", f.display());
+    }
+    println!("\n# 8. entries the sandbox's supervisor makes for the agent (the directory stays read-only)");
+    for s in &plan.supervised {
+        for prefix in &s.prefixes {
+            println!("{}/{prefix}*", s.dir.display());
+        }
     }
     println!();
     section("not enforced on Linux", &plan.gaps);

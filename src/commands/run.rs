@@ -21,6 +21,10 @@ pub struct RunArgs {
     /// Also allow writes beneath PATH, for this run only (repeatable).
     #[arg(long = "allow", value_name = "PATH")]
     pub allow: Vec<PathBuf>,
+    /// Whose state the command may write: claude, codex, gemini, zcode or
+    /// none (default: read from the command, as for a backend).
+    #[arg(long, value_name = "PROFILE")]
+    pub backend_profile: Option<String>,
     /// The command to run.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -36,7 +40,15 @@ fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInp
         .map(|a| crate::policy::resolve::absolutize(a))
         .collect::<Result<Vec<_>, _>>()?;
     let workspaces = super::workspaces(&args.workspaces)?;
-    let gathered = super::gather_as_user(platform, &workspaces, &args.command, &allow, false)?;
+    let gathered = super::gather_as_user(
+        platform,
+        &workspaces,
+        &args.command,
+        args.backend_profile.as_deref(),
+        &allow,
+        false,
+    )?;
+    tracing::debug!(backend_profile = %gathered.backend.describe(), "state the command may write");
     crate::policy::discover::create_writable_dirs(&gathered.input);
     Ok((gathered.input, gathered.managed))
 }
@@ -51,12 +63,13 @@ pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
     for gap in &plan.gaps {
         tracing::debug!(path = %gap.path.display(), "not enforced: {}", gap.why);
     }
-    Ok(LaunchSpec {
+    Ok(LaunchSpec::new(
         plan,
-        argv: args.command.clone(),
-        env: Vec::new(),
-        cwd: None,
-    })
+        &policy,
+        args.command.clone(),
+        Vec::new(),
+        None,
+    ))
 }
 
 /// Runs the command sandboxed; returns its exit code. Must be called

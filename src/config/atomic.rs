@@ -4,7 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Reads a regular file without following a symlink at its last component.
@@ -49,51 +49,76 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     result
 }
 
-/// Creates `dir` and its missing parents as real directories, refusing to
-/// go through a symlink anywhere below `base`.
+/// Creates `rel` beneath `base` as real directories (missing ones with
+/// `mode`), refusing to go through a symlink anywhere below `base`. The walk
+/// holds a descriptor of each directory and creates the next one relative
+/// to it, so nothing can be swapped for a symlink between a check and the
+/// step that relies on it.
 pub fn create_real_dirs(
     base: &Path,
     rel: &[&str],
     mode: u32,
 ) -> std::io::Result<std::path::PathBuf> {
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::{mkdirat, Mode};
+    // A handle to walk through, not to read: O_PATH where there is one
+    // (it needs no read permission on the directory).
+    #[cfg(target_os = "linux")]
+    let handle = OFlag::O_PATH;
+    #[cfg(not(target_os = "linux"))]
+    let handle = OFlag::O_RDONLY;
+    let dir_flags = handle | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut fd = open(base, dir_flags, Mode::empty())?;
     let mut cur = base.to_path_buf();
     for part in rel {
+        if part.is_empty() || *part == "." || *part == ".." || part.contains('/') {
+            return Err(std::io::Error::other(format!(
+                "`{part}` is not a directory name"
+            )));
+        }
         cur.push(part);
-        match std::fs::symlink_metadata(&cur) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(std::io::Error::other(format!(
-                    "{} is a symlink",
-                    cur.display()
-                )))
-            }
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(std::io::Error::other(format!(
-                    "{} is not a directory",
-                    cur.display()
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                match std::fs::DirBuilder::new().mode(mode).create(&cur) {
-                    Ok(()) => {}
+        let next = || openat(&fd, *part, dir_flags | OFlag::O_NOFOLLOW, Mode::empty());
+        let opened = match next() {
+            Err(nix::errno::Errno::ENOENT) => {
+                match mkdirat(&fd, *part, Mode::from_bits_truncate(mode as _)) {
                     // Someone else created it meanwhile: fine if it is a
-                    // real directory.
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                        let m = std::fs::symlink_metadata(&cur)?;
-                        if m.file_type().is_symlink() || !m.is_dir() {
-                            return Err(std::io::Error::other(format!(
-                                "{} is not a real directory",
-                                cur.display()
-                            )));
-                        }
-                    }
-                    Err(e) => return Err(e),
+                    // real directory, which the open below checks.
+                    Ok(()) | Err(nix::errno::Errno::EEXIST) => next(),
+                    Err(e) => Err(e),
                 }
             }
-            Err(e) => return Err(e),
-        }
+            other => other,
+        };
+        fd = opened.map_err(|e| match e {
+            nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR => {
+                std::io::Error::other(format!("{} is a symlink or not a directory", cur.display()))
+            }
+            e => std::io::Error::other(format!("cannot create {}: {e}", cur.display())),
+        })?;
     }
     Ok(cur)
+}
+
+/// Creates the absolute directory `dir` and its missing parents as real
+/// directories (missing ones with `mode`), never through a symlink. Meant
+/// for paths already resolved with `resolve_real`, whose existing part is
+/// real.
+pub fn create_real_dir_path(dir: &Path, mode: u32) -> std::io::Result<()> {
+    let parts: Vec<String> = dir
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    if !dir.is_absolute() {
+        return Err(std::io::Error::other(format!(
+            "{} is not an absolute path",
+            dir.display()
+        )));
+    }
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    create_real_dirs(Path::new("/"), &refs, mode).map(drop)
 }
 
 /// Whether `path` is a regular file with one link (not a symlink, not
@@ -145,5 +170,16 @@ mod tests {
         let e = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(d.path(), e.path().join(".zcode")).unwrap();
         assert!(create_real_dirs(e.path(), &[".zcode", "acp"], 0o755).is_err());
+        // A symlink higher up is refused too, and nothing is made beyond it.
+        let f = tempfile::tempdir().unwrap();
+        std::fs::create_dir(f.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(f.path().join("real"), f.path().join("link")).unwrap();
+        assert!(create_real_dir_path(&f.path().join("link/a/b"), 0o700).is_err());
+        assert!(!f.path().join("real/a").exists());
+        let made = f.path().join("real/a/b");
+        create_real_dir_path(&made, 0o700).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & !0o700, 0, "{mode:o}");
     }
 }

@@ -25,13 +25,17 @@
 //! 9. fork the PID namespace's init: it mounts a fresh read-only /proc,
 //!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
 //!    clear read-only with mount_setattr), sets no_new_privs, enforces
-//!    Landlock last (it refuses mounts afterwards), and forks the command;
+//!    Landlock (it refuses mounts afterwards), then, where the plan has
+//!    name-prefix grants, installs the supervisor's seccomp filter and hands
+//!    the helper its listener (the helper opened its handles on the host's
+//!    mounts before step 2; see `supervise`), and forks the command;
 //! 10. the command: new session (an inherited tty allowed TIOCSTI input
 //!     injection into the user's shell), inherited fds above stderr closed,
 //!     the requested environment applied, exec.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -154,6 +158,31 @@ pub struct LaunchSpec {
     pub env: Vec<(String, String)>,
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// The policy, when the plan has supervised directories: the
+    /// supervisor decides each name with it.
+    #[serde(default)]
+    pub policy: Option<crate::policy::Policy>,
+}
+
+impl LaunchSpec {
+    /// The launch of `argv` under `plan`, carrying `policy` where the
+    /// supervisor needs it.
+    pub fn new(
+        plan: Plan,
+        policy: &crate::policy::Policy,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<PathBuf>,
+    ) -> LaunchSpec {
+        let policy = (!plan.supervised.is_empty()).then(|| policy.clone());
+        LaunchSpec {
+            plan,
+            argv,
+            env,
+            cwd,
+            policy,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -226,10 +255,12 @@ fn setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), Lau
     )
 }
 
-/// Steps 2-8: namespaces and mounts. Runs in the helper process.
 /// Paths the command needs to see that a private tmpfs would hide: its own
 /// executable, files named on its command line, and its working directory,
-/// when they live in the host's /tmp. They are carried over read-only.
+/// when they live in the host's /tmp. They are carried over read-only. A
+/// file inside a `node_modules` tree brings the whole tree (the outermost
+/// `node_modules`): an npm agent's script imports its packages from there,
+/// and its launcher runs a native binary from a sibling package.
 fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let exe = &spec.argv[0];
@@ -260,6 +291,7 @@ fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
     let out = out
         .into_iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
+        .map(|p| outermost_node_modules(&p).unwrap_or(p))
         .filter(|p| {
             spec.plan
                 .tmpfs
@@ -280,6 +312,19 @@ fn needed_visible(spec: &LaunchSpec) -> Vec<PathBuf> {
     kept
 }
 
+/// The outermost `node_modules` directory `p` lies in, if any.
+fn outermost_node_modules(p: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        out.push(c);
+        if c.as_os_str() == "node_modules" {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Steps 2-8: namespaces and mounts. Runs in the helper process.
 fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
@@ -498,6 +543,9 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     check_island_links(&spec.plan)?;
     let landlock = sys::landlock_abi() >= 1;
     let visible = needed_visible(spec);
+    // The supervisor's handles on the host's mounts must be opened before
+    // the mount namespace changes (see `supervise`).
+    let mut supervisor = prepare_supervisor(spec);
     let namespaces = match arm_mounts(&spec.plan, &visible) {
         Ok(()) => true,
         // Nothing was changed yet: decide on a lower level, and say so.
@@ -526,53 +574,163 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     forwarded.add(Signal::SIGHUP);
     forwarded.add(Signal::SIGCHLD);
 
+    // The sandbox's first process hands the supervisor its listener here.
+    let channel = match &supervisor {
+        Some(_) => Some(sys(
+            "socketpair for the supervisor",
+            nix::sys::socket::socketpair(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                None,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            ),
+        )?),
+        None => None,
+    };
+
     // SAFETY: single-threaded process (documented precondition), so fork
     // cannot leave a lock held by another thread.
     match sys("fork the namespace's init", unsafe { fork() })? {
         ForkResult::Parent { child } => {
             // The helper stays outside the PID namespace and waits, passing
             // on the signals it gets (an editor's terminal/kill signals this
-            // process alone, not its group).
+            // process alone, not its group), and supervising.
             if let Err(e) = forwarded.thread_block() {
                 return Err(LaunchError::Sys {
                     step: "block signals".into(),
                     errno: e,
                 });
             }
-            loop {
-                match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-                    Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
-                    Ok(_) | Err(Errno::EINTR) => {}
-                    Err(e) => {
-                        return Err(LaunchError::Sys {
-                            step: "wait for init".into(),
-                            errno: e,
-                        })
-                    }
-                }
-                match forwarded.wait() {
-                    Ok(Signal::SIGCHLD) | Err(_) => {}
-                    Ok(sig) => {
-                        let _ = kill(child, sig);
-                    }
-                }
+            if let (Some(sup), Some((ours, theirs))) = (supervisor.as_mut(), channel) {
+                // With their end closed here, a child that dies before
+                // sending leaves us an end-of-file, not a wait forever.
+                drop(theirs);
+                sup.receive_listener(ours.as_fd());
             }
+            wait_for_init(child, &forwarded, supervisor)
         }
         // Without a PID namespace there is no init to hold: the child is
         // the command (still in a new session, so not the caller's group).
         ForkResult::Child if level == Level::LandlockOnly => {
-            confine(spec, is_root, true);
+            drop(supervisor);
+            confine(spec, is_root, true, channel.map(|(_, theirs)| theirs));
             command(spec, SigSet::empty())
         }
-        ForkResult::Child => init(spec, is_root, level == Level::Full, forwarded),
+        ForkResult::Child => {
+            drop(supervisor);
+            let theirs = channel.map(|(_, theirs)| theirs);
+            init(spec, is_root, level == Level::Full, forwarded, theirs)
+        }
+    }
+}
+
+/// The supervisor for the plan's supervised directories, if any and if it
+/// can be prepared (else those names stay as armed, and the log says so).
+fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor> {
+    if spec.plan.supervised.is_empty() {
+        return None;
+    }
+    let policy = spec.policy.clone()?;
+    match super::supervise::Supervisor::prepare(&spec.plan.supervised, policy) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("name-prefix grants are not supervised: {e}");
+            None
+        }
+    }
+}
+
+/// The helper's loop: waits for the init to exit (returning its code),
+/// forwards the signals it gets, and serves the supervisor's calls.
+fn wait_for_init(
+    child: Pid,
+    forwarded: &SigSet,
+    mut supervisor: Option<super::supervise::Supervisor>,
+) -> Result<i32, LaunchError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let signals = sys(
+        "signalfd",
+        SignalFd::with_flags(forwarded, SfdFlags::SFD_CLOEXEC),
+    )?;
+    // Checked first, then again at each SIGCHLD: a child that exited
+    // before the signal mask was set is not missed.
+    let mut check_child = true;
+    loop {
+        if check_child {
+            match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+                Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(LaunchError::Sys {
+                        step: "wait for init".into(),
+                        errno: e,
+                    })
+                }
+            }
+            check_child = false;
+        }
+        let listener = supervisor.as_ref().and_then(|s| s.listener());
+        let mut fds = [
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+            PollFd::new(listener.unwrap_or(signals.as_fd()), PollFlags::POLLIN),
+        ];
+        let watched = if listener.is_some() { 2 } else { 1 };
+        match poll(&mut fds[..watched], PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                return Err(LaunchError::Sys {
+                    step: "poll".into(),
+                    errno: e,
+                })
+            }
+        }
+        let signalled = fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let (call, hung_up) = match fds[1].revents().filter(|_| watched == 2) {
+            Some(r) => (
+                r.contains(PollFlags::POLLIN),
+                r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR),
+            ),
+            None => (false, false),
+        };
+        if call {
+            if let Some(s) = &supervisor {
+                s.handle_one();
+            }
+        } else if hung_up {
+            // Every supervised process is gone.
+            if let Some(s) = supervisor.as_mut() {
+                s.close();
+            }
+        }
+        if signalled {
+            if let Ok(Some(info)) = signals.read_signal() {
+                match Signal::try_from(info.ssi_signo as i32) {
+                    Ok(Signal::SIGCHLD) => check_child = true,
+                    Ok(sig) => {
+                        let _ = kill(child, sig);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
     }
 }
 
 /// The last steps before running anything of the agent's: every
 /// capability gone (keeping CAP_SYS_ADMIN would let it clear read-only with
-/// mount_setattr), no_new_privs, and Landlock last (it refuses mounts).
-fn confine(spec: &LaunchSpec, is_root: bool, landlock: bool) {
+/// mount_setattr), no_new_privs, Landlock (it refuses mounts afterwards),
+/// and then the supervisor's filter, which hands calls to the helper only
+/// once everything else is in force.
+fn confine(
+    spec: &LaunchSpec,
+    is_root: bool,
+    landlock: bool,
+    supervisor: Option<std::os::fd::OwnedFd>,
+) {
     if let Err(e) = sys::drop_all_capabilities(is_root) {
         die("drop capabilities", e);
     }
@@ -584,10 +742,19 @@ fn confine(spec: &LaunchSpec, is_root: bool, landlock: bool) {
             die("Landlock", e);
         }
     }
+    if let Some(sock) = supervisor {
+        super::supervise::install_and_send(sock.as_fd());
+    }
 }
 
 /// PID 1 of the sandbox.
-fn init(spec: &LaunchSpec, is_root: bool, landlock: bool, forwarded: SigSet) -> ! {
+fn init(
+    spec: &LaunchSpec,
+    is_root: bool,
+    landlock: bool,
+    forwarded: SigSet,
+    supervisor: Option<std::os::fd::OwnedFd>,
+) -> ! {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         die("parent-death signal", e);
     }
@@ -600,7 +767,7 @@ fn init(spec: &LaunchSpec, is_root: bool, landlock: bool, forwarded: SigSet) -> 
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     );
-    confine(spec, is_root, landlock);
+    confine(spec, is_root, landlock, supervisor);
     if let Err(e) = forwarded.thread_block() {
         die("block signals", e);
     }
@@ -684,6 +851,17 @@ mod tests {
         assert_eq!(choose_level(false, true), Ok(Level::LandlockOnly));
         let refusal = choose_level(false, false).unwrap_err();
         assert!(refusal.contains("--no-sandbox"), "{refusal}");
+    }
+
+    #[test]
+    fn an_npm_script_brings_its_node_modules_tree() {
+        assert_eq!(
+            outermost_node_modules(Path::new(
+                "/tmp/c/tests/agents/node_modules/@a/b/node_modules/c/dist/index.js"
+            )),
+            Some(PathBuf::from("/tmp/c/tests/agents/node_modules"))
+        );
+        assert_eq!(outermost_node_modules(Path::new("/tmp/x/agent.py")), None);
     }
 
     #[test]

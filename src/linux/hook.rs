@@ -15,11 +15,12 @@ use crate::config::generation::GenerationDir;
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::LaunchSpec;
 use crate::linux::plan::{self, RealFs, Session};
+use crate::policy::backends::StateSettings;
 use crate::policy::{Platform, Policy};
 
 pub struct LinuxSandbox {
     pub managed: ManagedRoot,
-    pub state_paths: Vec<PathBuf>,
+    pub state: StateSettings,
     /// What this machine lets us arm (the helper decides again at each
     /// launch; this is for what the log and the editor are told).
     pub level: crate::linux::exec::Level,
@@ -32,7 +33,7 @@ pub struct LinuxSandbox {
 
 impl LinuxSandbox {
     /// Checks what this machine can arm, refusing when it is nothing.
-    pub fn new(managed: ManagedRoot, state_paths: Vec<PathBuf>) -> Result<LinuxSandbox, String> {
+    pub fn new(managed: ManagedRoot, state: StateSettings) -> Result<LinuxSandbox, String> {
         // The test knob only ever takes capabilities away, never the sandbox.
         let no_test = |var: &str| std::env::var_os(var).is_none();
         let landlock = super::landlock_abi() >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
@@ -47,7 +48,7 @@ impl LinuxSandbox {
         }
         Ok(LinuxSandbox {
             managed,
-            state_paths,
+            state,
             level,
             current: None,
             policy: None,
@@ -62,7 +63,8 @@ impl SpawnHook for LinuxSandbox {
         }
         self.current = None;
         self.policy = None;
-        let mut input = arming_input(Platform::Linux, ctx, &self.state_paths, &self.managed)?;
+        let (mut input, backend_profile) =
+            arming_input(Platform::Linux, ctx, &self.state, &self.managed)?;
         let dir = GenerationDir::create(&self.managed).map_err(SpawnError::cannot_arm)?;
         input.profile_dir = Some(dir.path.clone());
         let policy = Policy::build(&input);
@@ -71,12 +73,7 @@ impl SpawnHook for LinuxSandbox {
         for gap in &plan.gaps {
             tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
         }
-        let spec = LaunchSpec {
-            plan,
-            argv: ctx.argv.to_vec(),
-            env: Vec::new(),
-            cwd: None,
-        };
+        let spec = LaunchSpec::new(plan, &policy, ctx.argv.to_vec(), Vec::new(), None);
         let text = serde_json::to_string(&spec).map_err(SpawnError::cannot_arm)?;
         let file = dir
             .write_file("launch.json", &text)
@@ -102,6 +99,7 @@ impl SpawnHook for LinuxSandbox {
                 ctx.roots.len(),
                 if ctx.roots.len() == 1 { "" } else { "s" }
             ),
+            backend_profile: Some(backend_profile),
         })
     }
 
@@ -158,12 +156,7 @@ pub fn terminal_launch(
     cwd: Option<PathBuf>,
 ) -> Result<Vec<String>, String> {
     let plan = plan::build(policy, &RealFs, &Session::current());
-    let spec = LaunchSpec {
-        plan,
-        argv,
-        env,
-        cwd,
-    };
+    let spec = LaunchSpec::new(plan, policy, argv, env, cwd);
     let text = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
     let name = format!(
         "terminal-{:016x}{:016x}.json",

@@ -73,6 +73,23 @@ pub struct Plan {
     pub landlock_files: Vec<PathBuf>,
     /// What the policy asks for that this plan cannot enforce, and why.
     pub gaps: Vec<Step>,
+    /// Directories whose entries of granted prefixes the supervisor
+    /// creates, renames and removes for the sandbox (see `supervise`).
+    #[serde(default)]
+    pub supervised: Vec<Supervised>,
+}
+
+/// A directory that stays read-only but whose entries of the granted
+/// prefixes are made by the supervisor: `~/.claude.json*`, `~/.zcode*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supervised {
+    /// The real path.
+    pub dir: PathBuf,
+    /// Other spellings the sandboxed programs may use for it (`$HOME` as
+    /// set, when it goes through a symlink).
+    #[serde(default)]
+    pub spellings: Vec<PathBuf>,
+    pub prefixes: Vec<String>,
 }
 
 fn step(path: &Path, why: &str) -> Step {
@@ -88,21 +105,32 @@ fn push_unique(list: &mut Vec<Step>, s: Step) {
     }
 }
 
-/// Per-user facts the hidden-socket list depends on.
+/// Per-user facts the plan depends on: the hidden-socket list, how the
+/// home directory is spelled, and whether the supervisor can work here.
 #[derive(Debug, Clone, Default)]
 pub struct Session {
     pub uid: u32,
     pub ssh_auth_sock: Option<PathBuf>,
     pub xdg_runtime_dir: Option<PathBuf>,
+    /// `$HOME` as set, and its real path.
+    pub home: Option<(PathBuf, PathBuf)>,
+    /// Whether name-prefix grants can be supervised (`supervise::available`).
+    pub supervise: bool,
 }
 
 impl Session {
     /// This process's user and environment.
     pub fn current() -> Session {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
+            .and_then(|h| crate::policy::resolve_real(&h).ok().map(|r| (h, r)));
         Session {
             uid: nix::unistd::getuid().as_raw(),
             ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+            home,
+            supervise: super::supervise::available(),
         }
     }
 }
@@ -143,6 +171,13 @@ fn depth(p: &Path) -> usize {
 pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     let mut plan = Plan::default();
     let private_tmp = |p: &Path| PRIVATE_TMP.iter().any(|t| p == Path::new(t));
+    let private_tmp_holds = |p: &Path| {
+        PRIVATE_TMP.iter().any(|t| p.starts_with(t))
+            && policy.rules.iter().any(|r| {
+                r.kind == Kind::Allow
+                    && matches!(&r.matcher, Matcher::Subpath(s) if PRIVATE_TMP.iter().any(|t| s == Path::new(t)) && p.starts_with(s))
+            })
+    };
 
     for rule in policy.rules.iter().filter(|r| r.kind == Kind::Allow) {
         if rule.reopens {
@@ -192,6 +227,8 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                 }
             }
             Matcher::NamePrefix { dir, prefix } => {
+                // Inside a private tmpfs the directory is not there at all.
+                let supervised = session.supervise && !private_tmp_holds(dir);
                 let mut names = fs.list(dir);
                 names.sort();
                 for name in names.into_iter().filter(|n| n.starts_with(prefix.as_str())) {
@@ -199,17 +236,41 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                     if policy.evaluate_resolved(&p, crate::policy::Op::Write).kind != Kind::Allow {
                         continue; // an island (the managed root) takes it back
                     }
-                    push_unique(&mut plan.writable, step(&p, &rule.why));
                     if fs.is_dir(&p) {
+                        push_unique(&mut plan.writable, step(&p, &rule.why));
                         plan.landlock_dirs.push(p);
-                    } else {
+                    } else if !supervised {
+                        push_unique(&mut plan.writable, step(&p, &rule.why));
                         plan.landlock_files.push(p);
                     }
+                    // A supervised file gets no bind: a mount would pin the
+                    // old inode, and a save renamed over it would fail
+                    // (EBUSY). The supervisor serves it instead.
                 }
-                plan.gaps.push(step(
-                    &dir.join(format!("{prefix}*")),
-                    "only entries that exist when the sandbox is armed are writable; new ones cannot be created",
-                ));
+                if supervised {
+                    match plan.supervised.iter_mut().find(|s| s.dir == *dir) {
+                        Some(s) => s.prefixes.push(prefix.clone()),
+                        None => plan.supervised.push(Supervised {
+                            dir: dir.clone(),
+                            spellings: session
+                                .home
+                                .iter()
+                                .filter(|(given, real)| real == dir && given != dir)
+                                .map(|(given, _)| given.clone())
+                                .collect(),
+                            prefixes: vec![prefix.clone()],
+                        }),
+                    }
+                    plan.gaps.push(step(
+                        &dir.join(format!("{prefix}*")),
+                        "new entries are made by the sandbox's supervisor; inside a directory made that way, writes work only from the next arming",
+                    ));
+                } else {
+                    plan.gaps.push(step(
+                        &dir.join(format!("{prefix}*")),
+                        "only entries that exist when the sandbox is armed are writable; new ones cannot be created (this kernel cannot supervise them)",
+                    ));
+                }
             }
             Matcher::ZcodeConfig { .. } => {}
         }
@@ -444,5 +505,57 @@ mod tests {
         assert!(!has(&plan.pins, "/tmp/.zcode"), "{plan:?}");
         assert!(has(&plan.readonly, "/tmp/ws/.zcode/acp"), "{plan:?}");
         assert!(has(&plan.pins, "/tmp/ws/.zcode"), "{plan:?}");
+    }
+
+    #[test]
+    fn supervised_name_prefixes_bind_directories_but_not_files() {
+        let fs = fake(&[
+            ("/home/u", true),
+            ("/home/u/w", true),
+            ("/home/u/.zcode-shell-agent", true),
+            ("/home/u/.zcode-notes", false),
+            ("/home/u/.zcode-acp", true),
+        ]);
+        let session = Session {
+            uid: 1000,
+            home: Some(("/users/u".into(), "/home/u".into())),
+            supervise: true,
+            ..Session::default()
+        };
+        let plan = build(&policy(), &fs, &session);
+        let writable: Vec<_> = plan.writable.iter().map(|s| s.path.clone()).collect();
+        // A bound file would pin its old inode: a save renamed over it
+        // would fail. The supervisor serves it instead.
+        assert!(writable.contains(&PathBuf::from("/home/u/.zcode-shell-agent")));
+        assert!(!writable.contains(&PathBuf::from("/home/u/.zcode-notes")));
+        assert!(!plan
+            .landlock_files
+            .contains(&PathBuf::from("/home/u/.zcode-notes")));
+        assert_eq!(
+            plan.supervised,
+            vec![Supervised {
+                dir: "/home/u".into(),
+                spellings: vec!["/users/u".into()],
+                prefixes: vec![".zcode".into()],
+            }]
+        );
+        // Without a supervisor the old way holds, and the gap says so.
+        let plain = build(
+            &policy(),
+            &fs,
+            &Session {
+                supervise: false,
+                ..session
+            },
+        );
+        assert!(plain.supervised.is_empty());
+        assert!(plain
+            .writable
+            .iter()
+            .any(|s| s.path == Path::new("/home/u/.zcode-notes")));
+        assert!(plain
+            .gaps
+            .iter()
+            .any(|g| g.why.contains("cannot supervise")));
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::backends::{self, Detected, StateSettings};
 use super::build::{Grant, Platform, PolicyInput, Repo, RootInput};
 use super::{resolve_real, Matcher, ResolveError};
 use crate::config::managed::ManagedRoot;
@@ -15,17 +16,25 @@ pub struct Sources<'a> {
     pub platform: Platform,
     pub workspaces: &'a [PathBuf],
     pub backend: &'a [String],
-    /// `sandbox.statePaths` from the user config.
-    pub state_paths: &'a [PathBuf],
+    /// Which backend profile applies, and `sandbox.statePaths`.
+    pub state: &'a StateSettings,
     pub once_allows: &'a [PathBuf],
     pub managed: &'a ManagedRoot,
     /// Only look: no template is created and the ledger is not updated.
     pub inspect: bool,
 }
 
-/// Reads everything a policy needs from the machine. Returns the input and
-/// each root's effective project config.
-pub fn gather(src: &Sources<'_>) -> Result<(PolicyInput, Vec<(PathBuf, Effective)>), ResolveError> {
+/// What [`gather`] found.
+pub struct Gathered {
+    pub input: PolicyInput,
+    /// Each root's effective project config.
+    pub projects: Vec<(PathBuf, Effective)>,
+    /// Which backend profiles apply, and why.
+    pub backend: Detected,
+}
+
+/// Reads everything a policy needs from the machine.
+pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
     let home = dirs::home_dir().unwrap_or_else(|| PathBuf::from("/"));
     let home = resolve_real(&home)?;
     let mut roots = Vec::new();
@@ -49,17 +58,27 @@ pub fn gather(src: &Sources<'_>) -> Result<(PolicyInput, Vec<(PathBuf, Effective
         .iter()
         .map(|p| resolve_real(p))
         .collect::<Result<Vec<_>, _>>()?;
+    let backend = backends::detect(
+        src.backend,
+        &src.state.choice,
+        &backends::RealLook,
+        &backends::home_spellings(&home),
+    );
     let input = PolicyInput {
         platform: src.platform,
         home: home.clone(),
         roots,
-        backend_state: backend_state(src.backend, &ProcessEnv, &home, src.state_paths),
+        backend_state: backend_state(&backend, &ProcessEnv, &home, &src.state.extra),
         temp_and_caches: temp_and_caches(src.platform, &ProcessEnv, &home),
         once_allows,
         profile_dir: None,
         managed_root: resolve_real(&src.managed.path)?,
     };
-    Ok((input, projects))
+    Ok(Gathered {
+        input,
+        projects,
+        backend,
+    })
 }
 
 /// How far below a root repositories are looked for, and how many entries
@@ -178,7 +197,7 @@ impl Env for HashMap<String, String> {
 
 /// A state or cache directory, refusing anything that would open the whole
 /// home directory or `/`.
-fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+pub(super) fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
     let real = resolve_real(path).ok()?;
     if real == home || real == Path::new("/") || home.starts_with(&real) {
         tracing::warn!(path = %real.display(), "not whitelisting {why}: it would open the whole home directory");
@@ -190,68 +209,16 @@ fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
     })
 }
 
-/// The backend's own state, chosen from its command line: a real agent
-/// that cannot write its own state breaks. `extra` is the user config's list
-/// for backends this list does not know.
-pub fn backend_state(argv: &[String], env: &dyn Env, home: &Path, extra: &[PathBuf]) -> Vec<Grant> {
-    let names: Vec<String> = argv
-        .iter()
-        .map(|a| {
-            Path::new(a)
-                .file_name()
-                .map(|n| n.to_string_lossy().to_lowercase())
-                .unwrap_or_default()
-        })
-        .collect();
-    let mentions = |word: &str| names.iter().any(|n| n.contains(word));
-    let mut grants = Vec::new();
-    if mentions("zcode") {
-        grants.push(Grant {
-            matcher: Matcher::NamePrefix {
-                dir: home.to_path_buf(),
-                prefix: ".zcode".into(),
-            },
-            why: "the zcode backend's own state (~/.zcode*)".into(),
-        });
-    }
-    if mentions("codex") {
-        let dir = env
-            .var("CODEX_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".codex"));
-        grants.extend(dir_grant(
-            &dir,
-            home,
-            "codex's own state ($CODEX_HOME or ~/.codex)",
-        ));
-    }
-    if mentions("claude") {
-        let dir = env
-            .var("CLAUDE_CONFIG_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".claude"));
-        grants.extend(dir_grant(
-            &dir,
-            home,
-            "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude)",
-        ));
-        // ~/.claude.json, and the backup and temporary files Claude writes
-        // beside it when it saves.
-        grants.push(Grant {
-            matcher: Matcher::NamePrefix {
-                dir: home.to_path_buf(),
-                prefix: ".claude.json".into(),
-            },
-            why: "Claude's settings file ~/.claude.json (and its backups)".into(),
-        });
-    }
-    if mentions("gemini") {
-        grants.extend(dir_grant(
-            &home.join(".gemini"),
-            home,
-            "gemini's own state (~/.gemini)",
-        ));
-    }
+/// The backend's own state: what its profiles write (see
+/// [`backends`]), and `extra`, the user config's list for backends no
+/// profile knows.
+pub fn backend_state(
+    detected: &Detected,
+    env: &dyn Env,
+    home: &Path,
+    extra: &[PathBuf],
+) -> Vec<Grant> {
+    let mut grants = backends::grants(&detected.profiles, env, home);
     for p in extra {
         let p = expand_home(p, home);
         grants.extend(dir_grant(
@@ -332,30 +299,39 @@ pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Gr
     grants
 }
 
-/// Creates the missing state and cache directories of a policy input that
-/// lie in the home directory, before arming: a directory that does not
-/// exist when the sandbox is armed cannot be made writable, and tools
-/// (npm, pip, agents) fail when their cache or state directory cannot be
-/// created.
+/// Creates the missing state and cache directories of a policy input
+/// before arming: on Linux a directory that does not exist when the sandbox
+/// is armed cannot be made writable, and agents and tools (npm, pip) break
+/// when their state or cache directory cannot be created. So a new user's
+/// first sandboxed session behaves like the hundredth. Backend state is
+/// created wherever it is configured; caches only in the home directory.
+/// Each is made mode 0700 by this user, never through a symlink.
 pub fn create_writable_dirs(input: &PolicyInput) {
-    create_missing_dirs(&input.backend_state, &input.home);
-    create_missing_dirs(&input.temp_and_caches, &input.home);
-}
-
-fn create_missing_dirs(grants: &[Grant], home: &Path) {
-    use std::os::unix::fs::DirBuilderExt;
-    for g in grants {
+    for g in &input.backend_state {
         if let Matcher::Subpath(dir) = &g.matcher {
-            if dir.starts_with(home) && dir != home && !dir.exists() {
-                if let Err(e) = std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)
-                {
-                    tracing::debug!(dir = %dir.display(), "could not create {}: {e}", g.why);
-                }
+            create_missing(dir, &g.why, true);
+        }
+    }
+    for g in &input.temp_and_caches {
+        if let Matcher::Subpath(dir) = &g.matcher {
+            if dir.starts_with(&input.home) && *dir != input.home {
+                create_missing(dir, &g.why, false);
             }
         }
+    }
+}
+
+fn create_missing(dir: &Path, why: &str, state: bool) {
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return;
+    }
+    match crate::config::atomic::create_real_dir_path(dir, 0o700) {
+        Ok(()) => tracing::debug!(dir = %dir.display(), "created before arming: {why}"),
+        // The agent will fail to save its state: say so where it can be seen.
+        Err(e) if state => {
+            tracing::warn!(dir = %dir.display(), "could not create {why} before arming ({e}); the agent may fail to save its state")
+        }
+        Err(e) => tracing::debug!(dir = %dir.display(), "could not create {why}: {e}"),
     }
 }
 
@@ -370,34 +346,40 @@ mod tests {
             .collect()
     }
 
+    fn detected(names: &[backends::Profile]) -> Detected {
+        Detected {
+            profiles: names.to_vec(),
+            why: String::new(),
+        }
+    }
+
     #[test]
-    fn backend_profiles_follow_the_command_line_and_env() {
+    fn backend_profiles_follow_the_env() {
+        use backends::Profile::*;
         let home = tempfile::tempdir().unwrap();
         let home = std::fs::canonicalize(home.path()).unwrap();
-        let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
-        let grants = backend_state(&argv("/usr/bin/codex-acp"), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Codex]), &env(&[]), &home, &[]);
         assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".codex")));
         let grants = backend_state(
-            &argv("codex-acp"),
+            &detected(&[Codex]),
             &env(&[("CODEX_HOME", "/opt/codex")]),
             &home,
             &[],
         );
         assert_eq!(grants[0].matcher, Matcher::Subpath("/opt/codex".into()));
-        let grants = backend_state(
-            &argv("npx @zed-industries/claude-agent-acp"),
-            &env(&[]),
-            &home,
-            &[],
-        );
+        let grants = backend_state(&detected(&[Claude]), &env(&[]), &home, &[]);
         assert_eq!(grants.len(), 2);
-        let grants = backend_state(&argv("gemini --acp"), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Gemini]), &env(&[]), &home, &[]);
         assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".gemini")));
-        let grants = backend_state(&argv("zcode-acp shell-agent"), &env(&[]), &home, &[]);
-        assert!(
-            matches!(&grants[0].matcher, Matcher::NamePrefix { prefix, .. } if prefix == ".zcode")
+        let grants = backend_state(&detected(&[Zcode]), &env(&[]), &home, &[]);
+        assert_eq!(
+            grants[0].matcher,
+            Matcher::Subpath(home.join(".zcode-shell-agent"))
         );
-        assert!(backend_state(&argv("my-agent"), &env(&[]), &home, &[]).is_empty());
+        assert!(
+            matches!(&grants[1].matcher, Matcher::NamePrefix { prefix, .. } if prefix == ".zcode")
+        );
+        assert!(backend_state(&detected(&[]), &env(&[]), &home, &[]).is_empty());
     }
 
     #[test]
@@ -406,14 +388,14 @@ mod tests {
         let home = std::fs::canonicalize(home.path()).unwrap();
         let h = home.to_str().unwrap();
         assert!(backend_state(
-            &["codex-acp".into()],
+            &detected(&[backends::Profile::Codex]),
             &env(&[("CODEX_HOME", h)]),
             &home,
             &[]
         )
         .is_empty());
         assert!(
-            backend_state(&["x".into()], &env(&[]), &home, &["~".into(), "/".into()]).is_empty()
+            backend_state(&detected(&[]), &env(&[]), &home, &["~".into(), "/".into()]).is_empty()
         );
         let caches = temp_and_caches(
             Platform::Linux,
@@ -423,6 +405,40 @@ mod tests {
         assert!(caches
             .iter()
             .all(|g| g.matcher != Matcher::Subpath(home.clone())));
+    }
+
+    #[test]
+    fn a_first_run_finds_every_state_directory_made() {
+        let home = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(home.path()).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let codex_home = std::fs::canonicalize(other.path())
+            .unwrap()
+            .join("deep/codex");
+        let input = PolicyInput {
+            platform: Platform::Linux,
+            home: home.clone(),
+            roots: vec![],
+            backend_state: backend_state(
+                &detected(&[backends::Profile::Claude, backends::Profile::Codex]),
+                &env(&[("CODEX_HOME", codex_home.to_str().unwrap())]),
+                &home,
+                &[],
+            ),
+            temp_and_caches: temp_and_caches(Platform::Linux, &env(&[]), &home),
+            once_allows: vec![],
+            profile_dir: None,
+            managed_root: home.join(".zcode-acp"),
+        };
+        create_writable_dirs(&input);
+        for dir in [home.join(".claude"), codex_home, home.join(".cache")] {
+            let meta = std::fs::symlink_metadata(&dir).unwrap();
+            assert!(meta.is_dir(), "{}", dir.display());
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(meta.permissions().mode() & 0o077, 0, "{}", dir.display());
+        }
+        // The settings file is the agent's to create, not ours.
+        assert!(!home.join(".claude.json").exists());
     }
 
     #[test]

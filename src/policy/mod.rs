@@ -11,6 +11,7 @@
 //!
 //! Paths in rules and in queries are real paths (see [`resolve`]).
 
+pub mod backends;
 pub mod build;
 pub mod discover;
 pub mod protected;
@@ -31,7 +32,7 @@ pub enum Op {
 }
 
 /// Which band decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Allow,
@@ -53,7 +54,7 @@ impl std::fmt::Display for Kind {
 }
 
 /// Which paths a rule covers.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Matcher {
     /// The path and everything beneath it.
     Subpath(PathBuf),
@@ -99,7 +100,7 @@ pub fn is_zcode_config_path(path: &Path) -> bool {
 }
 
 /// Which operations a rule applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Ops {
     All,
     /// Only unlink/rename: pins a directory in place (the ancestors of
@@ -108,7 +109,7 @@ pub enum Ops {
 }
 
 /// One rule of the policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     pub kind: Kind,
     pub matcher: Matcher,
@@ -148,8 +149,9 @@ pub struct Decision {
     pub dangerous: bool,
 }
 
-/// A built policy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A built policy. It travels in the Linux launch spec, where the
+/// supervisor decides name-prefix grants with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Policy {
     pub rules: Vec<Rule>,
 }

@@ -6,18 +6,17 @@
 //! and files, so the wrapping is unit-tested everywhere; running it is
 //! tested on macOS (tests/seatbelt_macos.rs).
 
-use std::path::PathBuf;
-
 use super::arm::{arm_argv, Armed, SANDBOX_EXEC};
 use crate::backend::spawn::{
     arming_input, PreparedCommand, SpawnContext, SpawnError, SpawnHook, TerminalCommand,
 };
 use crate::config::managed::ManagedRoot;
+use crate::policy::backends::StateSettings;
 use crate::policy::{Platform, Policy};
 
 pub struct SeatbeltSandbox {
     managed: ManagedRoot,
-    state_paths: Vec<PathBuf>,
+    state: StateSettings,
     /// Carried by every write denial of this bridge's profiles, so the
     /// violation log can be read for this agent only.
     tag: String,
@@ -29,13 +28,13 @@ pub struct SeatbeltSandbox {
 
 impl SeatbeltSandbox {
     /// Refuses when `sandbox-exec` is missing: nothing could be armed.
-    pub fn new(managed: ManagedRoot, state_paths: Vec<PathBuf>) -> Result<SeatbeltSandbox, String> {
-        Self::with_sandbox_exec(managed, state_paths, std::path::Path::new(SANDBOX_EXEC))
+    pub fn new(managed: ManagedRoot, state: StateSettings) -> Result<SeatbeltSandbox, String> {
+        Self::with_sandbox_exec(managed, state, std::path::Path::new(SANDBOX_EXEC))
     }
 
     fn with_sandbox_exec(
         managed: ManagedRoot,
-        state_paths: Vec<PathBuf>,
+        state: StateSettings,
         sandbox_exec: &std::path::Path,
     ) -> Result<SeatbeltSandbox, String> {
         if !sandbox_exec.is_file() {
@@ -46,7 +45,7 @@ impl SeatbeltSandbox {
         }
         Ok(SeatbeltSandbox {
             managed,
-            state_paths,
+            state,
             tag: format!("zcode-acp-{:016x}", rand::random::<u64>()),
             current: None,
         })
@@ -59,7 +58,8 @@ impl SpawnHook for SeatbeltSandbox {
             return Err(SpawnError::Empty);
         }
         self.current = None;
-        let input = arming_input(Platform::Macos, ctx, &self.state_paths, &self.managed)?;
+        let (input, backend_profile) =
+            arming_input(Platform::Macos, ctx, &self.state, &self.managed)?;
         let armed = arm_argv(ctx.argv, &input, &self.managed, Some(&self.tag))
             .map_err(SpawnError::cannot_arm)?;
         let argv = armed.argv.clone();
@@ -72,6 +72,7 @@ impl SpawnHook for SeatbeltSandbox {
                 ctx.roots.len(),
                 if ctx.roots.len() == 1 { "" } else { "s" }
             ),
+            backend_profile: Some(backend_profile),
         })
     }
 
@@ -117,12 +118,13 @@ impl SpawnHook for SeatbeltSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn hook(home: &std::path::Path) -> SeatbeltSandbox {
         // Any existing file stands in for sandbox-exec: nothing is run.
         SeatbeltSandbox::with_sandbox_exec(
             ManagedRoot::for_home(home),
-            Vec::new(),
+            StateSettings::default(),
             &std::env::current_exe().unwrap(),
         )
         .unwrap()
@@ -133,7 +135,7 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let err = SeatbeltSandbox::with_sandbox_exec(
             ManagedRoot::for_home(home.path()),
-            Vec::new(),
+            StateSettings::default(),
             &home.path().join("sandbox-exec"),
         )
         .err()

@@ -47,7 +47,28 @@ pub struct Editor {
     pub terminals: Vec<(String, Option<i32>)>,
     pub terminal_requests: Vec<Value>,
     next_id: u64,
-    pub home: tempfile::TempDir,
+    pub home: Home,
+    /// How long `wait_for` waits for one frame.
+    pub timeout: Duration,
+    /// How long dropping waits for the bridge to exit after its stdin is
+    /// closed, before killing it.
+    pub drop_grace: Duration,
+}
+
+/// The bridge's home directory: a fresh temporary one, or one the test
+/// made (a real agent's world).
+pub enum Home {
+    Temp(tempfile::TempDir),
+    At(PathBuf),
+}
+
+impl Home {
+    pub fn path(&self) -> &Path {
+        match self {
+            Home::Temp(t) => t.path(),
+            Home::At(p) => p,
+        }
+    }
 }
 
 pub struct Options {
@@ -59,6 +80,12 @@ pub struct Options {
     pub outer_ns: bool,
     /// Where the temporary home goes (default: the system temp dir).
     pub home_in: Option<PathBuf>,
+    /// A home the test made, used as it is (instead of a temporary one).
+    pub home_at: Option<PathBuf>,
+    /// Start from an empty environment: only HOME, the log level and `env`
+    /// (a real agent must never see the developer's own keys or state).
+    pub clear_env: bool,
+    pub timeout: Duration,
 }
 
 impl Options {
@@ -69,6 +96,9 @@ impl Options {
             env: Vec::new(),
             outer_ns: false,
             home_in: None,
+            home_at: None,
+            clear_env: false,
+            timeout: TIMEOUT,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -87,19 +117,22 @@ impl Editor {
     }
 
     pub fn start_with(opts: Options) -> Editor {
-        let home = match &opts.home_in {
-            Some(dir) => tempfile::tempdir_in(dir).unwrap(),
-            None => tempfile::tempdir().unwrap(),
+        let home = match (&opts.home_at, &opts.home_in) {
+            (Some(at), _) => Home::At(at.clone()),
+            (None, Some(dir)) => Home::Temp(tempfile::tempdir_in(dir).unwrap()),
+            (None, None) => Home::Temp(tempfile::tempdir().unwrap()),
         };
         let mut cmd = Command::new(BIN);
-        cmd.args(&opts.args)
-            .arg("--")
-            .args(&opts.backend)
-            .env("ZCODE_SHELL_AGENT_HOME", home.path().join("shell-agent"))
-            .env("FAKE_AGENT_DIR", home.path())
-            .env("ZCODE_ACP_LOG", "debug")
+        cmd.args(&opts.args).arg("--").args(&opts.backend);
+        if opts.clear_env {
+            cmd.env_clear();
+        } else {
+            cmd.env("ZCODE_SHELL_AGENT_HOME", home.path().join("shell-agent"))
+                .env("FAKE_AGENT_DIR", home.path())
+                .env("XDG_CONFIG_HOME", home.path().join("config"));
+        }
+        cmd.env("ZCODE_ACP_LOG", "debug")
             .env("HOME", home.path())
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -145,6 +178,8 @@ impl Editor {
             terminal_requests: Vec::new(),
             next_id: 1000,
             home,
+            timeout: opts.timeout,
+            drop_grace: Duration::ZERO,
         }
     }
 
@@ -199,7 +234,7 @@ impl Editor {
     /// (looking at everything received so far, in order), answering
     /// requests from the bridge meanwhile.
     pub fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Line {
-        let deadline = Instant::now() + TIMEOUT;
+        let deadline = Instant::now() + self.timeout;
         loop {
             while self.cursor < self.seen.len() {
                 let v = self.seen[self.cursor].value.clone();
@@ -269,6 +304,15 @@ impl Editor {
                 std::fs::write(p["path"].as_str().unwrap(), p["content"].as_str().unwrap())
                     .unwrap();
                 json!({})
+            }
+            "fs/read_text_file" => {
+                match std::fs::read_to_string(v["params"]["path"].as_str().unwrap()) {
+                    Ok(content) => json!({ "content": content }),
+                    Err(e) => {
+                        self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32002, "message": e.to_string()}}));
+                        return;
+                    }
+                }
             }
             "terminal/create" => {
                 // As an editor does: run `command` with `args`, applying the
@@ -378,6 +422,13 @@ impl Editor {
 impl Drop for Editor {
     fn drop(&mut self) {
         self.stdin.take();
+        // Let the bridge stop its agent as it does for an editor that
+        // leaves (a SIGKILL would leave what the agent started to the
+        // parent-death signal alone).
+        let deadline = Instant::now() + self.drop_grace;
+        while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -482,7 +533,7 @@ pub fn require_seatbelt() -> bool {
 
 /// Says why a sandbox test does not run (false), or fails it where CI
 /// requires every test.
-fn skip(reason: &str) -> bool {
+pub fn skip(reason: &str) -> bool {
     if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
         panic!("a sandbox test would be skipped: {reason}");
     }
@@ -495,7 +546,9 @@ fn skip(reason: &str) -> bool {
 /// The bridge in front of the shell agent, in an outer mount namespace (Linux),
 /// with a home outside /tmp (the sandbox's /tmp is private) and the shell
 /// agent's transcripts in ~/.zcode-shell-agent, which the zcode backend
-/// profile keeps writable across generations. `global`: ZCODE_ACP_SANDBOX=1.
+/// profile keeps writable across generations. Nothing is prepared in the
+/// home directory: the first sandboxed session of a new user must work.
+/// `global`: ZCODE_ACP_SANDBOX=1.
 pub fn start_shell_agent(global: bool) -> Editor {
     let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
     if global {
@@ -503,9 +556,7 @@ pub fn start_shell_agent(global: bool) -> Editor {
     }
     opts.outer_ns = true;
     opts.home_in = Some(scratch_base());
-    let ed = Editor::start_with(opts);
-    std::fs::create_dir_all(ed.home().join(".zcode-shell-agent")).unwrap();
-    ed
+    Editor::start_with(opts)
 }
 
 pub fn armed_editor() -> (Editor, std::path::PathBuf, String, std::path::PathBuf) {

@@ -1,0 +1,154 @@
+//! Carrying out a call the supervisor took on, on its own copy of the
+//! name, beneath the supervised directory's descriptor, and answering it.
+//!
+//! Every step refuses symlinks (`RESOLVE_NO_SYMLINKS`, or an `O_PATH`
+//! descriptor opened that way and acted on through `/proc/self/fd`), so a
+//! name that is a symlink is never followed: such a call continues to the
+//! kernel instead, which follows it and judges the target with the
+//! sandbox's own rules. Modes get the caller's umask and lose set-user-ID,
+//! set-group-ID and sticky bits. (mkdir, rmdir and rename never follow a
+//! final symlink, and the name is one component beneath the descriptor.)
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::decide::Act;
+use super::{c_name, kernel, Supervisor};
+
+const RESOLVE_BENEATH: u64 = 0x08;
+const RESOLVE_NO_XDEV: u64 = 0x01;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE: u64 =
+    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+
+/// What became of a call.
+enum Outcome {
+    /// Answered with this value or errno.
+    Answer(Result<i64, Errno>),
+    /// Already answered (a descriptor was handed over).
+    Done,
+    /// Not ours after all (a symlink, a mount): the kernel decides.
+    Continue,
+}
+
+pub(super) fn perform(sup: &Supervisor, act: &Act, id: u64, pid: u32) {
+    let Some(listener) = sup.listener() else {
+        return;
+    };
+    let outcome = run(sup, listener, act, id, pid);
+    match outcome {
+        Outcome::Answer(r) => kernel::answer(listener, id, r),
+        Outcome::Done => {}
+        Outcome::Continue => kernel::let_continue(listener, id),
+    }
+    tracing::debug!(?act, "carried out for the sandbox (name-prefix grant)");
+}
+
+fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32) -> Outcome {
+    let dir = |i: usize| sup.dir_fds[i].0.as_fd();
+    match act {
+        Act::Open {
+            dir: d,
+            name,
+            flags,
+            mode,
+        } => {
+            let Ok(c) = c_name(name) else {
+                return Outcome::Continue;
+            };
+            let mode = (mode & 0o777 & !sup.caller_umask(pid)) as u64;
+            // Our own copy is close-on-exec; the caller's gets what it asked.
+            let ours = ((*flags & !libc::O_CLOEXEC) | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
+            match kernel::openat2(dir(*d), &c, ours, mode, RESOLVE) {
+                Ok(fd) => {
+                    // On failure the caller is gone; our copy closes here.
+                    let _ = kernel::answer_with_fd(
+                        listener,
+                        id,
+                        fd.as_fd(),
+                        flags & libc::O_CLOEXEC != 0,
+                    );
+                    Outcome::Done
+                }
+                Err(Errno::ELOOP | Errno::EXDEV) => Outcome::Continue,
+                Err(e) => Outcome::Answer(Err(e)),
+            }
+        }
+        Act::Mkdir { dir: d, name, mode } => {
+            let mode = mode & 0o777 & !sup.caller_umask(pid);
+            Outcome::Answer(
+                nix::sys::stat::mkdirat(dir(*d), name.as_os_str(), Mode::from_bits_truncate(mode))
+                    .map(|_| 0),
+            )
+        }
+        Act::Rmdir { dir: d, name } => Outcome::Answer(
+            nix::unistd::unlinkat(
+                dir(*d),
+                name.as_os_str(),
+                nix::unistd::UnlinkatFlags::RemoveDir,
+            )
+            .map(|_| 0),
+        ),
+        Act::Rename {
+            dir: d,
+            from,
+            to,
+            flags,
+        } => {
+            let flags = nix::fcntl::RenameFlags::from_bits_truncate(*flags);
+            Outcome::Answer(
+                nix::fcntl::renameat2(dir(*d), from.as_os_str(), dir(*d), to.as_os_str(), flags)
+                    .map(|_| 0),
+            )
+        }
+        Act::Utimens {
+            dir: d,
+            name,
+            times,
+        } => {
+            let times = if *times == 0 {
+                None
+            } else {
+                match kernel::read_times(pid, *times) {
+                    Some(t) => Some(t),
+                    None => return Outcome::Answer(Err(Errno::EFAULT)),
+                }
+            };
+            through_path_fd(dir(*d), name, |link| {
+                let ptr = times.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+                // SAFETY: `link` is NUL-terminated; `ptr` is null or points
+                // at two timespecs we own, alive for the call.
+                let r = unsafe { libc::utimensat(sup.proc_fd.as_raw_fd(), link.as_ptr(), ptr, 0) };
+                Errno::result(r).map(|_| 0)
+            })
+        }
+    }
+}
+
+/// Pins the entry with an `O_PATH` descriptor opened without following a
+/// symlink, then acts on exactly that inode through `self/fd/N` of the
+/// host's /proc.
+fn through_path_fd(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    f: impl FnOnce(&std::ffi::CStr) -> Result<i64, Errno>,
+) -> Outcome {
+    let Ok(c) = c_name(name) else {
+        return Outcome::Continue;
+    };
+    let flags = (OFlag::O_PATH | OFlag::O_CLOEXEC).bits() as u64;
+    let pinned: OwnedFd = match kernel::openat2(dir, &c, flags, 0, RESOLVE) {
+        Ok(fd) => fd,
+        Err(Errno::ELOOP | Errno::EXDEV) => return Outcome::Continue,
+        Err(e) => return Outcome::Answer(Err(e)),
+    };
+    let link = format!("self/fd/{}", pinned.as_raw_fd());
+    let Ok(link) = std::ffi::CString::new(link) else {
+        return Outcome::Continue;
+    };
+    Outcome::Answer(f(&link))
+}

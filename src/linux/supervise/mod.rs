@@ -1,0 +1,270 @@
+//! The supervisor: name-prefix grants on Linux.
+//!
+//! Some agents keep state as entries of the home directory itself: Claude
+//! saves `~/.claude.json` by writing `~/.claude.json.tmp.PID.N` beside it
+//! under a lock directory `~/.claude.json.lock` and renaming the temporary
+//! file over it; a zcode backend may create `~/.zcode-…`. Landlock and
+//! read-only mounts grant whole directories, and opening the home directory
+//! to new files would be an escape (a new `~/.bash_profile` runs at the next
+//! login). So the home directory stays read-only, and the sandbox helper,
+//! which is outside the sandbox, creates, renames and removes exactly those
+//! names for the agent:
+//!
+//! 1. before the sandbox is armed, the helper opens each supervised
+//!    directory (on the host's mount, which stays writable for it) and the
+//!    host's `/proc`;
+//! 2. the sandbox's first process, once confined, installs a seccomp filter
+//!    (`filter`) that hands the calls that could touch such a name to the
+//!    helper (user notification), and passes the helper the listener;
+//! 3. for each call the helper copies the path out of the caller's memory
+//!    once, decides on that copy (`decide`: a single name directly in the
+//!    directory, starting with a granted prefix, allowed by the policy),
+//!    and either lets the call continue to the kernel (which judges it as
+//!    if the helper were not there) or carries it out itself on its own
+//!    copy, beneath the directory's descriptor, with `openat2(
+//!    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+//!    RESOLVE_NO_XDEV)` (an opened file is handed to the caller with
+//!    SECCOMP_ADDFD_FLAG_SEND). A call is never let through to the kernel on
+//!    the strength of a path the caller could still change.
+//!
+//! What a supervised name supports is what an atomic save needs, and no
+//! more: creating it exclusively (O_CREAT|O_EXCL), renaming one granted
+//! name over another, a lock directory (mkdir, rmdir, utimensat). Writing
+//! an existing entry in place, removing a file and chmod stay refused:
+//! every call the filter hands over costs a round trip, whatever file it
+//! names, so watching those too would tax all file work in the workspace
+//! (see BENCHMARKS.md). Only sandboxes whose policy has a name-prefix grant
+//! outside the writable directories get the filter at all.
+//!
+//! Calls the kernel must see for the decision to be right stay with it:
+//! foreign ABIs are refused outright (`filter`), and so are set-user-ID and
+//! set-group-ID bits (the helper never sets them). A kernel without user
+//! notification (before 5.14), or a process tree that already has a
+//! listener, gets the old behaviour: only entries that exist when the
+//! sandbox is armed are writable, as the plan says.
+
+mod act;
+pub mod decide;
+pub mod filter;
+mod kernel;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
+
+use nix::errno::Errno;
+use nix::fcntl::{open, OFlag};
+use nix::sys::stat::{fstatat, Mode};
+
+use super::plan::Supervised;
+use crate::policy::Policy;
+
+/// Whether supervised name-prefix grants can work here: a kernel with user
+/// notification and descriptor passing (5.14), an architecture whose
+/// filter is written, and no seccomp listener already above us (a sandbox
+/// inside a sandbox: the kernel allows one per process tree). Decided once.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        cfg!(any(target_arch = "x86_64", target_arch = "aarch64"))
+            && kernel::user_notification_supported()
+            && (!has_seccomp_filters() || listener_can_be_installed())
+    })
+}
+
+/// Whether this process already runs under seccomp filters (a container,
+/// or a sandbox of ours around us).
+fn has_seccomp_filters() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        })
+        .is_some_and(|n| n > 0)
+}
+
+/// Tries, in a short-lived child, whether a listener can be added to the
+/// filters already installed.
+fn listener_can_be_installed() -> bool {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, ForkResult};
+    // Built before the fork: the bridge has threads, so the child must not
+    // allocate.
+    let filters = kernel::sock_filters(&filter::program(&filter::NATIVE));
+    // SAFETY: the child only makes system calls and leaves with _exit.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let ok =
+                nix::sys::prctl::set_no_new_privs().is_ok() && kernel::install(&filters).is_ok();
+            // SAFETY: leaves the child at once, without running destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        Ok(ForkResult::Parent { child }) => {
+            matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0)))
+        }
+        Err(_) => false,
+    }
+}
+
+/// The helper's side: everything opened before the sandbox is armed, and
+/// the listener once the sandbox's first process sends it.
+pub struct Supervisor {
+    dirs: Vec<Supervised>,
+    /// Each supervised directory on the host's mount (writable for us even
+    /// after the sandbox's mounts are read-only), with its device and inode.
+    dir_fds: Vec<(OwnedFd, u64, u64)>,
+    /// The host's `/proc` (the sandbox mounts its own over `/proc` later).
+    proc_fd: OwnedFd,
+    policy: Policy,
+    listener: Option<OwnedFd>,
+}
+
+impl Supervisor {
+    /// Opens what the supervisor needs. Must run before the mount
+    /// namespace is unshared: descriptors opened now keep the host's
+    /// (writable) mounts.
+    pub fn prepare(dirs: &[Supervised], policy: Policy) -> Result<Supervisor, String> {
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        let mut dir_fds = Vec::new();
+        for d in dirs {
+            let fd = open(&d.dir, flags, Mode::empty())
+                .map_err(|e| format!("cannot open {}: {e}", d.dir.display()))?;
+            let st = nix::sys::stat::fstat(&fd)
+                .map_err(|e| format!("cannot stat {}: {e}", d.dir.display()))?;
+            dir_fds.push((fd, st.st_dev, st.st_ino));
+        }
+        let proc_fd = open(
+            "/proc",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open /proc: {e}"))?;
+        Ok(Supervisor {
+            dirs: dirs.to_vec(),
+            dir_fds,
+            proc_fd,
+            policy,
+            listener: None,
+        })
+    }
+
+    /// Takes the listener the sandbox's first process sent; with none, it
+    /// could not install the filter, and the grants stay as armed.
+    pub fn receive_listener(&mut self, sock: BorrowedFd<'_>) {
+        match kernel::recv_fd(sock) {
+            Ok(Some(fd)) => {
+                kernel::prefer_sync_wake_up(fd.as_fd());
+                // Modes are the caller's (its umask applied by us), never ours.
+                nix::sys::stat::umask(Mode::empty());
+                self.listener = Some(fd);
+            }
+            Ok(None) | Err(_) => tracing::warn!(
+                "the sandbox could not hand name-prefix grants to its supervisor; only entries that existed when it was armed are writable"
+            ),
+        }
+    }
+
+    pub fn listener(&self) -> Option<BorrowedFd<'_>> {
+        self.listener.as_ref().map(|l| l.as_fd())
+    }
+
+    /// Stops supervising (every filtered process is gone).
+    pub fn close(&mut self) {
+        self.listener = None;
+    }
+
+    /// Handles one pending call.
+    pub fn handle_one(&self) {
+        let Some(listener) = self.listener() else {
+            return;
+        };
+        let n = match kernel::receive(listener) {
+            Ok(n) => n,
+            // The caller went away before we looked, or a signal came.
+            Err(_) => return,
+        };
+        let pid = n.pid;
+        let call = decide::decode(n.data.nr as u32, n.data.args, &mut |addr| {
+            kernel::read_c_string(pid, addr)
+        });
+        let act = call.and_then(|c| {
+            decide::decide(&c, &self.dirs, &self.policy, &mut |at, i| {
+                self.caller_dir_is(pid, at, i)
+            })
+        });
+        let Some(act) = act else {
+            kernel::let_continue(listener, n.id);
+            return;
+        };
+        // The pid might have been reused since the call was made; act only
+        // for a caller still waiting on this very call.
+        if !kernel::still_waiting(listener, n.id) {
+            return;
+        }
+        act::perform(self, &act, n.id, pid);
+    }
+
+    /// Whether the caller's directory argument (or its working directory)
+    /// is supervised directory `i`, by device and inode.
+    fn caller_dir_is(&self, pid: u32, at: decide::Dirfd, i: usize) -> bool {
+        let link = if at == libc::AT_FDCWD {
+            format!("{pid}/cwd")
+        } else if at >= 0 {
+            format!("{pid}/fd/{at}")
+        } else {
+            return false;
+        };
+        match fstatat(&self.proc_fd, link.as_str(), nix::fcntl::AtFlags::empty()) {
+            Ok(st) => {
+                let (_, dev, ino) = &self.dir_fds[i];
+                st.st_dev == *dev && st.st_ino == *ino
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The caller's umask (from the host's /proc), 022 when unreadable.
+    fn caller_umask(&self, pid: u32) -> u32 {
+        let read = || -> Option<u32> {
+            let fd = nix::fcntl::openat(
+                &self.proc_fd,
+                format!("{pid}/status").as_str(),
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            let text = std::io::read_to_string(std::fs::File::from(fd)).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        };
+        read().unwrap_or(0o022)
+    }
+}
+
+/// In the sandbox's first process, after Landlock: installs the filter and
+/// sends the listener to the helper over `sock` (or says there is none).
+/// A failure is said on stderr and costs only the prefix grants.
+pub fn install_and_send(sock: BorrowedFd<'_>) {
+    let filters = kernel::sock_filters(&filter::program(&filter::NATIVE));
+    match kernel::install(&filters) {
+        Ok(listener) => {
+            if let Err(e) = kernel::send_fd(sock, Some(listener.as_fd())) {
+                eprintln!("zcode-acp sandbox: cannot hand the supervisor its listener: {e}");
+            }
+        }
+        Err(e) => {
+            eprintln!(
+                "zcode-acp sandbox: cannot install the supervisor's filter ({e}); only entries that existed when the sandbox was armed are writable"
+            );
+            let _ = kernel::send_fd(sock, None);
+        }
+    }
+}
+
+/// A name as a C string (names never hold NUL: they came from one).
+fn c_name(name: &std::ffi::OsStr) -> Result<std::ffi::CString, Errno> {
+    std::ffi::CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)
+}

@@ -1,0 +1,515 @@
+//! Which agent backend is being armed, and which state of its own it may
+//! write. A real agent that cannot write its state breaks: Claude's
+//! `~/.claude` and `~/.claude.json`, codex's `$CODEX_HOME`, gemini's
+//! `~/.gemini`, the shell agent's transcripts.
+//!
+//! The profile is read from how the agent is launched, the way editors
+//! launch it: a bare binary (`claude-agent-acp`, `codex-acp`, `gemini
+//! --experimental-acp`), `npx [-y] <package>[@version]`, `node
+//! <prefix>/<package>/dist/index.js`, an npm `.bin` shim (a symlink, or a
+//! pnpm shell script) and a wrapper script. Every path component of every
+//! word counts, and so do the file a word names (through its symlinks) and
+//! the words of a script it names. The home directory's own path is left
+//! out (a user called `claude` is not a Claude backend). An explicit choice
+//! overrides the guess: `--backend-profile`, `ZCODE_ACP_BACKEND_PROFILE` or
+//! `sandbox.backendProfile` in the user config.
+
+use std::path::{Path, PathBuf};
+
+use super::build::Grant;
+use super::discover::Env;
+use super::{resolve_real, Matcher};
+
+/// A backend whose own state the sandbox knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Claude,
+    Codex,
+    Gemini,
+    Zcode,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 4] = [
+        Profile::Claude,
+        Profile::Codex,
+        Profile::Gemini,
+        Profile::Zcode,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Claude => "claude",
+            Profile::Codex => "codex",
+            Profile::Gemini => "gemini",
+            Profile::Zcode => "zcode",
+        }
+    }
+
+    /// What a path component must contain to name this backend.
+    fn key(self) -> &'static str {
+        self.name()
+    }
+}
+
+/// The user's explicit choice, or none (guess from the command).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Choice {
+    #[default]
+    Guess,
+    /// `profile` is None for "none": no backend state at all.
+    Explicit {
+        profile: Option<Profile>,
+        by: String,
+    },
+}
+
+impl Choice {
+    /// Parses `claude`, `codex`, `gemini`, `zcode` or `none`; `by` says
+    /// where the value came from, for the explanation.
+    pub fn parse(value: &str, by: &str) -> Result<Choice, String> {
+        let v = value.trim().to_ascii_lowercase();
+        let profile = match v.as_str() {
+            "none" => None,
+            other => Some(
+                Profile::ALL
+                    .into_iter()
+                    .find(|p| p.name() == other)
+                    .ok_or_else(|| {
+                        format!(
+                            "unknown backend profile `{value}` ({by}): use claude, codex, gemini, zcode or none"
+                        )
+                    })?,
+            ),
+        };
+        Ok(Choice::Explicit {
+            profile,
+            by: by.to_owned(),
+        })
+    }
+}
+
+/// What a backend may write of its own, as configured by the user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateSettings {
+    pub choice: Choice,
+    /// `sandbox.statePaths`: state directories of backends no profile knows.
+    pub extra: Vec<PathBuf>,
+}
+
+/// The profiles applied and why, in words for the editor and `doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    pub profiles: Vec<Profile>,
+    pub why: String,
+}
+
+impl Detected {
+    /// `claude (why)`, or `none (why)`.
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = self.profiles.iter().map(|p| p.name()).collect();
+        let names = if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(" + ")
+        };
+        format!("{names} ({})", self.why)
+    }
+}
+
+/// What detection may ask about the machine.
+pub trait Look {
+    /// The file a bare command name runs (a `PATH` lookup).
+    fn which(&self, program: &str) -> Option<PathBuf>;
+    /// The real path of an existing file (symlinks followed).
+    fn real(&self, path: &Path) -> Option<PathBuf>;
+    /// The text of a small script (`#!` first line), if `path` is one.
+    fn script(&self, path: &Path) -> Option<String>;
+}
+
+/// The machine as it is.
+pub struct RealLook;
+
+/// Scripts larger than this are not read: wrappers are small.
+const MAX_SCRIPT: u64 = 64 * 1024;
+
+impl Look for RealLook {
+    fn which(&self, program: &str) -> Option<PathBuf> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    }
+    fn real(&self, path: &Path) -> Option<PathBuf> {
+        std::fs::canonicalize(path).ok()
+    }
+    fn script(&self, path: &Path) -> Option<String> {
+        use std::io::Read;
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_file() || meta.len() > MAX_SCRIPT {
+            return None;
+        }
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(MAX_SCRIPT)
+            .read_to_string(&mut text)
+            .ok()?;
+        text.starts_with("#!").then_some(text)
+    }
+}
+
+/// Decides which profiles apply to `argv`. `homes` are the spellings of
+/// the home directory to leave out of paths.
+pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBuf]) -> Detected {
+    if let Choice::Explicit { profile, by } = choice {
+        return Detected {
+            profiles: profile.iter().copied().collect(),
+            why: format!("chosen by {by}"),
+        };
+    }
+    let mut found: Vec<(Profile, String)> = Vec::new();
+    let mut note = |text: &str, source: &dyn Fn(&str) -> String| {
+        for component in components(text, homes) {
+            for p in Profile::ALL {
+                if component.contains(p.key()) && !found.iter().any(|(f, _)| *f == p) {
+                    found.push((p, source(&component)));
+                }
+            }
+        }
+    };
+    for (i, word) in argv.iter().enumerate() {
+        note(word, &|c| format!("the command names `{c}`"));
+        let named = if i == 0 && !word.contains('/') {
+            look.which(word)
+        } else if word.contains('/') {
+            Some(PathBuf::from(word))
+        } else {
+            None
+        };
+        let Some(real) = named.and_then(|p| look.real(&p)) else {
+            continue;
+        };
+        let shown = real.display().to_string();
+        note(&shown, &|c| {
+            format!("`{word}` is {shown}, which names `{c}`")
+        });
+        if let Some(text) = look.script(&real) {
+            for token in script_words(&text) {
+                note(&token, &|c| {
+                    format!("`{word}` is a script ({shown}) that names `{c}`")
+                });
+                if token.starts_with('/') {
+                    if let Some(target) = look.real(Path::new(&token)) {
+                        let t = target.display().to_string();
+                        note(&t, &|c| {
+                            format!(
+                                "`{word}` is a script ({shown}) that runs {t}, which names `{c}`"
+                            )
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        return Detected {
+            profiles: Vec::new(),
+            why: "nothing in the command names claude, codex, gemini or zcode; if the agent \
+                  needs state of its own, set sandbox.backendProfile or sandbox.statePaths in \
+                  the user config"
+                .into(),
+        };
+    }
+    let why = found
+        .iter()
+        .map(|(p, why)| format!("{}: {why}", p.name()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Detected {
+        profiles: found.into_iter().map(|(p, _)| p).collect(),
+        why,
+    }
+}
+
+/// The lowercase path components of `text`, with the home directory's own
+/// components left out, npm scopes (`@scope`) and versions (`pkg@1.2.3`)
+/// kept as they are (the key is searched inside each component).
+fn components(text: &str, homes: &[PathBuf]) -> Vec<String> {
+    let mut rest = text;
+    for home in homes {
+        let h = home.to_string_lossy();
+        let h = h.trim_end_matches('/');
+        if h.is_empty() {
+            continue;
+        }
+        if let Some(after) = rest.strip_prefix(h) {
+            if after.is_empty() || after.starts_with('/') {
+                rest = after;
+                break;
+            }
+        }
+    }
+    rest.split(['/', '=', ' ', '\t'])
+        .filter(|c| !c.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+/// The words of a script, split on whitespace and shell punctuation, with
+/// quotes and `$VAR/` prefixes dropped (`"$basedir/../pkg/dist/index.js"`).
+fn script_words(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#') || l.starts_with("#!"))
+        .flat_map(|l| {
+            l.split(|c: char| c.is_whitespace() || "\"'`;&|()<>".contains(c))
+                .filter(|w| !w.is_empty())
+                .map(|w| {
+                    let w = w.trim_start_matches("#!");
+                    // `$basedir/../x` names x; keep what follows the variable.
+                    match w.strip_prefix('$') {
+                        Some(v) => v.split_once('/').map(|(_, r)| r).unwrap_or("").to_owned(),
+                        None => w.to_owned(),
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// A state directory the backend may write, created before arming.
+fn state_dir(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+    super::discover::dir_grant(path, home, why)
+}
+
+/// The state each profile writes. `env` is the agent's environment (it
+/// inherits the bridge's).
+pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    for p in profiles {
+        match p {
+            Profile::Claude => {
+                let configured = env.var("CLAUDE_CONFIG_DIR").map(PathBuf::from);
+                let dir = configured.clone().unwrap_or_else(|| home.join(".claude"));
+                grants.extend(state_dir(
+                    &dir,
+                    home,
+                    "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude)",
+                ));
+                // Without CLAUDE_CONFIG_DIR Claude keeps its settings in
+                // ~/.claude.json, saved through a temporary file and a lock
+                // directory beside it (`~/.claude.json.tmp.PID.N`,
+                // `~/.claude.json.lock`) renamed over it. With it set, that
+                // file lives inside the directory above.
+                if configured.is_none() {
+                    grants.push(Grant {
+                        matcher: Matcher::NamePrefix {
+                            dir: home.to_path_buf(),
+                            prefix: ".claude.json".into(),
+                        },
+                        why: "Claude's settings ~/.claude.json (saved through ~/.claude.json.tmp.* and ~/.claude.json.lock)".into(),
+                    });
+                }
+            }
+            Profile::Codex => {
+                let dir = env
+                    .var("CODEX_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| home.join(".codex"));
+                grants.extend(state_dir(
+                    &dir,
+                    home,
+                    "codex's own state ($CODEX_HOME or ~/.codex)",
+                ));
+            }
+            Profile::Gemini => {
+                grants.extend(state_dir(
+                    &home.join(".gemini"),
+                    home,
+                    "gemini's own state (~/.gemini)",
+                ));
+            }
+            Profile::Zcode => {
+                let dir = env
+                    .var("ZCODE_SHELL_AGENT_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| home.join(".zcode-shell-agent"));
+                grants.extend(state_dir(
+                    &dir,
+                    home,
+                    "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
+                ));
+                grants.push(Grant {
+                    matcher: Matcher::NamePrefix {
+                        dir: home.to_path_buf(),
+                        prefix: ".zcode".into(),
+                    },
+                    why: "the zcode backend's own state (~/.zcode*)".into(),
+                });
+            }
+        }
+    }
+    grants
+}
+
+/// Both spellings of the home directory: as given and real.
+pub fn home_spellings(home: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(h) = dirs::home_dir() {
+        out.push(h);
+    }
+    out.push(home.to_path_buf());
+    if let Ok(real) = resolve_real(home) {
+        out.push(real);
+    }
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A machine made of a PATH table, symlinks and scripts.
+    #[derive(Default)]
+    struct FakeLook {
+        path: HashMap<String, PathBuf>,
+        links: HashMap<PathBuf, PathBuf>,
+        scripts: HashMap<PathBuf, String>,
+    }
+
+    impl Look for FakeLook {
+        fn which(&self, program: &str) -> Option<PathBuf> {
+            self.path.get(program).cloned()
+        }
+        fn real(&self, path: &Path) -> Option<PathBuf> {
+            Some(self.links.get(path).cloned().unwrap_or(path.to_path_buf()))
+        }
+        fn script(&self, path: &Path) -> Option<String> {
+            self.scripts.get(path).cloned()
+        }
+    }
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    fn names(d: &Detected) -> Vec<&'static str> {
+        d.profiles.iter().map(|p| p.name()).collect()
+    }
+
+    fn guess(cmd: &str, look: &FakeLook) -> Detected {
+        detect(
+            &argv(cmd),
+            &Choice::Guess,
+            look,
+            &[PathBuf::from("/home/claude")],
+        )
+    }
+
+    #[test]
+    fn agents_are_recognised_however_editors_launch_them() {
+        let look = FakeLook::default();
+        for (cmd, want) in [
+            ("claude-agent-acp", "claude"),
+            ("codex-acp", "codex"),
+            ("gemini --experimental-acp", "gemini"),
+            ("npx -y @agentclientprotocol/claude-agent-acp@0.49.0", "claude"),
+            ("npx @zed-industries/codex-acp", "codex"),
+            (
+                "node /usr/lib/node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js",
+                "claude",
+            ),
+            (
+                "/usr/bin/node /opt/n/lib/node_modules/@zed-industries/claude-code-acp/dist/index.js",
+                "claude",
+            ),
+            ("zcode-acp shell-agent", "zcode"),
+        ] {
+            let d = guess(cmd, &look);
+            assert_eq!(names(&d), vec![want], "{cmd}: {}", d.why);
+        }
+        let d = guess("node index.js", &look);
+        assert!(d.profiles.is_empty(), "{}", d.why);
+        assert!(d.why.contains("sandbox.backendProfile"), "{}", d.why);
+    }
+
+    #[test]
+    fn shims_symlinks_and_wrapper_scripts_are_followed() {
+        let mut look = FakeLook::default();
+        // An npm .bin symlink under a neutral name.
+        look.links.insert(
+            "/w/node_modules/.bin/agent".into(),
+            "/w/node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js".into(),
+        );
+        let d = guess("/w/node_modules/.bin/agent", &look);
+        assert_eq!(names(&d), vec!["claude"], "{}", d.why);
+        assert!(d.why.contains("is /w/node_modules/@agentclientprotocol"));
+
+        // A wrapper on PATH that execs the agent.
+        look.path
+            .insert("my-agent".into(), "/usr/local/bin/my-agent".into());
+        look.scripts.insert(
+            "/usr/local/bin/my-agent".into(),
+            "#!/bin/sh\nexport X=1\nexec codex-acp \"$@\"\n".into(),
+        );
+        let d = guess("my-agent --flag", &look);
+        assert_eq!(names(&d), vec!["codex"], "{}", d.why);
+        assert!(d.why.contains("is a script"), "{}", d.why);
+
+        // pnpm's shell shim: the package path behind a variable.
+        look.path.insert("agent2".into(), "/p/.bin/agent2".into());
+        look.scripts.insert(
+            "/p/.bin/agent2".into(),
+            "#!/bin/sh\nbasedir=$(dirname \"$0\")\nexec node \"$basedir/../@zed-industries/codex-acp/bin/codex-acp.js\" \"$@\"\n".into(),
+        );
+        assert_eq!(names(&guess("agent2", &look)), vec!["codex"]);
+    }
+
+    #[test]
+    fn the_home_directory_name_is_not_evidence() {
+        let look = FakeLook::default();
+        let d = guess("/home/claude/bin/my-agent", &look);
+        assert!(d.profiles.is_empty(), "{}", d.why);
+        let d = guess("/home/claude/.local/bin/claude-agent-acp", &look);
+        assert_eq!(names(&d), vec!["claude"]);
+    }
+
+    #[test]
+    fn an_explicit_choice_wins() {
+        let look = FakeLook::default();
+        let choice = Choice::parse("codex", "--backend-profile").unwrap();
+        let d = detect(&argv("claude-agent-acp"), &choice, &look, &[]);
+        assert_eq!(names(&d), vec!["codex"]);
+        assert!(d.why.contains("--backend-profile"));
+        let none = Choice::parse("none", "the user config").unwrap();
+        assert!(detect(&argv("claude-agent-acp"), &none, &look, &[])
+            .profiles
+            .is_empty());
+        assert!(Choice::parse("cursor", "x")
+            .unwrap_err()
+            .contains("claude, codex"));
+    }
+
+    #[test]
+    fn claude_keeps_its_settings_file_only_where_it_lives() {
+        let home = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(home.path()).unwrap();
+        let env: HashMap<String, String> = HashMap::new();
+        let g = grants(&[Profile::Claude], &env, &home);
+        assert_eq!(g[0].matcher, Matcher::Subpath(home.join(".claude")));
+        assert!(
+            matches!(&g[1].matcher, Matcher::NamePrefix { prefix, .. } if prefix == ".claude.json")
+        );
+        let mut env = HashMap::new();
+        env.insert(
+            "CLAUDE_CONFIG_DIR".to_string(),
+            home.join("cfg").display().to_string(),
+        );
+        let g = grants(&[Profile::Claude], &env, &home);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].matcher, Matcher::Subpath(home.join("cfg")));
+    }
+}

@@ -1,0 +1,821 @@
+//! Real third-party agents behind the armed bridge, launched the way
+//! editors launch them, in a world laid out as a user's: a home directory
+//! under /home (not a temp directory), a project in it, and an "outside"
+//! folder in the home that the agent must not write. The model is our own
+//! mock on 127.0.0.1 (tests/fixtures/mock_model.py), which answers with real
+//! tool calls, so each agent runs its own shell and edit tools. Every run
+//! starts from an empty environment with the test's own home.
+//!
+//! The agents are pinned in tests/agents/package.json and installed by
+//! `.ci/run` (`npm ci --prefix tests/agents`).
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Editor, Options, BIN};
+use serde_json::{json, Value};
+
+const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/node_modules");
+const MOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mock_model.py");
+/// Real agents start slower than the fixtures, and CI shares two cores.
+const SLOW: Duration = Duration::from_secs(90);
+
+/// Whether the pinned agents are installed and the sandbox can run.
+fn ready() -> bool {
+    if !common::require_kernel_features() {
+        return false;
+    }
+    if !Path::new(AGENTS).join(".bin/codex-acp").exists() {
+        return common::skip(
+            "the real agents are not installed (run: npm ci --prefix tests/agents)",
+        );
+    }
+    true
+}
+
+// ---- The model
+
+/// Our mock model server, ended (by pid) with the test.
+struct Model {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Model {
+    fn start(dir: &Path) -> Model {
+        let log = dir.join("model-requests.jsonl");
+        let mut child = Command::new("python3")
+            .arg(MOCK)
+            .arg(&log)
+            .arg("600")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the mock model");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the mock model's port");
+        Model { child, port, log }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// How many model requests carried a directive containing `tag`.
+    fn requests_mentioning(&self, tag: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(tag))
+            .count()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- The world
+
+/// A user's machine for one test: the home under /home, a project in it,
+/// a second project, and a folder outside every project.
+struct World {
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+    ws: PathBuf,
+    other: PathBuf,
+    outside: PathBuf,
+    model: Model,
+}
+
+impl World {
+    fn new() -> World {
+        // A user's home is not a temp directory: temp is writable by
+        // design, so an "outside" there would prove nothing.
+        let base = if Path::new("/home").is_dir() {
+            PathBuf::from("/home")
+        } else {
+            common::scratch_base()
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("zcode-agents-")
+            .tempdir_in(&base)
+            .unwrap();
+        let home = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(!home.starts_with("/tmp") && !home.starts_with("/var/tmp"));
+        let ws = home.join("src/project");
+        let other = home.join("src/other");
+        let outside = home.join("notes");
+        for d in [&ws, &other, &outside] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let model = Model::start(&home);
+        World {
+            _dir: dir,
+            home,
+            ws,
+            other,
+            outside,
+            model,
+        }
+    }
+}
+
+// ---- The agents
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Agent {
+    Codex,
+    Claude,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Launch {
+    /// The package's bin name, found on PATH (an npm `.bin` shim).
+    BinName,
+    /// `node <prefix>/<package>/<script>`, as editors start npm agents.
+    NodeScript,
+}
+
+/// The backend command as the README's `agent_servers` blocks give it.
+/// Codex's own sandbox is turned off: it cannot nest inside ours, and ours
+/// is the one that holds.
+fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
+    let mut argv: Vec<String> = match (agent, launch) {
+        (Agent::Codex, Launch::BinName) => vec!["codex-acp".into()],
+        (Agent::Codex, Launch::NodeScript) => vec![
+            "node".into(),
+            format!("{AGENTS}/@zed-industries/codex-acp/bin/codex-acp.js"),
+        ],
+        (Agent::Claude, Launch::BinName) => vec!["claude-agent-acp".into()],
+        (Agent::Claude, Launch::NodeScript) => vec![
+            "node".into(),
+            format!("{AGENTS}/@agentclientprotocol/claude-agent-acp/dist/index.js"),
+        ],
+    };
+    if agent == Agent::Codex {
+        argv.extend(["-c".into(), "sandbox_mode=\"danger-full-access\"".into()]);
+    }
+    argv
+}
+
+/// The backend command for a test: the README's, pointed at the mock
+/// model (codex is told through `-c`, so its state directory need not
+/// exist before its first run).
+fn backend(agent: Agent, launch: Launch, w: &World) -> Vec<String> {
+    let mut argv = readme_backend(agent, launch);
+    if agent == Agent::Codex {
+        for c in [
+            "model=\"gpt-5.2-codex\"".to_owned(),
+            "model_provider=\"mock\"".to_owned(),
+            format!(
+                "model_providers.mock={{name=\"mock\",base_url=\"{}/v1\",wire_api=\"responses\",env_key=\"MOCK_API_KEY\"}}",
+                w.model.url()
+            ),
+            "approval_policy=\"never\"".to_owned(),
+        ] {
+            argv.extend(["-c".into(), c]);
+        }
+    }
+    argv
+}
+
+/// The agent's environment: only what a user's editor would pass, with
+/// the test's home and a dummy key for the mock.
+fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
+    let node_dir = Path::new(&which("node")).parent().unwrap().to_owned();
+    let mut env = vec![(
+        "PATH".to_owned(),
+        format!(
+            "{AGENTS}/.bin:{}:/usr/local/bin:/usr/bin:/bin",
+            node_dir.display()
+        ),
+    )];
+    match agent {
+        Agent::Codex => {
+            env.push((
+                "CODEX_HOME".into(),
+                w.home.join(".codex").display().to_string(),
+            ));
+            env.push(("MOCK_API_KEY".into(), "dummy".into()));
+        }
+        Agent::Claude => {
+            env.push(("ANTHROPIC_BASE_URL".into(), w.model.url()));
+            env.push(("ANTHROPIC_API_KEY".into(), "dummy".into()));
+            env.push((
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                "1".into(),
+            ));
+            // Claude refuses to run as root unless told it is sandboxed.
+            env.push(("IS_SANDBOX".into(), "1".into()));
+        }
+    }
+    env
+}
+
+fn which(program: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+struct Run {
+    agent: Agent,
+    launch: Launch,
+    sandbox: bool,
+    /// Whether the editor advertises `fs.writeTextFile` (an agent may route
+    /// its edits through the editor when it can).
+    editor_writes: bool,
+    extra_env: Vec<(String, String)>,
+}
+
+impl Run {
+    fn new(agent: Agent, launch: Launch) -> Run {
+        Run {
+            agent,
+            launch,
+            sandbox: true,
+            editor_writes: true,
+            extra_env: Vec::new(),
+        }
+    }
+
+    fn start(&self, w: &World) -> Editor {
+        let mut opts = Options::new(backend(self.agent, self.launch, w));
+        opts.clear_env = true;
+        opts.home_at = Some(w.home.clone());
+        opts.outer_ns = true;
+        opts.timeout = SLOW;
+        for (k, v) in agent_env(self.agent, w)
+            .into_iter()
+            .chain(self.extra_env.clone())
+        {
+            opts.env.push((k, v));
+        }
+        if self.sandbox {
+            opts = opts.env("ZCODE_ACP_SANDBOX", "1");
+        }
+        // The bridge's own shutdown ends the agent (codex-acp ignores a
+        // closed stdin, so it gets SIGTERM after this grace).
+        opts = opts.arg("--stop-grace-ms").arg("1000");
+        let mut ed = Editor::start_with(opts);
+        ed.drop_grace = Duration::from_secs(20);
+        ed.call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {
+                "fs": {"readTextFile": self.editor_writes, "writeTextFile": self.editor_writes},
+                "terminal": false}}),
+        );
+        ed
+    }
+}
+
+// ---- Turns
+
+/// What one prompt did: the response, and the bridge's own permission
+/// prompts (title, the option chosen).
+struct Turn {
+    response: Value,
+    bridge_prompts: Vec<String>,
+    text: String,
+}
+
+/// Runs a prompt scripted for the mock model. The agent's own permission
+/// requests are allowed once; the bridge's are answered `bridge_answer`.
+fn turn(ed: &mut Editor, sid: &str, steps: Value, bridge_answer: &str) -> Turn {
+    let start = ed.seen.len();
+    let text = format!("Please do this.\nzcode-mock: {steps}");
+    let id = ed.prompt_request(sid, &text);
+    let mut bridge_prompts = Vec::new();
+    loop {
+        let id2 = id.clone();
+        let line = ed.wait_for("the prompt's end or a permission request", move |v| {
+            (v.get("id") == Some(&id2) && v.get("method").is_none())
+                || v["method"] == "session/request_permission"
+        });
+        let v = line.value;
+        if v.get("method").is_none() {
+            let text = ed.agent_text_since(start, sid);
+            return Turn {
+                response: v,
+                bridge_prompts,
+                text,
+            };
+        }
+        let call = &v["params"]["toolCall"];
+        let option = if call["toolCallId"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("zcode-acp-"))
+        {
+            bridge_prompts.push(call["title"].as_str().unwrap_or("").to_owned());
+            bridge_answer.to_owned()
+        } else {
+            v["params"]["options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["kind"] == "allow_once")
+                .unwrap()["optionId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        ed.send(&json!({"jsonrpc": "2.0", "id": v["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+    }
+}
+
+fn shell(command: String) -> Value {
+    json!({"tool": "shell", "command": command})
+}
+
+fn write(path: &Path, content: &str) -> Value {
+    json!({"tool": "write", "path": path, "content": content})
+}
+
+/// The writes one scenario makes: with the shell tool and the edit tool,
+/// each once inside the project and once outside.
+struct Writes {
+    shell_in: PathBuf,
+    shell_out: PathBuf,
+    edit_in: PathBuf,
+    edit_out: PathBuf,
+}
+
+impl Writes {
+    fn new(w: &World, tag: &str) -> Writes {
+        Writes {
+            shell_in: w.ws.join(format!("shell-in-{tag}.txt")),
+            shell_out: w.outside.join(format!("shell-out-{tag}.txt")),
+            edit_in: w.ws.join(format!("edit-in-{tag}.txt")),
+            edit_out: w.outside.join(format!("edit-out-{tag}.txt")),
+        }
+    }
+
+    fn steps(&self) -> Value {
+        json!([
+            shell(format!(
+                "echo shell-in > {}; echo shell-out > {}",
+                self.shell_in.display(),
+                self.shell_out.display()
+            )),
+            write(&self.edit_in, "edit-in"),
+            write(&self.edit_out, "edit-out"),
+        ])
+    }
+
+    /// Checks the disk: inside written, outside not. Err says what broke.
+    fn inside_only(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for (p, want) in [(&self.shell_in, "shell-in"), (&self.edit_in, "edit-in")] {
+            match std::fs::read_to_string(p) {
+                Ok(t) if t.trim() == want => {}
+                Ok(t) => problems.push(format!("{} holds {t:?}", p.display())),
+                Err(e) => problems.push(format!("{} was not written: {e}", p.display())),
+            }
+        }
+        for p in [&self.shell_out, &self.edit_out] {
+            if p.exists() {
+                problems.push(format!("{} was written outside the project", p.display()));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
+    fn all_written(&self) -> bool {
+        [
+            &self.shell_in,
+            &self.shell_out,
+            &self.edit_in,
+            &self.edit_out,
+        ]
+        .iter()
+        .all(|p| p.exists())
+    }
+}
+
+/// The armed scenario: inside written, outside refused and offered, and
+/// after "Allow once" the same write succeeds in the next prompt.
+fn armed_scenario(w: &World, run: &Run, tag: &str) {
+    let mut ed = run.start(w);
+    let sid = ed.new_session(&w.ws);
+    let writes = Writes::new(w, tag);
+    let t = turn(&mut ed, &sid, writes.steps(), "allow-once");
+    assert_eq!(
+        t.response["result"]["stopReason"], "end_turn",
+        "{}",
+        t.response
+    );
+    if let Err(e) = writes.inside_only() {
+        panic!(
+            "{:?}/{:?} {tag}: {e}\nagent said: {}",
+            run.agent, run.launch, t.text
+        );
+    }
+    let offered = format!("Allow the agent to write in {}?", w.outside.display());
+    assert_eq!(
+        t.bridge_prompts,
+        vec![offered],
+        "{:?}/{:?} {tag}: the refusal is offered, and nothing else\nagent said: {}",
+        run.agent,
+        run.launch,
+        t.text
+    );
+    // Allowed once: from the next prompt the agent may write there.
+    let again = w.outside.join(format!("after-allow-{tag}.txt"));
+    let t = turn(
+        &mut ed,
+        &sid,
+        json!([shell(format!("echo allowed > {}", again.display()))]),
+        "reject-once",
+    );
+    assert_eq!(t.response["result"]["stopReason"], "end_turn");
+    assert_eq!(
+        std::fs::read_to_string(&again).unwrap_or_default(),
+        "allowed\n",
+        "{:?}/{:?} {tag}: the write allowed once did not land\nagent said: {}",
+        run.agent,
+        run.launch,
+        t.text
+    );
+    // "Allow once" is not remembered in the project's file.
+    let cfg = std::fs::read_to_string(w.ws.join(".zcode/acp/sandbox.json")).unwrap();
+    assert!(!cfg.contains(&w.outside.display().to_string()), "{cfg}");
+}
+
+/// First run (no state directory of the agent yet), then a later run on
+/// the same home, one per launch form, the editor advertising its own
+/// writes on one and not on the other.
+fn first_and_later_runs(agent: Agent, state_dir: &str) {
+    for (first, later) in [
+        (Launch::BinName, Launch::NodeScript),
+        (Launch::NodeScript, Launch::BinName),
+    ] {
+        let w = World::new();
+        assert!(!w.home.join(state_dir).exists());
+        let run = Run::new(agent, first);
+        armed_scenario(&w, &run, "first");
+        assert!(
+            w.home.join(state_dir).is_dir(),
+            "{agent:?}: {state_dir} was made for the first run"
+        );
+        let mut run = Run::new(agent, later);
+        run.editor_writes = false;
+        armed_scenario(&w, &run, "later");
+    }
+}
+
+#[test]
+fn codex_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::Codex, ".codex");
+}
+
+#[test]
+fn claude_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::Claude, ".claude");
+}
+
+#[test]
+fn without_the_sandbox_both_writes_land() {
+    if !ready() {
+        return;
+    }
+    for agent in [Agent::Codex, Agent::Claude] {
+        let w = World::new();
+        // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
+        // makes it, so this is a user's later run.
+        std::fs::create_dir_all(w.home.join(".codex")).unwrap();
+        let mut run = Run::new(agent, Launch::BinName);
+        run.sandbox = false;
+        let mut ed = run.start(&w);
+        let sid = ed.new_session(&w.ws);
+        let writes = Writes::new(&w, "unarmed");
+        let t = turn(&mut ed, &sid, writes.steps(), "reject-once");
+        assert!(
+            writes.all_written(),
+            "{agent:?}: unarmed, every write lands: the sandbox is what made the difference\n{}",
+            t.text
+        );
+        assert!(t.bridge_prompts.is_empty());
+    }
+}
+
+#[test]
+fn a_widened_policy_makes_the_outside_checks_fail() {
+    if !ready() {
+        return;
+    }
+    // The outside folder whitelisted on purpose, as a user would.
+    let w = World::new();
+    let status = Command::new(BIN)
+        .env_clear()
+        .env("HOME", &w.home)
+        .arg("allow")
+        .arg(&w.outside)
+        .arg("--workspace")
+        .arg(&w.ws)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut ed = Run::new(Agent::Codex, Launch::BinName).start(&w);
+    let sid = ed.new_session(&w.ws);
+    let writes = Writes::new(&w, "widened");
+    turn(&mut ed, &sid, writes.steps(), "reject-once");
+    let verdict = writes.inside_only();
+    assert!(
+        verdict
+            .as_ref()
+            .is_err_and(|e| e.contains("was written outside the project")),
+        "the outside checks must catch a widened policy: {verdict:?}"
+    );
+}
+
+/// A second session in a new root re-arms the agent; the first session's
+/// next prompt works, and no history is replayed to the editor.
+fn rearm_keeps_the_first_session(agent: Agent) {
+    let w = World::new();
+    let mut ed = Run::new(agent, Launch::NodeScript).start(&w);
+    let first = ed.new_session(&w.ws);
+    let a = w.ws.join("before-rearm.txt");
+    turn(
+        &mut ed,
+        &first,
+        json!([shell(format!("echo one > {}", a.display()))]),
+        "reject-once",
+    );
+    assert!(a.exists());
+    let restarts_before = ed.seen.len();
+    let second = ed.new_session(&w.other);
+    assert_ne!(first, second);
+    let b = w.ws.join("after-rearm.txt");
+    let t = turn(
+        &mut ed,
+        &first,
+        json!([shell(format!("echo two > {}", b.display()))]),
+        "reject-once",
+    );
+    assert_eq!(
+        t.response["result"]["stopReason"], "end_turn",
+        "{}",
+        t.response
+    );
+    assert_eq!(
+        std::fs::read_to_string(&b).unwrap_or_default(),
+        "two\n",
+        "{agent:?}: {}",
+        t.text
+    );
+    let c = w.other.join("in-other.txt");
+    turn(
+        &mut ed,
+        &second,
+        json!([shell(format!("echo three > {}", c.display()))]),
+        "reject-once",
+    );
+    assert!(
+        c.exists(),
+        "{agent:?}: the second root is writable after the re-arm"
+    );
+    // The restart happened, and put the first session back without
+    // replaying its history.
+    let after = &ed.seen[restarts_before..];
+    assert!(
+        after.iter().any(|l| l.raw.contains("(restarted)")),
+        "{agent:?}: the agent was re-armed for the new root"
+    );
+    let replayed = after.iter().any(|l| {
+        l.value["params"]["sessionId"] == first.as_str()
+            && l.value["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+    });
+    assert!(!replayed, "{agent:?}: history was replayed to the editor");
+}
+
+#[test]
+fn codex_keeps_its_session_across_a_rearm() {
+    if !ready() {
+        return;
+    }
+    rearm_keeps_the_first_session(Agent::Codex);
+}
+
+#[test]
+fn claude_keeps_its_session_across_a_rearm() {
+    if !ready() {
+        return;
+    }
+    rearm_keeps_the_first_session(Agent::Claude);
+}
+
+#[test]
+fn claude_saves_its_settings_file_during_an_armed_turn() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let settings = w.home.join(".claude.json");
+    // First run: Claude creates ~/.claude.json inside the sandbox.
+    let mut ed = Run::new(Agent::Claude, Launch::BinName).start(&w);
+    let sid = ed.new_session(&w.ws);
+    turn(&mut ed, &sid, json!([shell("true".into())]), "reject-once");
+    drop(ed);
+    let saved: Value = serde_json::from_slice(&std::fs::read(&settings).unwrap()).unwrap();
+    assert!(saved["userID"].is_string(), "{saved}");
+    // A later run: a change Claude makes (it restores a missing userID and
+    // runs a pending migration) is on disk afterwards, and what it does not
+    // touch survives.
+    let mut edited = saved.clone();
+    edited.as_object_mut().unwrap().remove("userID");
+    edited["migrationVersion"] = json!(1);
+    edited["zcodeAcpKeep"] = json!("kept");
+    std::fs::write(&settings, edited.to_string()).unwrap();
+    let mut ed = Run::new(Agent::Claude, Launch::NodeScript).start(&w);
+    let sid = ed.new_session(&w.ws);
+    turn(&mut ed, &sid, json!([shell("true".into())]), "reject-once");
+    drop(ed);
+    let after: Value = serde_json::from_slice(&std::fs::read(&settings).unwrap()).unwrap();
+    assert!(after["userID"].is_string(), "{after}");
+    assert_ne!(after["migrationVersion"], json!(1), "{after}");
+    assert_eq!(after["zcodeAcpKeep"], "kept");
+    assert!(std::fs::symlink_metadata(&settings).unwrap().is_file());
+    // Nothing else appeared in the home directory beside it.
+    let strays: Vec<String> = std::fs::read_dir(&w.home)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".claude.json."))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+}
+
+#[test]
+fn claude_with_its_config_dir_set_works_on_its_first_run() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let cfg = w.home.join(".config/claude-test");
+    let mut run = Run::new(Agent::Claude, Launch::BinName);
+    run.extra_env
+        .push(("CLAUDE_CONFIG_DIR".into(), cfg.display().to_string()));
+    armed_scenario(&w, &run, "configdir");
+    assert!(cfg.join(".claude.json").is_file());
+    assert!(!w.home.join(".claude.json").exists());
+    assert!(!w.home.join(".claude").exists());
+}
+
+// ---- Other clients in front of the bridge
+
+#[test]
+fn acpx_as_the_client_in_front_of_the_armed_bridge() {
+    if !ready() {
+        return;
+    }
+    for agent in [Agent::Codex, Agent::Claude] {
+        let w = World::new();
+        let writes = Writes::new(&w, "acpx");
+        let mut line = vec![BIN.to_owned(), "--".to_owned()];
+        line.extend(backend(agent, Launch::BinName, &w));
+        // acpx splits --agent as a shell would: an argument with spaces or
+        // double quotes (codex's TOML values) goes in single quotes.
+        let agent_line = line
+            .iter()
+            .map(|a| {
+                if a.contains([' ', '"']) {
+                    format!("'{a}'")
+                } else {
+                    a.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut cmd = Command::new("node");
+        cmd.env_clear()
+            .env("HOME", &w.home)
+            .env("ZCODE_ACP_SANDBOX", "1")
+            .current_dir(&w.ws);
+        for (k, v) in agent_env(agent, &w) {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .arg(format!("{AGENTS}/acpx/dist/cli.js"))
+            .args(["--agent", &agent_line, "--cwd"])
+            .arg(&w.ws)
+            .args([
+                "--format",
+                "json",
+                "--approve-all",
+                "--verbose",
+                "--timeout",
+                "120",
+                "exec",
+            ])
+            .arg(format!("zcode-mock: {}", writes.steps()))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{agent:?}: acpx failed: {}\n{stdout:.3000}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if let Err(e) = writes.inside_only() {
+            panic!("{agent:?} under acpx: {e}\n{stdout:.3000}");
+        }
+        // --approve-all also answers the bridge's prompt: it must have
+        // picked "Allow once", so nothing was persisted.
+        let frames: Vec<Value> = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let asked: Vec<&Value> = frames
+            .iter()
+            .filter(|f| {
+                f["method"] == "session/request_permission"
+                    && f["params"]["toolCall"]["toolCallId"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("zcode-acp-allow"))
+            })
+            .collect();
+        assert_eq!(asked.len(), 1, "{agent:?}: {stdout:.3000}");
+        let answer = frames
+            .iter()
+            .find(|f| {
+                f.get("method").is_none() && f["id"] == asked[0]["id"] && f.get("result").is_some()
+            })
+            .unwrap_or_else(|| panic!("acpx answered the bridge's prompt: {stdout:.3000}"));
+        assert_eq!(
+            answer["result"]["outcome"]["optionId"], "allow-once",
+            "{answer}"
+        );
+        let cfg = std::fs::read_to_string(w.ws.join(".zcode/acp/sandbox.json")).unwrap();
+        assert!(!cfg.contains(&w.outside.display().to_string()), "{cfg}");
+        assert!(w.model.requests_mentioning("shell-in-acpx") > 0);
+    }
+}
+
+#[test]
+fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
+    if !ready() {
+        return;
+    }
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
+    if !sdk.join("node_modules/@agentclientprotocol/sdk").is_dir() {
+        common::skip("the ACP TypeScript SDK is not installed (run: npm ci --prefix tests/sdk)");
+        return;
+    }
+    let w = World::new();
+    let writes = Writes::new(&w, "sdk");
+    let mut cmd = Command::new("node");
+    cmd.env_clear()
+        .env("HOME", &w.home)
+        .env("ZCODE_ACP_SANDBOX", "1");
+    for (k, v) in agent_env(Agent::Claude, &w) {
+        cmd.env(k, v);
+    }
+    let mut argv = vec![BIN.to_owned(), "--".to_owned()];
+    argv.extend(backend(Agent::Claude, Launch::NodeScript, &w));
+    let out = cmd
+        .arg(sdk.join("real_agent.mjs"))
+        .arg(&w.ws)
+        .arg(format!("zcode-mock: {}", writes.steps()))
+        .args(&argv)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the SDK client failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Err(e) = writes.inside_only() {
+        panic!("Claude under the SDK client: {e}\n{stdout}");
+    }
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["stopReason"], "end_turn", "{summary}");
+    let offered = format!("Allow the agent to write in {}?", w.outside.display());
+    assert_eq!(summary["bridgePrompts"], json!([offered]), "{summary}");
+}
