@@ -205,3 +205,52 @@ fn exec_env_applies_the_environment_and_becomes_the_command() {
     assert_eq!(bad.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME=VALUE"));
 }
+
+/// A sandbox.json that is a FIFO, or a symlink to /dev/zero, must neither
+/// hang the launcher nor grow its memory: it fails closed (the project is
+/// armed, without its entries), quickly.
+#[test]
+fn a_fifo_or_device_as_sandbox_json_fails_closed_without_hanging() {
+    for kind in ["fifo", "zero"] {
+        let h = home();
+        let dir = h.ws.join(".zcode/acp");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sandbox.json");
+        match kind {
+            "fifo" => {
+                nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+            _ => std::os::unix::fs::symlink("/dev/zero", &file).unwrap(),
+        }
+        let mut child = Command::new(BIN)
+            .args(["profile", "--workspace", h.ws.to_str().unwrap(), "--check"])
+            .arg(h.dir.path().join("elsewhere"))
+            .env("HOME", h.dir.path())
+            .env("XDG_CONFIG_HOME", h.dir.path().join("config"))
+            .env_remove("ZCODE_ACP_BACKEND")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{kind}: the launcher hung on a {kind} sandbox.json");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("denied"), "{kind}: {stdout}");
+    }
+}

@@ -880,6 +880,37 @@ fn name_prefix_grants_in_the_home_directory_as_an_unprivileged_user() {
     let p = user.places();
     let home = user.base.join("home");
     name_prefix_grants(&p, Some(&user), &home);
+    // The supervisor acts with the user's own rights: where the user may not
+    // create entries (a home made read-only for them), it may not either.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&home, PermissionsExt::from_mode(0o555)).unwrap();
+    let script = format!(
+        "mkdir {h}/.claude.json.dac && echo made; set -C; echo x > {h}/.claude.json.dac2 && echo made2; echo done",
+        h = home.display()
+    );
+    let argv: Vec<String> = [
+        bin_for(Some(&user)).to_str().unwrap(),
+        "run",
+        "--backend-profile",
+        "claude",
+        "--workspace",
+        p.ws.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (out, _) = run_with_home(&p.ws, &argv, None, Some(&user), Some(&home));
+    std::fs::set_permissions(&home, PermissionsExt::from_mode(0o755)).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("done") && !stdout.contains("made"),
+        "{stdout}"
+    );
+    assert!(!home.join(".claude.json.dac").exists());
 }
 
 fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
@@ -890,6 +921,8 @@ fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
     std::fs::set_permissions(home.join(".bashrc"), PermissionsExt::from_mode(0o644)).unwrap();
     // A dotfile manager's symlink that happens to carry the prefix.
     std::os::unix::fs::symlink(home.join(".bashrc"), home.join(".claude.json.link")).unwrap();
+    // A lock directory a crashed run left behind: it must stay removable.
+    std::fs::create_dir(home.join(".claude.json.stale-lock")).unwrap();
     std::fs::write(p.ws.join("moved-in"), "x").unwrap();
     if let Some(u) = user {
         u.own(home);
@@ -906,6 +939,18 @@ t relative sh -c 'cd {h} && set -C && echo rel > .claude.json.rel'
 t read-back sh -c 'test "$(cat {h}/.claude.json)" = new'
 t suid python3 -c 'import os; os.open("{h}/.claude.json.bin", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o4755)'
 t in-place sh -c 'echo over > {h}/.claude.json'
+t stale-lock rmdir {h}/.claude.json.stale-lock
+t no-fd-left timeout 10 python3 -c '
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+held = []
+try:
+    while True: held.append(os.open("/dev/null", 0))
+except OSError: pass
+try:
+    os.open("{h}/.claude.json.nofd", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+except OSError: raise SystemExit(0)
+raise SystemExit(1)'
 t bashrc sh -c 'echo evil > {h}/.bashrc'
 t profile sh -c 'echo evil > {h}/.bash_profile'
 t through-link sh -c 'echo evil > {h}/.claude.json.link'
@@ -948,7 +993,15 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
             })
             .to_owned()
     };
-    for ok in ["save", "lock", "relative", "read-back", "suid"] {
+    for ok in [
+        "save",
+        "lock",
+        "relative",
+        "read-back",
+        "suid",
+        "stale-lock",
+        "no-fd-left",
+    ] {
         assert_eq!(
             result(ok),
             "ok",

@@ -7,14 +7,52 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+/// The largest configuration or spec file read: more is refused, so a
+/// file (or what an agent made of it) cannot grow memory without bound.
+pub const MAX_READ: u64 = 16 << 20;
+
 /// Reads a regular file without following a symlink at its last component.
+/// Never blocks (a FIFO is opened non-blocking and refused) and never reads
+/// more than [`MAX_READ`].
 pub fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = OpenOptions::new()
+    read_regular(path, false)
+}
+
+/// Reads a regular file, following symlinks only if `follow`: opened
+/// non-blocking (a FIFO would otherwise hang the reader), its type checked
+/// on the open file before anything is read (a device such as /dev/zero is
+/// refused), and refused above [`MAX_READ`].
+pub fn read_regular(path: &Path, follow: bool) -> std::io::Result<Vec<u8>> {
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
+    if !follow {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let f = OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
+        .custom_flags(flags)
         .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    if meta.len() > MAX_READ {
+        return Err(std::io::Error::other(format!(
+            "{} is larger than {MAX_READ} bytes",
+            path.display()
+        )));
+    }
     let mut out = Vec::new();
-    f.read_to_end(&mut out)?;
+    // The size is checked again while reading: the file may grow.
+    f.take(MAX_READ + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_READ {
+        return Err(std::io::Error::other(format!(
+            "{} is larger than {MAX_READ} bytes",
+            path.display()
+        )));
+    }
     Ok(out)
 }
 
@@ -151,6 +189,24 @@ mod tests {
             .is_symlink());
         // No temp file is left behind.
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn reads_refuse_fifos_devices_and_huge_files_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_regular(&fifo, true).is_err());
+        std::os::unix::fs::symlink("/dev/zero", d.path().join("zero")).unwrap();
+        assert!(read_regular(&d.path().join("zero"), true).is_err());
+        let big = d.path().join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_READ + 1)
+            .unwrap();
+        assert!(read_regular(&big, true).is_err());
+        std::fs::write(d.path().join("ok"), "{}").unwrap();
+        assert_eq!(read_regular(&d.path().join("ok"), true).unwrap(), b"{}");
     }
 
     #[test]

@@ -173,8 +173,10 @@ pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> Project
                 "{} is a symlink, has other hard links, or is not a regular file",
                 path.display()
             )));
-            // Its deny entries still count: they only take rights away.
-            if let Ok(c) = std::fs::read(&path)
+            // Its deny entries still count: they only take rights away. Read
+            // without blocking or growing without bound: this may be a FIFO,
+            // a device or a symlink to one.
+            if let Ok(c) = super::atomic::read_regular(&path, true)
                 .map_err(|e| e.to_string())
                 .and_then(|b| parse(&b))
             {

@@ -607,6 +607,14 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 drop(theirs);
                 sup.receive_listener(ours.as_fd());
             }
+            // The helper needs no privilege from here on (it waits, forwards
+            // signals, and acts for the supervisor with your own rights:
+            // as root, or over a user namespace it owns, it would otherwise
+            // override file permissions you have outside the sandbox).
+            sys(
+                "drop the helper's capabilities",
+                sys::drop_all_capabilities(is_root),
+            )?;
             wait_for_init(child, &forwarded, supervisor)
         }
         // Without a PID namespace there is no init to hold: the child is

@@ -142,6 +142,10 @@ impl Session {
 fn hidden_candidates(s: &Session) -> Vec<Step> {
     let mut out = vec![
         step(
+            Path::new("/dev/userfaultfd"),
+            "page faults served by a sandboxed program could stall the supervisor reading its memory",
+        ),
+        step(
             &s.xdg_runtime_dir.clone().unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", s.uid))),
             "the user's runtime dir: the session D-Bus, the systemd user manager (systemd-run --user), gpg and other agents",
         ),
@@ -236,7 +240,9 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                     if policy.evaluate_resolved(&p, crate::policy::Op::Write).kind != Kind::Allow {
                         continue; // an island (the managed root) takes it back
                     }
-                    if fs.is_dir(&p) {
+                    // An empty directory (a lock left over from before) is
+                    // the supervisor's too: bound, it could not be removed.
+                    if fs.is_dir(&p) && !(supervised && fs.list(&p).is_empty()) {
                         push_unique(&mut plan.writable, step(&p, &rule.why));
                         plan.landlock_dirs.push(p);
                     } else if !supervised {
@@ -513,6 +519,8 @@ mod tests {
             ("/home/u", true),
             ("/home/u/w", true),
             ("/home/u/.zcode-shell-agent", true),
+            ("/home/u/.zcode-shell-agent/t.jsonl", false),
+            ("/home/u/.zcode-lock", true),
             ("/home/u/.zcode-notes", false),
             ("/home/u/.zcode-acp", true),
         ]);
@@ -528,6 +536,8 @@ mod tests {
         // would fail. The supervisor serves it instead.
         assert!(writable.contains(&PathBuf::from("/home/u/.zcode-shell-agent")));
         assert!(!writable.contains(&PathBuf::from("/home/u/.zcode-notes")));
+        // An empty one (a stale lock) is left to the supervisor too.
+        assert!(!writable.contains(&PathBuf::from("/home/u/.zcode-lock")));
         assert!(!plan
             .landlock_files
             .contains(&PathBuf::from("/home/u/.zcode-notes")));

@@ -226,10 +226,18 @@ impl Policy {
                 }
             }
         }
+        // Directories where a name prefix is granted: a `.zcode` made there
+        // (`~/.zcode` matches `~/.zcode*`) must be an island too, or the
+        // agent could plant the config of a later session rooted there.
+        let mut prefix_dirs: Vec<PathBuf> = Vec::new();
         for grant in input.backend_state.iter().chain(&input.temp_and_caches) {
             allows.push(allow(grant.matcher.clone(), grant.why.clone()));
-            if let Matcher::Subpath(d) = &grant.matcher {
-                open_dirs.push(d.clone());
+            match &grant.matcher {
+                Matcher::Subpath(d) => open_dirs.push(d.clone()),
+                Matcher::NamePrefix { dir, .. } if !prefix_dirs.contains(dir) => {
+                    prefix_dirs.push(dir.clone())
+                }
+                _ => {}
             }
         }
         for root in &input.roots {
@@ -338,7 +346,7 @@ impl Policy {
 
         // Islands: the sandbox's own configuration, last of all.
         let mut seen_beneath: Vec<&PathBuf> = Vec::new();
-        for dir in &open_dirs {
+        for dir in open_dirs.iter().chain(&prefix_dirs) {
             if seen_beneath.contains(&dir) {
                 continue;
             }
@@ -483,7 +491,13 @@ mod tests {
         assert_eq!(k("/data/shared/x/.zcode/acp", Op::Write), Kind::Island);
         assert_eq!(k("/home/u/.zcode-acp/ledger/x", Op::Write), Kind::Island);
         assert_eq!(k("/home/u/.zcode-shell-agent/s/t", Op::Write), Kind::Allow);
-        assert_eq!(k("/home/u/.zcode", Op::Write), Kind::Allow);
+        // `~/.zcode` matches the granted prefix, but a .zcode there could
+        // hold the config of a later session rooted at the home directory.
+        assert_eq!(k("/home/u/.zcode", Op::Write), Kind::Island);
+        assert_eq!(
+            k("/home/u/.zcode/acp/sandbox.json", Op::Write),
+            Kind::Island
+        );
         // Outside.
         assert_eq!(k("/home/u/.bashrc", Op::Write), Kind::Outside);
         assert_eq!(k("/dev/null", Op::Write), Kind::Allow);

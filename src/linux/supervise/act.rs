@@ -62,17 +62,31 @@ fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32)
             };
             let mode = (mode & 0o777 & !sup.caller_umask(pid)) as u64;
             // Our own copy is close-on-exec; the caller's gets what it asked.
-            let ours = ((*flags & !libc::O_CLOEXEC) | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
+            // openat2 refuses flags open(2) ignores: only the known ones.
+            let ours = ((*flags & KNOWN_OPEN_FLAGS & !libc::O_CLOEXEC)
+                | libc::O_CLOEXEC
+                | libc::O_NOCTTY) as u32 as u64;
             match kernel::openat2(dir(*d), &c, ours, mode, RESOLVE) {
                 Ok(fd) => {
-                    // On failure the caller is gone; our copy closes here.
-                    let _ = kernel::answer_with_fd(
+                    match kernel::answer_with_fd(
                         listener,
                         id,
                         fd.as_fd(),
                         flags & libc::O_CLOEXEC != 0,
-                    );
-                    Outcome::Done
+                    ) {
+                        Ok(_) => Outcome::Done,
+                        // The caller could not take it (no free descriptor)
+                        // or is gone: the file it never got is removed, so a
+                        // retry is not met by EEXIST, and the caller is told.
+                        Err(e) => {
+                            remove_if_same(dir(*d), &c, fd.as_fd());
+                            if e == Errno::ENOENT {
+                                Outcome::Done
+                            } else {
+                                Outcome::Answer(Err(e))
+                            }
+                        }
+                    }
                 }
                 Err(Errno::ELOOP | Errno::EXDEV) => Outcome::Continue,
                 Err(e) => Outcome::Answer(Err(e)),
@@ -126,6 +140,36 @@ fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32)
                 Errno::result(r).map(|_| 0)
             })
         }
+    }
+}
+
+/// Open flags openat2 accepts; others (which open(2) ignores) are dropped.
+const KNOWN_OPEN_FLAGS: i32 = libc::O_ACCMODE
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_NOCTTY
+    | libc::O_TRUNC
+    | libc::O_APPEND
+    | libc::O_NONBLOCK
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_DIRECT
+    | libc::O_LARGEFILE
+    | libc::O_NOFOLLOW
+    | libc::O_NOATIME
+    | libc::O_CLOEXEC;
+
+/// Removes `name` beneath `dir` if it is still the file `fd` opened (a
+/// file the supervisor created exclusively and could not hand over).
+fn remove_if_same(dir: BorrowedFd<'_>, name: &std::ffi::CStr, fd: BorrowedFd<'_>) {
+    let (Ok(ours), Ok(there)) = (
+        nix::sys::stat::fstat(fd),
+        nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW),
+    ) else {
+        return;
+    };
+    if (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino) {
+        let _ = nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 }
 

@@ -12,7 +12,10 @@
 //!    and `rmdir`/`unlinkat(AT_REMOVEDIR)` (lock directories), `rename`/
 //!    `renameat`/`renameat2`, and `utimensat` on a path (a lock's
 //!    heartbeat);
-//! 3. everything else is allowed (the sandbox's mounts and Landlock still
+//! 3. `userfaultfd` gets EPERM: page faults a sandboxed program serves
+//!    itself could stall the supervisor while it reads that program's
+//!    memory (`/dev/userfaultfd` is covered by the plan);
+//! 4. everything else is allowed (the sandbox's mounts and Landlock still
 //!    decide it).
 //!
 //! The set is kept this small on purpose: every call handed over costs a
@@ -43,6 +46,7 @@ pub const RET_ALLOW: u32 = 0x7fff_0000;
 pub const RET_USER_NOTIF: u32 = 0x7fc0_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
 pub const RET_ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
+pub const RET_EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
 
 // Offsets into `struct seccomp_data`.
 const OFF_NR: u32 = 0;
@@ -71,6 +75,8 @@ pub struct Abi {
     pub unlinkat: u32,
     /// `utimensat`: handed over only when its path argument is not NULL.
     pub utimensat: u32,
+    /// `userfaultfd`: refused.
+    pub userfaultfd: u32,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -88,6 +94,7 @@ pub const NATIVE: Abi = Abi {
     ],
     unlinkat: libc::SYS_unlinkat as u32,
     utimensat: libc::SYS_utimensat as u32,
+    userfaultfd: libc::SYS_userfaultfd as u32,
 };
 
 #[cfg(target_arch = "aarch64")]
@@ -102,6 +109,7 @@ pub const NATIVE: Abi = Abi {
     ],
     unlinkat: libc::SYS_unlinkat as u32,
     utimensat: libc::SYS_utimensat as u32,
+    userfaultfd: libc::SYS_userfaultfd as u32,
 };
 
 /// `renameat` in the generic table (arm64); libc leaves it out there.
@@ -119,6 +127,7 @@ enum Target {
     Allow,
     Notify,
     Enosys,
+    Eperm,
     /// The instruction at this index.
     At(usize),
 }
@@ -161,12 +170,13 @@ impl Asm {
         self.code.len()
     }
     fn finish(mut self) -> Vec<Insn> {
-        // The three exits come last, in a fixed order.
+        // The exits come last, in a fixed order.
         let allow = self.code.len();
         let notify = allow + 1;
         let enosys = allow + 2;
+        let eperm = allow + 3;
         let n = self.code.len();
-        let mut out = Vec::with_capacity(n + 3);
+        let mut out = Vec::with_capacity(n + 4);
         for (i, (mut insn, jumps)) in self.code.drain(..).enumerate() {
             if let Some((jt, jf)) = jumps {
                 let resolve = |t: Target| -> u8 {
@@ -175,6 +185,7 @@ impl Asm {
                         Target::Allow => allow,
                         Target::Notify => notify,
                         Target::Enosys => enosys,
+                        Target::Eperm => eperm,
                         Target::At(x) => x,
                     };
                     u8::try_from(to - i - 1).expect("a seccomp jump longer than 255")
@@ -184,7 +195,7 @@ impl Asm {
             }
             out.push(insn);
         }
-        for k in [RET_ALLOW, RET_USER_NOTIF, RET_ENOSYS] {
+        for k in [RET_ALLOW, RET_USER_NOTIF, RET_ENOSYS, RET_EPERM] {
             out.push(Insn {
                 code: RET_K,
                 jt: 0,
@@ -215,6 +226,7 @@ pub fn program(abi: &Abi) -> Vec<Insn> {
     for &nr in abi.always {
         a.jump(JMP_JEQ_K, nr, Target::Notify, Target::Next);
     }
+    a.jump(JMP_JEQ_K, abi.userfaultfd, Target::Eperm, Target::Next);
     let unlinkat_at = a.here();
     a.jump(
         JMP_JEQ_K,
@@ -360,6 +372,7 @@ pub(crate) mod tests {
         ] {
             assert_eq!(call(nr, [0; 6]), RET_ALLOW, "{nr}");
         }
+        assert_eq!(call(libc::SYS_userfaultfd as u32, [0; 6]), RET_EPERM);
     }
 
     #[test]

@@ -317,14 +317,18 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> Result<Option<OwnedFd>, Errno> {
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )?;
+    let mut first = None;
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = c {
-            if let Some(&fd) = fds.first() {
-                // SAFETY: SCM_RIGHTS just gave us this fd; nothing else
-                // owns it.
-                return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
+            for fd in fds {
+                // SAFETY: SCM_RIGHTS just gave us these fds; nothing else
+                // owns them. Any beyond the first close when dropped.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if first.is_none() {
+                    first = Some(owned);
+                }
             }
         }
     }
-    Ok(None)
+    Ok(first)
 }

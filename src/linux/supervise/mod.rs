@@ -161,7 +161,7 @@ impl Supervisor {
                 self.listener = Some(fd);
             }
             Ok(None) | Err(_) => tracing::warn!(
-                "the sandbox could not hand name-prefix grants to its supervisor; only entries that existed when it was armed are writable"
+                "the sandbox could not hand name-prefix grants to its supervisor; entries of the granted prefixes (such as ~/.claude.json) cannot be written in this generation"
             ),
         }
     }
@@ -257,7 +257,7 @@ pub fn install_and_send(sock: BorrowedFd<'_>) {
         }
         Err(e) => {
             eprintln!(
-                "zcode-acp sandbox: cannot install the supervisor's filter ({e}); only entries that existed when the sandbox was armed are writable"
+                "zcode-acp sandbox: cannot install the supervisor's filter ({e}); entries of the granted prefixes (such as ~/.claude.json) cannot be written"
             );
             let _ = kernel::send_fd(sock, None);
         }
