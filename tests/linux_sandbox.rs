@@ -857,6 +857,26 @@ fn runtime_dir(p: &Places, user: Option<&TestUser>) {
     );
 }
 
+/// `zcode-acp run --backend-profile PROFILE --workspace WS -- sh -c SCRIPT`.
+fn run_sh(user: Option<&TestUser>, profile: &str, ws: &Path, script: &str) -> Vec<String> {
+    let bin = bin_for(user);
+    [
+        bin.to_str().unwrap(),
+        "run",
+        "--backend-profile",
+        profile,
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Name-prefix grants: the supervisor makes Claude's saves of
 /// `~/.claude.json` work (a temporary file created exclusively and a lock
 /// directory beside it, renamed over it) while the home directory stays
@@ -888,21 +908,7 @@ fn name_prefix_grants_in_the_home_directory_as_an_unprivileged_user() {
         "mkdir {h}/.claude.json.dac && echo made; set -C; echo x > {h}/.claude.json.dac2 && echo made2; echo done",
         h = home.display()
     );
-    let argv: Vec<String> = [
-        bin_for(Some(&user)).to_str().unwrap(),
-        "run",
-        "--backend-profile",
-        "claude",
-        "--workspace",
-        p.ws.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let argv = run_sh(Some(&user), "claude", &p.ws, &script);
     let (out, _) = run_with_home(&p.ws, &argv, None, Some(&user), Some(&home));
     std::fs::set_permissions(&home, PermissionsExt::from_mode(0o755)).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -963,18 +969,7 @@ t dotdot sh -c 'echo x > {h}/../{name}/.claude.json.dd'
 t managed sh -c 'echo x > {h}/.zcode-acp/x'
 "#
     );
-    let argv: Vec<String> = vec![
-        bin_for(user).to_string_lossy().into_owned(),
-        "run".into(),
-        "--backend-profile".into(),
-        "claude".into(),
-        "--workspace".into(),
-        p.ws.display().to_string(),
-        "--".into(),
-        "sh".into(),
-        "-c".into(),
-        script,
-    ];
+    let argv = run_sh(user, "claude", &p.ws, &script);
     let (out, unchanged) = run_with_home(&p.ws, &argv, None, user, Some(home));
     assert!(
         unchanged,
@@ -1075,21 +1070,12 @@ fn only_backends_with_name_prefix_grants_are_supervised() {
     let home = p.ws.parent().unwrap().join("home");
     std::fs::create_dir_all(&home).unwrap();
     let filters = |profile: &str| {
-        let argv: Vec<String> = [
-            BIN,
-            "run",
-            "--backend-profile",
+        let argv = run_sh(
+            None,
             profile,
-            "--workspace",
-            p.ws.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
+            &p.ws,
             "grep Seccomp_filters /proc/self/status",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        );
         let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()

@@ -689,6 +689,19 @@ fn claude_with_its_config_dir_set_works_on_its_first_run() {
 
 // ---- Other clients in front of the bridge
 
+/// A Node client (it starts the armed bridge itself) with the environment
+/// an editor would give it: the test's home and the agent's variables.
+fn client(agent: Agent, w: &World) -> Command {
+    let mut cmd = Command::new("node");
+    cmd.env_clear()
+        .env("HOME", &w.home)
+        .env("ZCODE_ACP_SANDBOX", "1");
+    for (k, v) in agent_env(agent, w) {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
 #[test]
 fn acpx_as_the_client_in_front_of_the_armed_bridge() {
     if !ready() {
@@ -712,15 +725,8 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
             })
             .collect::<Vec<_>>()
             .join(" ");
-        let mut cmd = Command::new("node");
-        cmd.env_clear()
-            .env("HOME", &w.home)
-            .env("ZCODE_ACP_SANDBOX", "1")
-            .current_dir(&w.ws);
-        for (k, v) in agent_env(agent, &w) {
-            cmd.env(k, v);
-        }
-        let out = cmd
+        let out = client(agent, &w)
+            .current_dir(&w.ws)
             .arg(format!("{AGENTS}/acpx/dist/cli.js"))
             .args(["--agent", &agent_line, "--cwd"])
             .arg(&w.ws)
@@ -789,16 +795,9 @@ fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
     }
     let w = World::new();
     let writes = Writes::new(&w, "sdk");
-    let mut cmd = Command::new("node");
-    cmd.env_clear()
-        .env("HOME", &w.home)
-        .env("ZCODE_ACP_SANDBOX", "1");
-    for (k, v) in agent_env(Agent::Claude, &w) {
-        cmd.env(k, v);
-    }
     let mut argv = vec![BIN.to_owned(), "--".to_owned()];
     argv.extend(backend(Agent::Claude, Launch::NodeScript, &w));
-    let out = cmd
+    let out = client(Agent::Claude, &w)
         .arg(sdk.join("real_agent.mjs"))
         .arg(&w.ws)
         .arg(format!("zcode-mock: {}", writes.steps()))

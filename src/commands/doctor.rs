@@ -76,10 +76,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     }
 
     let workspaces = super::workspaces(&args.workspaces)?;
-    let backend = match &args.backend {
-        Some(line) => line.split_whitespace().map(str::to_owned).collect(),
-        None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
-    };
+    let backend = super::backend_command(args.backend.as_deref())?;
     let super::Gathered {
         input,
         projects,

@@ -14,6 +14,16 @@ pub fn workspaces(given: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// The backend command: `given` (a command line, split on whitespace), else
+/// the one the bridge would run (`ZCODE_ACP_BACKEND`, the user config),
+/// else none.
+pub fn backend_command(given: Option<&str>) -> anyhow::Result<Vec<String>> {
+    Ok(match given {
+        Some(line) => line.split_whitespace().map(str::to_owned).collect(),
+        None => crate::config::resolve_backend(&[])?.unwrap_or_default(),
+    })
+}
+
 /// What a policy for `workspaces` is built from, with this user's config
 /// and managed root, as the bridge would gather it (`inspect`: only look,
 /// creating no template and leaving the ledger as it is).
