@@ -993,7 +993,6 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
         "lock",
         "relative",
         "read-back",
-        "suid",
         "stale-lock",
         "no-fd-left",
     ] {
@@ -1005,6 +1004,8 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
         );
     }
     for no in [
+        // A set-user-ID mode is refused outright (the seccomp filter).
+        "suid",
         "in-place",
         "bashrc",
         "profile",
@@ -1032,11 +1033,7 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
             .mode()
     };
     assert_eq!(mode(".bashrc") & 0o7777, 0o644);
-    assert_eq!(
-        mode(".claude.json.bin") & 0o7000,
-        0,
-        "no set-user-ID bit is ever set"
-    );
+    assert!(!home.join(".claude.json.bin").exists());
     for absent in [
         ".bash_profile",
         ".profile",
@@ -1059,17 +1056,23 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
     assert_eq!(owner, user.map_or(0, |u| u.uid));
 }
 
-/// A backend whose state needs no name-prefix grant gets no supervisor
-/// filter at all: nothing it runs pays for one.
+/// Every sandbox gets the seccomp filter (one more than outside); only a
+/// plan with name-prefix grants has a supervisor behind it.
 #[test]
-fn only_backends_with_name_prefix_grants_are_supervised() {
+fn every_sandbox_is_filtered_and_only_prefix_grants_are_supervised() {
     if !require_kernel_features() {
         return;
     }
     let p = places();
     let home = p.ws.parent().unwrap().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let filters = |profile: &str| {
+    let outside = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+        .map(|v| v.trim().parse::<u32>().unwrap())
+        .unwrap();
+    for profile in ["claude", "codex"] {
         let argv = run_sh(
             None,
             profile,
@@ -1077,11 +1080,247 @@ fn only_backends_with_name_prefix_grants_are_supervised() {
             "grep Seccomp_filters /proc/self/status",
         );
         let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
-        String::from_utf8_lossy(&out.stdout)
+        let inside = String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
             .last()
             .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or_else(|| panic!("{out:?}"))
+            .unwrap_or_else(|| panic!("{out:?}"));
+        assert_eq!(inside, outside + 1, "{profile}");
+    }
+    let plan = |profile: &str| {
+        let out = Command::new(BIN)
+            .args([
+                "profile",
+                "--target",
+                "linux",
+                "--backend-profile",
+                profile,
+                "--workspace",
+            ])
+            .arg(&p.ws)
+            .env("HOME", &home)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let section = text.split("# 8.").nth(1).unwrap_or("").to_owned();
+        section.lines().nth(1).unwrap_or("").to_owned()
     };
-    assert_eq!(filters("claude"), filters("codex") + 1);
+    assert!(
+        plan("claude").ends_with(".claude.json*"),
+        "{}",
+        plan("claude")
+    );
+    assert!(plan("codex").trim().is_empty(), "{}", plan("codex"));
+}
+
+// ---- Side doors: what an agent could change outside without writing a file.
+
+/// A System V shared-memory segment made outside (as another program's
+/// would be), removed when dropped even if the test fails.
+struct Segment {
+    id: i32,
+    addr: *mut libc::c_void,
+}
+
+impl Segment {
+    fn create() -> Segment {
+        // SAFETY: plain System V calls on a segment this test creates; the
+        // address is checked before use and detached in Drop.
+        unsafe {
+            let id = libc::shmget(libc::IPC_PRIVATE, 4096, libc::IPC_CREAT | 0o666);
+            assert!(id >= 0, "shmget: {}", std::io::Error::last_os_error());
+            let addr = libc::shmat(id, std::ptr::null(), 0);
+            assert_ne!(addr as isize, -1, "shmat");
+            std::ptr::copy_nonoverlapping(b"original".as_ptr(), addr as *mut u8, 8);
+            Segment { id, addr }
+        }
+    }
+
+    fn content(&self) -> Vec<u8> {
+        // SAFETY: `addr` maps 4096 bytes of our segment.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, 8).to_vec() }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: detaches and removes the segment this test made.
+        unsafe {
+            libc::shmdt(self.addr);
+            libc::shmctl(self.id, libc::IPC_RMID, std::ptr::null_mut());
+        }
+    }
+}
+
+/// POSIX message queues by name, removed when dropped.
+struct Queues(Vec<std::ffi::CString>);
+
+impl Queues {
+    fn exists(name: &std::ffi::CStr) -> bool {
+        // SAFETY: opens (and at once closes) a queue by name.
+        unsafe {
+            let q = libc::mq_open(name.as_ptr(), libc::O_RDONLY);
+            if q >= 0 {
+                libc::mq_close(q);
+            }
+            q >= 0
+        }
+    }
+}
+
+impl Drop for Queues {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            // SAFETY: removes a queue this test named.
+            unsafe {
+                libc::mq_unlink(n.as_ptr());
+            }
+        }
+    }
+}
+
+/// Keys whose description this test chose: searched for in this
+/// process's user keyring (the host's `@u`), and invalidated there when
+/// dropped if one landed (a sandbox's own keyrings go with its user
+/// namespace).
+struct Keys(String);
+
+impl Keys {
+    /// The key of this description reachable from the host's `@u`.
+    fn in_host_user_keyring(&self) -> Option<i64> {
+        let kind = std::ffi::CString::new("user").unwrap();
+        let desc = std::ffi::CString::new(self.0.as_str()).unwrap();
+        // SAFETY: KEYCTL_SEARCH (10) of KEY_SPEC_USER_KEYRING (-4) with
+        // NUL-terminated strings we own; no destination keyring.
+        let id =
+            unsafe { libc::syscall(libc::SYS_keyctl, 10, -4i64, kind.as_ptr(), desc.as_ptr(), 0) };
+        (id >= 0).then_some(id)
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        if let Some(id) = self.in_host_user_keyring() {
+            // SAFETY: KEYCTL_INVALIDATE (21) on a key this test made.
+            unsafe {
+                libc::syscall(libc::SYS_keyctl, 21, id);
+            }
+        }
+    }
+}
+
+fn side_doors(p: &Places, user: Option<&TestUser>, fixture: &Path) {
+    let seg = Segment::create();
+    let tag = format!("zcode-acp-test-{:08x}", rand_u32());
+    let outside_q = std::ffi::CString::new(format!("/{tag}-out")).unwrap();
+    let inside_q = std::ffi::CString::new(format!("/{tag}-in")).unwrap();
+    let queues = Queues(vec![outside_q.clone(), inside_q.clone()]);
+    // SAFETY: creates a queue by name (removed by `queues`).
+    let q = unsafe {
+        libc::mq_open(
+            outside_q.as_ptr(),
+            libc::O_CREAT | libc::O_RDWR,
+            0o666,
+            std::ptr::null::<libc::mq_attr>(),
+        )
+    };
+    assert!(q >= 0, "mq_open: {}", std::io::Error::last_os_error());
+    // SAFETY: closes the descriptor just opened.
+    unsafe { libc::mq_close(q) };
+    let keys = Keys(tag.clone());
+    let planted = p.ws.join("planted");
+    let f = fixture.display();
+    let script = format!(
+        "python3 {f} shm {id}; python3 {f} mq-unlink {out}; python3 {f} mq-create {inn}; python3 {f} key {tag}; python3 {f} setuid {planted}",
+        id = seg.id,
+        out = outside_q.to_str().unwrap(),
+        inn = inside_q.to_str().unwrap(),
+        planted = planted.display()
+    );
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Outside, nothing changed: the segment, the queues, the keyring.
+    assert_eq!(
+        seg.content(),
+        b"original",
+        "shared memory was written: {stdout}"
+    );
+    assert!(
+        Queues::exists(&outside_q),
+        "an outside queue was removed: {stdout}"
+    );
+    assert!(
+        !Queues::exists(&inside_q),
+        "a queue was made outside: {stdout}"
+    );
+    assert!(
+        keys.in_host_user_keyring().is_none(),
+        "a key reached the host's keyring: {stdout}"
+    );
+    drop(queues);
+    // No setuid or setgid bit on disk, however it was asked for.
+    use std::os::unix::fs::PermissionsExt;
+    for f in [
+        planted.clone(),
+        p.ws.join("planted.created"),
+        p.ws.join("planted.node"),
+    ] {
+        if let Ok(m) = std::fs::metadata(&f) {
+            assert_eq!(
+                m.permissions().mode() & 0o6000,
+                0,
+                "{}: {stdout}",
+                f.display()
+            );
+        }
+    }
+    for attempt in [
+        "chmod-suid",
+        "chmod-sgid",
+        "open-suid",
+        "fchmod-suid",
+        "mknod-suid",
+    ] {
+        assert!(
+            stdout.contains(&format!("{attempt}=no")),
+            "{attempt}: {stdout}"
+        );
+    }
+    assert!(planted.exists(), "the plain file was written: {stdout}");
+}
+
+#[test]
+fn side_doors_stay_shut() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let fixture = p.ws.parent().unwrap().join("sidedoors.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidedoors.py"),
+        &fixture,
+    )
+    .unwrap();
+    side_doors(&p, None, &fixture);
+}
+
+#[test]
+fn side_doors_stay_shut_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    let fixture = user.base.join("bin/sidedoors.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sidedoors.py"),
+        &fixture,
+    )
+    .unwrap();
+    side_doors(&p, Some(&user), &fixture);
 }

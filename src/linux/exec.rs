@@ -96,10 +96,7 @@ pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, String> {
 /// Whether this process could create the namespaces the plan needs
 /// (probed in a short-lived child, so nothing here changes).
 pub fn namespaces_available() -> bool {
-    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
-    if !nix::unistd::getuid().is_root() {
-        flags |= CloneFlags::CLONE_NEWUSER;
-    }
+    let flags = NAMESPACES;
     // SAFETY: the child only calls unshare and _exit.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
@@ -145,6 +142,87 @@ fn check_island_links(plan: &Plan) -> Result<(), LaunchError> {
         }
     }
     Ok(())
+}
+
+/// The namespaces every sandbox gets: mounts, PIDs, System V IPC and POSIX
+/// message queues (an outside process's shared memory would otherwise be
+/// writable, and its queues removable), and a user namespace, root
+/// included (its keyrings are then its own, and no capability it keeps
+/// reaches the host's namespaces).
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUSER);
+
+/// The user namespace's maps: you stay who you are. A non-root user maps
+/// only their own ids (never to 0); root maps the whole range onto itself,
+/// so files of other owners keep their owners (git's ownership checks
+/// still work) rather than showing as nobody.
+fn id_map(id: u32, is_root: bool) -> String {
+    if is_root {
+        "0 0 4294967295".to_owned()
+    } else {
+        format!("{id} {id} 1")
+    }
+}
+
+/// A child forked before the helper enters its user namespace, which
+/// writes the helper's full-range maps once told to (a process inside the
+/// new namespace has no privilege over the parent to write them itself).
+struct Mapper {
+    pid: Pid,
+    go: std::os::fd::OwnedFd,
+    done: std::os::fd::OwnedFd,
+}
+
+impl Mapper {
+    fn fork() -> Result<Mapper, LaunchError> {
+        let (go_r, go_w) = sys("pipe", nix::unistd::pipe())?;
+        let (done_r, done_w) = sys("pipe", nix::unistd::pipe())?;
+        let parent = nix::unistd::getpid();
+        // SAFETY: the helper is single-threaded (documented precondition of
+        // `run`), so the child may allocate; it leaves with _exit.
+        match sys("fork the id mapper", unsafe { fork() })? {
+            ForkResult::Child => {
+                drop((go_w, done_r));
+                let mut byte = [0u8; 1];
+                let ok = nix::unistd::read(&go_r, &mut byte) == Ok(1)
+                    && std::fs::write(format!("/proc/{parent}/uid_map"), id_map(0, true)).is_ok()
+                    && std::fs::write(format!("/proc/{parent}/gid_map"), id_map(0, true)).is_ok();
+                let _ = nix::unistd::write(&done_w, if ok { b"1" } else { b"0" });
+                // SAFETY: leaves the child at once, without running destructors.
+                unsafe { libc::_exit(0) }
+            }
+            ForkResult::Parent { child } => Ok(Mapper {
+                pid: child,
+                go: go_w,
+                done: done_r,
+            }),
+        }
+    }
+
+    /// Asks the mapper to write the maps of this (already unshared)
+    /// process, and waits for it.
+    fn map_parent(self) -> Result<(), LaunchError> {
+        let _ = nix::unistd::write(&self.go, b"1");
+        let mut byte = [0u8; 1];
+        let ok = nix::unistd::read(&self.done, &mut byte) == Ok(1) && byte[0] == b'1';
+        if ok {
+            Ok(())
+        } else {
+            Err(LaunchError::Refused(
+                "cannot map root's user namespace (the id mapper failed)".into(),
+            ))
+        }
+    }
+}
+
+impl Drop for Mapper {
+    fn drop(&mut self) {
+        // Unblocks a mapper never told to go (its pipe closes), then reaps it.
+        let _ = kill(self.pid, Signal::SIGKILL);
+        let _ = waitpid(self.pid, None);
+    }
 }
 
 /// Everything the helper needs: the plan and the command.
@@ -331,17 +409,21 @@ fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
     let host_ro = readonly_mounts();
     let host_ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
 
-    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
-    if !uid.is_root() {
-        flags |= CloneFlags::CLONE_NEWUSER;
-    }
-    sys("unshare", unshare(flags))?;
-    if !uid.is_root() {
-        // The uid and gid map to themselves: the agent stays who it is.
-        std::fs::write("/proc/self/setgroups", "deny")
-            .and_then(|_| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
-            .and_then(|_| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")))
-            .map_err(|e| LaunchError::Refused(format!("cannot map the user namespace: {e}")))?;
+    let is_root = uid.is_root();
+    // Root's full-range map must be written by a process that keeps its
+    // privilege in the parent namespace: a helper of ours, forked now.
+    let mapper = if is_root { Some(Mapper::fork()?) } else { None };
+    sys("unshare", unshare(NAMESPACES))?;
+    match mapper {
+        Some(m) => m.map_parent()?,
+        None => {
+            // Unprivileged: only its own ids, and setgroups denied first
+            // (the kernel requires it before a gid map).
+            std::fs::write("/proc/self/setgroups", "deny")
+                .and_then(|_| std::fs::write("/proc/self/uid_map", id_map(uid.as_raw(), false)))
+                .and_then(|_| std::fs::write("/proc/self/gid_map", id_map(gid.as_raw(), false)))
+                .map_err(|e| LaunchError::Refused(format!("cannot map the user namespace: {e}")))?;
+        }
     }
     let ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
     if ns == host_ns {
@@ -365,7 +447,14 @@ fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
 
     for w in &plan.writable {
         bind(&w.path)?;
-        setattr(&w.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
+        // Writable, and nosuid: nothing there runs with its owner's rights
+        // inside the sandbox (the seccomp filter keeps setuid bits off disk).
+        setattr(
+            &w.path,
+            true,
+            sys::MOUNT_ATTR_NOSUID,
+            sys::MOUNT_ATTR_RDONLY,
+        )?;
         for ro in host_ro.iter().filter(|m| m.starts_with(&w.path)) {
             setattr(ro, false, sys::MOUNT_ATTR_RDONLY, 0)?;
         }
@@ -731,8 +820,8 @@ fn wait_for_init(
 /// The last steps before running anything of the agent's: every
 /// capability gone (keeping CAP_SYS_ADMIN would let it clear read-only with
 /// mount_setattr), no_new_privs, Landlock (it refuses mounts afterwards),
-/// and then the supervisor's filter, which hands calls to the helper only
-/// once everything else is in force.
+/// and then the seccomp filter (`seccomp`), with the supervisor's listener
+/// handed to the helper where the plan has name-prefix grants.
 fn confine(
     spec: &LaunchSpec,
     is_root: bool,
@@ -750,8 +839,8 @@ fn confine(
             die("Landlock", e);
         }
     }
-    if let Some(sock) = supervisor {
-        super::supervise::install_and_send(sock.as_fd());
+    if let Err(e) = super::supervise::install_filter(supervisor.as_ref().map(|s| s.as_fd())) {
+        die("seccomp filter", e);
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod exec;
 pub mod hook;
 pub mod plan;
+pub mod seccomp;
 pub mod supervise;
 mod sys;
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use nix::errno::Errno;
 
 pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
@@ -183,4 +184,57 @@ pub fn landlock_abi() -> i32 {
     } else {
         v as i32
     }
+}
+
+/// The seccomp program in the kernel's layout. Built before any fork where
+/// the installing child must not allocate.
+pub fn sock_filters(prog: &[super::seccomp::Insn]) -> Vec<libc::sock_filter> {
+    prog.iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect()
+}
+
+/// Installs `filters` on this thread (and so on everything it starts);
+/// `no_new_privs` must already be set. With `listener`, returns the
+/// supervisor's listener, and where the kernel knows it, a caller waiting
+/// on the supervisor can then only be interrupted by a fatal signal (so an
+/// operation the supervisor carried out is never reported as
+/// interrupted). Allocates nothing.
+pub fn install_seccomp(
+    filters: &[libc::sock_filter],
+    listener: bool,
+) -> Result<Option<OwnedFd>, Errno> {
+    let fprog = libc::sock_fprog {
+        len: filters.len() as libc::c_ushort,
+        filter: filters.as_ptr() as *mut libc::sock_filter,
+    };
+    let try_flags = |flags: libc::c_ulong| {
+        // SAFETY: `fprog` points at `filters`, alive for the call; the
+        // kernel copies the program.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                flags,
+                &fprog as *const libc::sock_fprog,
+            )
+        };
+        Errno::result(r)
+    };
+    if !listener {
+        return try_flags(0).map(|_| None);
+    }
+    let fd = match try_flags(
+        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
+    ) {
+        Err(Errno::EINVAL) => try_flags(libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?,
+        other => other?,
+    };
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
 }

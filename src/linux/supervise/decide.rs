@@ -155,7 +155,7 @@ fn renameat() -> libc::c_long {
 }
 #[cfg(target_arch = "aarch64")]
 fn renameat() -> libc::c_long {
-    super::filter::SYS_RENAMEAT_GENERIC as libc::c_long
+    crate::linux::seccomp::SYS_RENAMEAT_GENERIC as libc::c_long
 }
 
 /// An operation the supervisor carries out itself, beneath the descriptor

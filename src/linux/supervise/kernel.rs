@@ -7,58 +7,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 
-use super::filter::Insn;
-
 /// `SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP` (Linux 6.6): the supervisor runs on
 /// the caller's CPU when woken, which makes a round trip several times
 /// cheaper.
 const SYNC_WAKE_UP: u64 = 1;
-
-/// The program in the kernel's layout. Built before any fork: the
-/// installing child must not allocate.
-pub fn sock_filters(prog: &[Insn]) -> Vec<libc::sock_filter> {
-    prog.iter()
-        .map(|i| libc::sock_filter {
-            code: i.code,
-            jt: i.jt,
-            jf: i.jf,
-            k: i.k,
-        })
-        .collect()
-}
-
-/// Installs `filters` on this thread (and so on everything it starts) and
-/// returns the listener. `no_new_privs` must already be set. Where the
-/// kernel knows it, a caller waiting on the supervisor can then only be
-/// interrupted by a fatal signal, so an operation the supervisor carried
-/// out is never reported as interrupted. Allocates nothing.
-pub fn install(filters: &[libc::sock_filter]) -> Result<OwnedFd, Errno> {
-    let fprog = libc::sock_fprog {
-        len: filters.len() as libc::c_ushort,
-        filter: filters.as_ptr() as *mut libc::sock_filter,
-    };
-    let try_flags = |flags: libc::c_ulong| {
-        // SAFETY: `fprog` points at `filters`, alive for the call; the
-        // kernel copies the program.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                flags,
-                &fprog as *const libc::sock_fprog,
-            )
-        };
-        Errno::result(r)
-    };
-    let fd = match try_flags(
-        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
-    ) {
-        Err(Errno::EINVAL) => try_flags(libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?,
-        other => other?,
-    };
-    // SAFETY: the kernel just returned this fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
 
 /// Whether this kernel can hand calls to a supervisor that answers them
 /// with descriptors of its own (SECCOMP_ADDFD_FLAG_SEND, Linux 5.14).

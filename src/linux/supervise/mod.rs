@@ -45,7 +45,6 @@
 
 mod act;
 pub mod decide;
-pub mod filter;
 mod kernel;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -57,6 +56,7 @@ use nix::fcntl::{open, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 
 use super::plan::Supervised;
+use super::{seccomp, sys};
 use crate::policy::Policy;
 
 /// Whether supervised name-prefix grants can work here: a kernel with user
@@ -92,12 +92,12 @@ fn listener_can_be_installed() -> bool {
     use nix::unistd::{fork, ForkResult};
     // Built before the fork: the bridge has threads, so the child must not
     // allocate.
-    let filters = kernel::sock_filters(&filter::program(&filter::NATIVE));
+    let filters = sys::sock_filters(&seccomp::program(&seccomp::NATIVE, true));
     // SAFETY: the child only makes system calls and leaves with _exit.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
-            let ok =
-                nix::sys::prctl::set_no_new_privs().is_ok() && kernel::install(&filters).is_ok();
+            let ok = nix::sys::prctl::set_no_new_privs().is_ok()
+                && sys::install_seccomp(&filters, true).is_ok();
             // SAFETY: leaves the child at once, without running destructors.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) }
         }
@@ -244,22 +244,33 @@ impl Supervisor {
     }
 }
 
-/// In the sandbox's first process, after Landlock: installs the filter and
-/// sends the listener to the helper over `sock` (or says there is none).
-/// A failure is said on stderr and costs only the prefix grants.
-pub fn install_and_send(sock: BorrowedFd<'_>) {
-    let filters = kernel::sock_filters(&filter::program(&filter::NATIVE));
-    match kernel::install(&filters) {
+/// In the sandbox's first process, after Landlock: installs the sandbox's
+/// seccomp filter, with the supervisor's listener when `supervisor` is the
+/// socket to the helper (which gets the listener, or word that there is
+/// none). The filter itself is part of the sandbox: if it cannot be
+/// installed, this process dies rather than run the command without it. A
+/// listener that cannot be had (a sandbox inside another process tree
+/// with one) costs only the prefix grants, and is said.
+pub fn install_filter(supervisor: Option<BorrowedFd<'_>>) -> Result<(), Errno> {
+    let Some(sock) = supervisor else {
+        let filters = sys::sock_filters(&seccomp::program(&seccomp::NATIVE, false));
+        return sys::install_seccomp(&filters, false).map(drop);
+    };
+    let filters = sys::sock_filters(&seccomp::program(&seccomp::NATIVE, true));
+    match sys::install_seccomp(&filters, true) {
         Ok(listener) => {
-            if let Err(e) = kernel::send_fd(sock, Some(listener.as_fd())) {
+            if let Err(e) = kernel::send_fd(sock, listener.as_ref().map(|l| l.as_fd())) {
                 eprintln!("zcode-acp sandbox: cannot hand the supervisor its listener: {e}");
             }
+            Ok(())
         }
         Err(e) => {
             eprintln!(
                 "zcode-acp sandbox: cannot install the supervisor's filter ({e}); entries of the granted prefixes (such as ~/.claude.json) cannot be written"
             );
             let _ = kernel::send_fd(sock, None);
+            let filters = sys::sock_filters(&seccomp::program(&seccomp::NATIVE, false));
+            sys::install_seccomp(&filters, false).map(drop)
         }
     }
 }
