@@ -104,6 +104,21 @@ impl Drop for TestUser {
     }
 }
 
+/// A reaper the test started (tests/fixtures/reaper.py), asked to end the
+/// daemon it adopted (SIGTERM, by pid) when the guard goes away, even if
+/// the test fails first.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this test started.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// A process the test started, ended (by pid) when the guard goes away,
 /// even if the test fails first.
 struct KillOnDrop(std::process::Child);
@@ -541,7 +556,9 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     if !require_kernel_features() {
         return;
     }
-    tmux_server_outside(&places(), None);
+    tmux_server_outside(&places(), None, false);
+    tmux_server_outside(&places(), None, true);
+    gpg_agent_outside(&places(), None);
 }
 
 #[test]
@@ -551,16 +568,137 @@ fn services_that_write_for_the_caller_are_out_of_reach_as_an_unprivileged_user()
     }
     let user = TestUser::create();
     let p = user.places();
-    tmux_server_outside(&p, Some(&user));
+    tmux_server_outside(&p, Some(&user), false);
+    tmux_server_outside(&p, Some(&user), true);
+    gpg_agent_outside(&p, Some(&user));
+}
+
+/// A real gpg-agent outside, on its own home (outside /tmp, so its socket
+/// sits beside the keys, as it does where there is no /run/user/UID): from
+/// inside, neither a new key nor the deletion of one reaches it.
+fn gpg_agent_outside(p: &Places, user: Option<&TestUser>) {
+    let home =
+        p.ws.parent()
+            .unwrap()
+            .join(format!("gnupg-{:08x}", rand_u32()));
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    if let Some(u) = user {
+        u.own(&home);
+    }
+    let as_user = |program: &str| {
+        let mut c = Command::new(program);
+        c.arg("--homedir").arg(&home);
+        if let Some(u) = user {
+            std::os::unix::process::CommandExt::uid(&mut c, u.uid);
+            std::os::unix::process::CommandExt::gid(&mut c, u.gid);
+            c.env("HOME", u.base.join("home"));
+        }
+        c.env_remove("GPG_AGENT_INFO")
+            .env_remove("XDG_RUNTIME_DIR")
+            .stdin(Stdio::null());
+        c
+    };
+    // gpg-agent forks away as daemons do; a reaper of ours adopts it, so
+    // the test ends it (and reaps it) through a child it started.
+    let reaper = p.ws.parent().unwrap().join("reaper.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/reaper.py"),
+        &reaper,
+    )
+    .unwrap();
+    let mut c = Command::new("python3");
+    c.arg(&reaper)
+        .arg("gpg-agent")
+        .arg("--homedir")
+        .arg(&home)
+        .args(["--daemon", "--allow-loopback-pinentry"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(u) = user {
+        std::os::unix::process::CommandExt::uid(&mut c, u.uid);
+        std::os::unix::process::CommandExt::gid(&mut c, u.gid);
+        c.env("HOME", u.base.join("home"));
+    }
+    let mut child = c.spawn().expect("start gpg-agent (install gnupg)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let agent = StopOnDrop(child);
+    let socket = {
+        let out = as_user("gpgconf")
+            .args(["--list-dirs", "agent-socket"])
+            .output()
+            .unwrap();
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    };
+    common::wait_until("gpg-agent listens", || socket.exists());
+    let gen = |uid: &str| {
+        as_user("gpg")
+            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+            .args(["--quick-gen-key", uid, "default", "default", "never"])
+            .output()
+            .unwrap()
+    };
+    let keys = || {
+        let out = as_user("gpg")
+            .args(["--batch", "--with-colons", "--list-secret-keys"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("fpr:"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // Control: the agent makes keys for whoever reaches its socket.
+    assert!(gen("outside@zcode-acp.test").status.success());
+    let before = keys();
+    assert!(!before.is_empty(), "{before:?}");
+    // The primary key's fingerprint comes first.
+    let fpr = before[0].split(':').nth(9).unwrap().to_owned();
+    let h = home.display();
+    let script = format!(
+        "gpg --homedir {h} --batch --pinentry-mode loopback --passphrase '' --quick-gen-key inside@zcode-acp.test default default never 2>/dev/null && echo ESCAPE made-key; \
+         gpg --homedir {h} --batch --yes --delete-secret-keys {fpr} 2>/dev/null && echo ESCAPE deleted-key; echo done"
+    );
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let after = keys();
+    drop(agent);
+    assert!(
+        stdout.contains("done") && !stdout.contains("ESCAPE"),
+        "{stdout}"
+    );
+    assert_eq!(after, before, "the keys outside changed: {stdout}");
 }
 
 /// A tmux server outside the sandbox, on its default socket directory in
 /// the host's /tmp: commands sent to it would run unconfined.
-fn tmux_server_outside(p: &Places, user: Option<&TestUser>) {
+/// A tmux server outside, on its default socket directory (`-L`) or on a
+/// socket path of its own outside /tmp (`-S`): driven from inside, it would
+/// run the agent's command unconfined.
+fn tmux_server_outside(p: &Places, user: Option<&TestUser>, own_socket: bool) {
     let label = format!("zcodetest{:08x}", rand_u32());
+    let socket = p.ws.parent().unwrap().join(format!("{label}.sock"));
+    let select: Vec<String> = if own_socket {
+        vec!["-S".into(), socket.display().to_string()]
+    } else {
+        vec!["-L".into(), label.clone()]
+    };
     let tmux = |args: &[&str]| {
         let mut c = Command::new("tmux");
-        c.arg("-L").arg(&label).args(args);
+        c.args(&select).args(args);
         if let Some(u) = user {
             std::os::unix::process::CommandExt::uid(&mut c, u.uid);
             std::os::unix::process::CommandExt::gid(&mut c, u.gid);
@@ -584,7 +722,8 @@ fn tmux_server_outside(p: &Places, user: Option<&TestUser>) {
     assert!((server.0)(&["list-sessions"]).is_ok_and(|s| s.success()));
     let target = p.outside.join("via-tmux");
     let script = format!(
-        "tmux -L {label} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
+        "tmux {sel} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
+        sel = select.join(" "),
         t = target.display()
     );
     let (out, unchanged) = run_in_outer_ns_as(

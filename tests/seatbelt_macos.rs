@@ -348,9 +348,10 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// A tmux server or a container engine outside the sandbox runs whatever
-/// it is sent: their sockets are refused, while a socket of the agent's
-/// own (in the workspace) still works.
+/// A tmux server, a container engine or any other server outside the
+/// sandbox (an editor's, listening outside the workspace) runs whatever it
+/// is sent: unix sockets are refused by default, while a socket of the
+/// agent's own (in the workspace) still works.
 #[test]
 fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     use std::os::unix::fs::PermissionsExt;
@@ -369,6 +370,8 @@ fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     let _server = UnixListener::bind(&theirs).unwrap();
     let docker = s.outside.join("docker.sock");
     let _engine = UnixListener::bind(&docker).unwrap();
+    let editor = s.outside.join("editor-ipc.sock");
+    let _editor = UnixListener::bind(&editor).unwrap();
     let ours = s.ws.join("own.sock");
     let _own = UnixListener::bind(&ours).unwrap();
     let connect = |p: &Path| {
@@ -379,6 +382,7 @@ fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     };
     let reached_theirs = run(&s, &connect(&theirs));
     let reached_engine = run(&s, &connect(&docker));
+    let reached_editor = run(&s, &connect(&editor));
     let reached_ours = run(&s, &connect(&ours));
     let _ = std::fs::remove_file(&theirs);
     if created {
@@ -391,6 +395,10 @@ fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     assert!(
         !reached_engine,
         "the sandbox reached a container engine's socket"
+    );
+    assert!(
+        !reached_editor,
+        "the sandbox reached another program's server outside the workspace"
     );
     assert!(reached_ours, "the agent's own socket must work");
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{is_zcode_config_path, Kind, Matcher, Ops, Policy};
+use crate::policy::{is_zcode_config_path, sockets, Kind, Matcher, Ops, Policy};
 
 /// What the planner may ask about the filesystem.
 pub trait Fs {
@@ -14,6 +14,8 @@ pub trait Fs {
     fn exists(&self, p: &Path) -> bool;
     /// Entry names of a directory.
     fn list(&self, p: &Path) -> Vec<String>;
+    /// Whether `p` is a socket itself (not through a symlink).
+    fn is_socket(&self, p: &Path) -> bool;
 }
 
 pub struct RealFs;
@@ -33,6 +35,10 @@ impl Fs for RealFs {
                     .collect()
             })
             .unwrap_or_default()
+    }
+    fn is_socket(&self, p: &Path) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
     }
 }
 
@@ -116,6 +122,8 @@ pub struct Session {
     pub home: Option<(PathBuf, PathBuf)>,
     /// Whether name-prefix grants can be supervised (`supervise::available`).
     pub supervise: bool,
+    /// The pathname sockets bound when the plan is made (`/proc/net/unix`).
+    pub bound_sockets: Vec<PathBuf>,
 }
 
 impl Session {
@@ -131,40 +139,49 @@ impl Session {
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
             home,
             supervise: super::supervise::available(),
+            bound_sockets: sockets::bound_paths(
+                &std::fs::read_to_string("/proc/net/unix").unwrap_or_default(),
+            ),
         }
     }
 }
 
-/// Sockets (and socket directories) through which a confined process can
-/// ask an unconfined one to write: the session bus and systemd user
-/// manager (`systemd-run --user`), the system bus, Docker and containerd,
-/// tmux and screen servers, and the ssh agent.
-fn hidden_candidates(s: &Session) -> Vec<Step> {
-    let mut out = vec![
-        step(
-            Path::new("/dev/userfaultfd"),
-            "page faults served by a sandboxed program could stall the supervisor reading its memory",
-        ),
-        step(
-            &s.xdg_runtime_dir.clone().unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", s.uid))),
-            "the user's runtime dir: the session D-Bus, the systemd user manager (systemd-run --user), gpg and other agents",
-        ),
-        step(Path::new("/run/dbus"), "the system D-Bus"),
-        step(Path::new("/var/run/dbus"), "the system D-Bus"),
-        step(Path::new("/run/docker.sock"), "Docker: a container can write anywhere"),
-        step(Path::new("/var/run/docker.sock"), "Docker: a container can write anywhere"),
-        step(Path::new("/run/containerd"), "containerd"),
-        step(Path::new("/run/screen"), "screen servers run commands typed into them"),
-        step(Path::new("/var/run/screen"), "screen servers run commands typed into them"),
-        step(
-            &PathBuf::from(format!("/tmp/tmux-{}", s.uid)),
-            "tmux servers run commands sent to them",
-        ),
-    ];
-    if let Some(sock) = &s.ssh_auth_sock {
-        out.push(step(sock, "the ssh agent signs for the caller"));
+/// What the sandbox must not reach: the well-known servers that run what
+/// they are sent (`sockets::linux_known`), every other socket bound when the
+/// sandbox is armed but the few allowed (`sockets::LINUX_ALLOWED`), and
+/// `/dev/userfaultfd`. Directories first: a socket inside a covered
+/// directory needs nothing more.
+fn hidden_candidates(s: &Session, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
+    let mut hide = vec![step(
+        Path::new("/dev/userfaultfd"),
+        "page faults served by a sandboxed program could stall the supervisor reading its memory",
+    )];
+    for k in sockets::linux_known(
+        s.uid,
+        s.xdg_runtime_dir.as_deref(),
+        s.ssh_auth_sock.as_deref(),
+    ) {
+        hide.push(step(Path::new(&k.path), k.why));
     }
-    out
+    let mut unseen = Vec::new();
+    for p in &s.bound_sockets {
+        if sockets::linux_allowed(p).is_some() {
+            continue;
+        }
+        if fs.is_socket(p) {
+            hide.push(step(
+                p,
+                "a server listening outside the sandbox (covered: it would act for the agent with its own rights)",
+            ));
+        } else {
+            unseen.push(step(
+                p,
+                "a socket listening when the sandbox was armed, not visible from here (another mount namespace), so not covered",
+            ));
+        }
+    }
+    hide.sort_by_key(|h| !fs.is_dir(&h.path));
+    (hide, unseen)
 }
 
 fn depth(p: &Path) -> usize {
@@ -320,13 +337,21 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
         "a .zcode/acp created later beneath a writable directory is not read-only on Linux; the approval ledger guards what it may say",
     ));
 
-    for h in hidden_candidates(session) {
-        // Hiding what the sandbox may write would take it away; hide only
-        // what lies outside the writable set (or in the shared world).
-        if fs.exists(&h.path) && !plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path)) {
+    let (hide, unseen) = hidden_candidates(session, fs);
+    for h in hide {
+        // Inside a private tmpfs the host's socket is out of sight already;
+        // inside a directory covered before it, it is too.
+        let covered = plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path))
+            || plan.hidden.iter().any(|d| h.path.starts_with(&d.path));
+        if fs.exists(&h.path) && !covered {
             push_unique(&mut plan.hidden, h);
         }
     }
+    plan.gaps.extend(unseen);
+    plan.gaps.push(step(
+        Path::new("/"),
+        "a socket bound after the sandbox was armed is covered only from the next arming",
+    ));
 
     // Inside a private tmpfs only the writable trees carried over exist. A
     // step for anything else there names what the sandbox cannot see (a
@@ -375,6 +400,11 @@ mod tests {
                 .filter(|k| k.parent() == Some(p))
                 .map(|k| k.file_name().unwrap().to_string_lossy().into_owned())
                 .collect()
+        }
+        /// Files named `*.sock` or `S.*` are sockets here.
+        fn is_socket(&self, p: &Path) -> bool {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            self.0.get(p) == Some(&false) && (name.ends_with(".sock") || name.starts_with("S."))
         }
     }
 
@@ -465,6 +495,7 @@ mod tests {
             ]
         );
         assert_eq!(paths(&plan.hidden), vec!["/run/user/1000"]);
+
         assert!(plan.landlock_files.contains(&PathBuf::from("/dev/null")));
         assert!(plan.landlock_dirs.contains(&PathBuf::from("/dev/pts")));
         // What cannot be enforced is said, not hidden.
@@ -472,6 +503,47 @@ mod tests {
             .gaps
             .iter()
             .any(|g| g.path == Path::new("/home/u/w/.envrc")));
+        // Bound sockets: covered but for the few allowed, and those inside a
+        // covered directory need nothing more.
+        let fs2 = fake(&[
+            ("/home/u", true),
+            ("/home/u/w", true),
+            ("/home/u/.gnupg/S.gpg-agent", false),
+            ("/home/u/w/dev.sock", false),
+            ("/run/user/1000", true),
+            ("/run/user/1000/bus", false),
+            ("/run/systemd/journal/socket", false),
+            ("/run/systemd/private", false),
+        ]);
+        let session2 = Session {
+            uid: 1000,
+            xdg_runtime_dir: Some("/run/custom".into()),
+            bound_sockets: [
+                "/home/u/.gnupg/S.gpg-agent",
+                "/home/u/w/dev.sock",
+                "/run/user/1000/bus",
+                "/run/systemd/journal/socket",
+                "/srv/other-namespace.sock",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+            ..Session::default()
+        };
+        let plan2 = build(&policy(), &fs2, &session2);
+        assert_eq!(
+            paths(&plan2.hidden),
+            vec![
+                "/run/user/1000",
+                "/run/systemd/private",
+                "/home/u/.gnupg/S.gpg-agent",
+                "/home/u/w/dev.sock"
+            ]
+        );
+        assert!(plan2
+            .gaps
+            .iter()
+            .any(|g| g.path == Path::new("/srv/other-namespace.sock")));
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
         promptable: false,
         dangerous: false,
         reopens: false,
+        root: false,
     }
 }
 
@@ -112,6 +113,7 @@ fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
         promptable,
         dangerous: false,
         reopens: false,
+        root: false,
     }
 }
 
@@ -124,6 +126,7 @@ fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
         promptable: false,
         dangerous: false,
         reopens: false,
+        root: false,
     }
 }
 
@@ -136,6 +139,7 @@ fn pin(kind: Kind, dir: &Path, why: impl Into<String>) -> Rule {
         promptable: false,
         dangerous: false,
         reopens: false,
+        root: false,
     }
 }
 
@@ -209,6 +213,7 @@ impl Policy {
                 format!("workspace root of a live session: {}", root.path.display()),
             );
             r.dangerous = root.path == Path::new("/") || root.path == input.home;
+            r.root = true;
             allows.push(r);
             open_dirs.push(root.path.clone());
             for repo in &root.repos {

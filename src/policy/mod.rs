@@ -16,6 +16,7 @@ pub mod build;
 pub mod discover;
 pub mod protected;
 pub mod resolve;
+pub mod sockets;
 
 use std::path::{Path, PathBuf};
 
@@ -123,6 +124,10 @@ pub struct Rule {
     /// For allow rules: a grant the user made for a protected path, placed
     /// after the protected band so it opens what it names (never an island).
     pub reopens: bool,
+    /// For allow rules: a workspace root of a live session (the agent's
+    /// own servers may listen there).
+    #[serde(default)]
+    pub root: bool,
 }
 
 impl Rule {
@@ -214,6 +219,7 @@ mod tests {
             promptable: true,
             dangerous: false,
             reopens: false,
+            root: false,
         }
     }
 

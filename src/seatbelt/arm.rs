@@ -111,10 +111,19 @@ mod tests {
             "(deny file-write* (subpath \"{}\") (with message \"zcode-acp-test\"))",
             dir.display()
         )));
-        assert!(text.ends_with(&format!(
-            "(deny file-write* (subpath \"{}\") (with message \"zcode-acp-test\"))\n",
-            managed.path.display()
-        )));
+        // The managed root's island is the last file rule of all.
+        let last_file_rule = text
+            .lines()
+            .rev()
+            .find(|l| l.contains("file-write"))
+            .unwrap();
+        assert_eq!(
+            last_file_rule,
+            format!(
+                "(deny file-write* (subpath \"{}\") (with message \"zcode-acp-test\"))",
+                managed.path.display()
+            )
+        );
         // Every write denial is tagged, so the log can be read for our own.
         for line in text.lines().filter(|l| l.starts_with("(deny file-write")) {
             assert!(

@@ -174,7 +174,71 @@ pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String
             }
         }
     }
+    emit_sockets(&mut out, policy)?;
     Ok(out)
+}
+
+/// Unix sockets, default-deny (see `policy::sockets`): a server outside runs
+/// what it is sent with its own rights. The sandbox reaches the few allowed
+/// services and sockets beneath the workspace roots (its own servers), and
+/// never the servers named last, even beneath a root.
+fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
+    use crate::policy::sockets::{MACOS_ALLOWED, MACOS_DENIED};
+    out.push_str("\n;; ---- unix sockets: a server outside runs what it is sent, so none is\n");
+    out.push_str(";; reached but services that only answer questions or take logs, and the\n");
+    out.push_str(";; agent's own beneath the workspace roots.\n");
+    out.push_str("(deny network-outbound (remote unix-socket))\n");
+    let mut allowed = Vec::new();
+    for a in MACOS_ALLOWED {
+        let path = quote::string(Path::new(a.path))?;
+        allowed.push((
+            a.why.to_owned(),
+            if a.dir {
+                format!(
+                    "(remote unix-socket (path-regex #\"^{}/\"))",
+                    quote::regex_literal(Path::new(a.path))?
+                )
+            } else {
+                format!("(remote unix-socket (path-literal {path}))")
+            },
+        ));
+    }
+    for rule in policy.rules.iter().filter(|r| r.root) {
+        if let Matcher::Subpath(p) = &rule.matcher {
+            let re = if p == Path::new("/") {
+                Ok(String::new())
+            } else {
+                quote::regex_literal(p)
+            };
+            match re {
+                Ok(re) => allowed.push((
+                    format!("the agent's own servers in {}", p.display()),
+                    format!("(remote unix-socket (path-regex #\"^{re}/\"))"),
+                )),
+                // The rest of the profile can name such a root; a regex
+                // cannot, so its sockets stay refused (and the comment says so).
+                Err(_) => comment(
+                    out,
+                    &format!(
+                        "no socket is reachable beneath {}: its path cannot be written in a regex",
+                        p.display()
+                    ),
+                ),
+            }
+        }
+    }
+    for (why, f) in allowed {
+        comment(out, &why);
+        let _ = writeln!(out, "(allow network-outbound {f})");
+    }
+    for (re, why) in MACOS_DENIED {
+        comment(out, why);
+        let _ = writeln!(
+            out,
+            "(deny network-outbound (remote unix-socket (path-regex #\"{re}\")))"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,246 @@
+//! Unix sockets: default-deny. A server listening outside the sandbox runs
+//! what it is sent with its own rights (gpg-agent makes and deletes keys,
+//! an editor's server opens files and runs tasks, tmux and screen type
+//! commands, systemd's manager starts units, container engines mount any
+//! host directory), and neither Landlock nor read-only mounts stop a
+//! `connect()` to a path. So the sandbox reaches no socket but a short list
+//! of services that only answer questions or take logs, and its own.
+//!
+//! One table serves both platforms: on Linux every listening pathname
+//! socket seen when the sandbox is armed (`/proc/net/unix`), and the
+//! well-known ones here, are covered except the allowed; on macOS Seatbelt
+//! denies every unix-socket connect but the allowed. Pure: the caller reads
+//! the machine.
+
+use std::path::{Path, PathBuf};
+
+/// A socket (or directory of sockets) the sandbox may still reach, and why.
+pub struct Allowed {
+    pub path: &'static str,
+    /// The whole directory, not one socket.
+    pub dir: bool,
+    pub why: &'static str,
+}
+
+/// Services that answer questions or take logs, and act on nothing.
+pub const LINUX_ALLOWED: &[Allowed] = &[
+    Allowed {
+        path: "/run/nscd/socket",
+        dir: false,
+        why: "the name service cache (user, group and host lookups)",
+    },
+    Allowed {
+        path: "/var/run/nscd/socket",
+        dir: false,
+        why: "the name service cache (user, group and host lookups)",
+    },
+    Allowed {
+        path: "/run/systemd/userdb",
+        dir: true,
+        why: "systemd's user and group lookups",
+    },
+    Allowed {
+        path: "/run/systemd/resolve/io.systemd.Resolve",
+        dir: false,
+        why: "systemd-resolved's name lookups (DNS)",
+    },
+    Allowed {
+        path: "/run/systemd/journal/socket",
+        dir: false,
+        why: "the journal (log messages only)",
+    },
+    Allowed {
+        path: "/run/systemd/journal/stdout",
+        dir: false,
+        why: "the journal (log messages only)",
+    },
+    Allowed {
+        path: "/run/systemd/journal/dev-log",
+        dir: false,
+        why: "the journal's syslog socket (log messages only)",
+    },
+    Allowed {
+        path: "/dev/log",
+        dir: false,
+        why: "syslog (log messages only)",
+    },
+];
+
+/// macOS: DNS and the system log.
+pub const MACOS_ALLOWED: &[Allowed] = &[
+    Allowed {
+        path: "/private/var/run/mDNSResponder",
+        dir: false,
+        why: "DNS (mDNSResponder): name lookups",
+    },
+    Allowed {
+        path: "/private/var/run/syslog",
+        dir: false,
+        why: "syslog (log messages only)",
+    },
+];
+
+/// Well-known places of servers that run what they are sent, covered on
+/// Linux even when nothing listens there at arming (a directory) and named
+/// in the log; on macOS denied again after the workspace allows.
+pub struct Known {
+    pub path: String,
+    pub why: &'static str,
+}
+
+/// The well-known servers for a user: `uid`, `$XDG_RUNTIME_DIR`,
+/// `$SSH_AUTH_SOCK`. The runtime directory is covered whatever
+/// `XDG_RUNTIME_DIR` says: both `/run/user/UID` and that value.
+pub fn linux_known(
+    uid: u32,
+    xdg_runtime_dir: Option<&Path>,
+    ssh_auth_sock: Option<&Path>,
+) -> Vec<Known> {
+    let mut out = vec![Known {
+        path: format!("/run/user/{uid}"),
+        why: "the user's runtime dir: the session D-Bus, the systemd user manager (systemd-run --user), gpg and other agents, editor and desktop servers",
+    }];
+    if let Some(x) = xdg_runtime_dir {
+        out.push(Known {
+            path: x.display().to_string(),
+            why: "$XDG_RUNTIME_DIR: the session D-Bus, the systemd user manager, agents",
+        });
+    }
+    for (path, why) in [
+        ("/run/dbus", "the system D-Bus"),
+        ("/var/run/dbus", "the system D-Bus"),
+        (
+            "/run/systemd/private",
+            "the systemd manager's private API: starts anything as root",
+        ),
+        ("/run/docker.sock", "Docker: a container can write anywhere"),
+        (
+            "/var/run/docker.sock",
+            "Docker: a container can write anywhere",
+        ),
+        ("/run/containerd", "containerd"),
+        ("/run/podman", "Podman"),
+        ("/run/screen", "screen servers run commands typed into them"),
+        (
+            "/var/run/screen",
+            "screen servers run commands typed into them",
+        ),
+    ] {
+        out.push(Known {
+            path: path.to_owned(),
+            why,
+        });
+    }
+    out.push(Known {
+        path: format!("/tmp/tmux-{uid}"),
+        why: "tmux servers run commands sent to them",
+    });
+    if let Some(s) = ssh_auth_sock {
+        out.push(Known {
+            path: s.display().to_string(),
+            why: "the ssh agent signs for the caller",
+        });
+    }
+    out
+}
+
+/// Regexes (Seatbelt syntax, real paths) of servers that run what they
+/// are sent, denied last on macOS.
+pub const MACOS_DENIED: &[(&str, &str)] = &[
+    (
+        r"^/private/tmp/tmux-[0-9]+/",
+        "tmux servers run commands sent to them",
+    ),
+    (
+        r"^/private/tmp/\.screen/",
+        "screen servers run commands typed into them",
+    ),
+    (
+        r"^/private/tmp/uscreens/",
+        "screen servers run commands typed into them",
+    ),
+    (r"/docker\.sock$", "Docker: a container can write anywhere"),
+    (r"/podman\.sock$", "Podman: a container can write anywhere"),
+    (
+        r"/containerd\.sock$",
+        "containerd: a container can write anywhere",
+    ),
+];
+
+/// Whether `path` is a socket the sandbox may still reach on Linux.
+pub fn linux_allowed(path: &Path) -> Option<&'static str> {
+    LINUX_ALLOWED
+        .iter()
+        .find(|a| {
+            if a.dir {
+                path.starts_with(a.path)
+            } else {
+                path == Path::new(a.path)
+            }
+        })
+        .map(|a| a.why)
+}
+
+/// The bound pathname sockets listed in `/proc/net/unix` (listening
+/// stream sockets and bound datagram ones; abstract names are Landlock's
+/// to scope), each once.
+pub fn bound_paths(proc_net_unix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in proc_net_unix.lines().skip(1) {
+        // Num RefCount Protocol Flags Type St Inode Path
+        let fields: Vec<&str> = line.splitn(8, ' ').filter(|f| !f.is_empty()).collect();
+        let Some(path) = fields.get(7).map(|p| p.trim()) else {
+            continue;
+        };
+        if !path.starts_with('/') {
+            continue;
+        }
+        let p = PathBuf::from(path);
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bound_sockets_are_read_from_proc_net_unix() {
+        let text = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+ffff8881: 00000002 00000000 00010000 0001 01 12345 /run/systemd/private\n\
+ffff8882: 00000002 00000000 00010000 0001 01 12346 @/tmp/.X11-unix/X0\n\
+ffff8883: 00000003 00000000 00000000 0001 03 12347\n\
+ffff8884: 00000002 00000000 00010000 0001 01 12348 /home/u/.gnupg/S.gpg-agent\n\
+ffff8885: 00000003 00000000 00000000 0001 03 12349 /home/u/.gnupg/S.gpg-agent\n\
+ffff8886: 00000002 00000000 00000000 0002 01 12350 /run/systemd/journal/dev-log\n";
+        assert_eq!(
+            bound_paths(text),
+            vec![
+                PathBuf::from("/run/systemd/private"),
+                PathBuf::from("/home/u/.gnupg/S.gpg-agent"),
+                PathBuf::from("/run/systemd/journal/dev-log"),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_services_that_act_on_nothing_are_reachable() {
+        assert!(linux_allowed(Path::new("/run/systemd/journal/socket")).is_some());
+        assert!(linux_allowed(Path::new("/run/systemd/userdb/io.systemd.Multiplexer")).is_some());
+        for p in [
+            "/run/systemd/private",
+            "/run/systemd/journal",
+            "/run/dbus/system_bus_socket",
+            "/home/u/.gnupg/S.gpg-agent",
+            "/run/systemd/notify",
+        ] {
+            assert!(linux_allowed(Path::new(p)).is_none(), "{p}");
+        }
+        let known = linux_known(1000, Some(Path::new("/run/custom")), None);
+        let paths: Vec<&str> = known.iter().map(|k| k.path.as_str()).collect();
+        assert!(paths.contains(&"/run/user/1000") && paths.contains(&"/run/custom"));
+    }
+}
