@@ -1463,3 +1463,74 @@ fn side_doors_stay_shut_as_an_unprivileged_user() {
     .unwrap();
     side_doors(&p, Some(&user), &fixture);
 }
+
+/// Git indirections: the `core.hooksPath` target (husky's `.husky` in the
+/// work tree), a submodule's own git directory (`.git/modules/NAME`:
+/// config and hooks) and a worktree's `commondir` are protected like
+/// `.git/config` and `.git/hooks`: plants fail at the write.
+#[test]
+fn git_indirections_cannot_be_planted() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let git = |args: &[&str], dir: &Path| {
+        let ok = Command::new("git")
+            .args(["-c", "user.email=t@e", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    let repo = p.ws.join("app");
+    std::fs::create_dir_all(repo.join(".husky")).unwrap();
+    git(&["init", "-q"], &repo);
+    git(&["config", "core.hooksPath", ".husky"], &repo);
+    std::fs::write(repo.join(".husky/pre-commit"), "#!/bin/sh\nexit 0\n").unwrap();
+    // A submodule's git directory, as `git submodule add` leaves it.
+    let module = repo.join(".git/modules/lib");
+    std::fs::create_dir_all(module.join("hooks")).unwrap();
+    std::fs::write(module.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(module.join("config"), "[core]\n").unwrap();
+    // A worktree of it, whose git dir points back through `commondir`.
+    git(&["commit", "-q", "--allow-empty", "-m", "x"], &repo);
+    let wt = p.ws.join("wt");
+    git(&["worktree", "add", "-q", wt.to_str().unwrap()], &repo);
+    let wt_git = repo.join(".git/worktrees/wt");
+    assert!(wt_git.join("commondir").is_file());
+    let script = format!(
+        "echo evil > {a}/.husky/pre-commit; echo evil > {a}/.husky/post-checkout; \
+         echo '[core] fsmonitor = evil' >> {m}/config; echo evil > {m}/hooks/post-checkout; \
+         echo {o} > {w}/commondir; \
+         echo ok > {a}/plain.txt; echo done",
+        a = repo.display(),
+        m = module.display(),
+        o = p.outside.display(),
+        w = wt_git.display(),
+    );
+    let argv = run_sh(None, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done"), "{stdout}");
+    assert_eq!(
+        content(&repo.join(".husky/pre-commit")),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert!(!repo.join(".husky/post-checkout").exists());
+    assert_eq!(content(&module.join("config")), "[core]\n");
+    assert!(!module.join("hooks/post-checkout").exists());
+    assert!(!content(&wt_git.join("commondir")).contains("outside"));
+    assert_eq!(
+        content(&repo.join("plain.txt")),
+        "ok\n",
+        "the work tree stays writable"
+    );
+}

@@ -221,6 +221,8 @@ fn input() -> impl Strategy<Value = PolicyInput> {
                     Repo {
                         git_dir: tree.join(".git"),
                         common_dir: tree.join(".git"),
+                        // husky's layout: hooks run from the work tree.
+                        hooks_path: Some(tree.join(".husky")),
                         work_tree: tree,
                     }
                 })

@@ -52,6 +52,7 @@ fn setup() -> Setup {
                 work_tree: ws.clone(),
                 git_dir: ws.join(".git"),
                 common_dir: ws.join(".git"),
+                hooks_path: None,
             }],
         }],
         backend_state: vec![],

@@ -428,6 +428,7 @@ mod tests {
                     work_tree: "/home/u/w".into(),
                     git_dir: "/home/u/w/.git".into(),
                     common_dir: "/home/u/w/.git".into(),
+                    hooks_path: None,
                 }],
             }],
             backend_state: vec![Grant {

@@ -31,6 +31,9 @@ pub struct Repo {
     pub git_dir: PathBuf,
     /// Where hooks and the shared config live (`commondir`), often `git_dir`.
     pub common_dir: PathBuf,
+    /// `core.hooksPath` from the repository's effective config at arming
+    /// (husky points it into the work tree), made absolute.
+    pub hooks_path: Option<PathBuf>,
 }
 
 /// What a project's sandbox.json contributes, after the approval ledger.
@@ -284,6 +287,19 @@ impl Policy {
                     }
                     protect_entries(dir, IN_GIT_DIR, &mut protected, &mut subjects);
                 }
+                if let Some(hooks) = &repo.hooks_path {
+                    if !subjects.contains(hooks) {
+                        protected.push(protect(
+                            Matcher::Subpath(hooks.clone()),
+                            format!(
+                                "core.hooksPath of {}: git runs the hooks there, outside the sandbox when the user runs git",
+                                repo.work_tree.display()
+                            ),
+                            true,
+                        ));
+                        subjects.push(hooks.clone());
+                    }
+                }
             }
             for p in &root.project.deny {
                 protected.push(protect(
@@ -424,11 +440,13 @@ mod tests {
                         work_tree: "/home/u/proj".into(),
                         git_dir: "/home/u/proj/.git".into(),
                         common_dir: "/home/u/proj/.git".into(),
+                        hooks_path: None,
                     },
                     Repo {
                         work_tree: "/home/u/proj/vendor/lib".into(),
                         git_dir: "/home/u/proj/.git/modules/lib".into(),
                         common_dir: "/home/u/proj/.git/modules/lib".into(),
+                        hooks_path: None,
                     },
                 ],
             }],
@@ -562,6 +580,7 @@ mod tests {
             work_tree: "/home/u/proj".into(),
             git_dir: "/home/u/main/.git/worktrees/proj".into(),
             common_dir: "/home/u/main/.git".into(),
+            hooks_path: None,
         }];
         let p = Policy::build(&input);
         assert_eq!(

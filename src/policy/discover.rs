@@ -119,7 +119,45 @@ pub fn find_repos(root: &Path) -> Vec<Repo> {
         seen.push(r.work_tree.clone());
         fresh
     });
+    // Submodules' git directories (`.git/modules/NAME`, nested the same way)
+    // hold a config and hooks of their own, checked out or not.
+    let mut modules = Vec::new();
+    for r in &repos {
+        module_git_dirs(&r.common_dir.join("modules"), &r.work_tree, 0, &mut modules);
+    }
+    repos.extend(modules);
     repos
+}
+
+/// The git directories below a `modules` directory, as repositories whose
+/// work tree is the superproject's (where their own is, is in their config).
+fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Repo>) {
+    if depth > 4 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if path.join("HEAD").is_file() {
+            if let Ok(git_dir) = resolve_real(&path) {
+                out.push(Repo {
+                    work_tree: work_tree.to_path_buf(),
+                    common_dir: git_dir.clone(),
+                    git_dir: git_dir.clone(),
+                    hooks_path: None,
+                });
+                module_git_dirs(&git_dir.join("modules"), work_tree, depth + 1, out);
+            }
+        } else {
+            // Submodule names may hold slashes: `modules/a/b`.
+            module_git_dirs(&path, work_tree, depth + 1, out);
+        }
+    }
 }
 
 fn walk(dir: &Path, depth: usize, budget: &mut usize, repos: &mut Vec<Repo>) {
@@ -154,26 +192,58 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, repos: &mut Vec<Repo>) {
 pub fn repo_at(dir: &Path) -> Option<Repo> {
     let dot_git = dir.join(".git");
     let meta = std::fs::symlink_metadata(&dot_git).ok()?;
+    // Read without blocking or growing: an agent could have left a FIFO.
+    let read = |p: &Path| {
+        crate::config::atomic::read_regular(p, true)
+            .ok()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    };
     let git_dir = if meta.is_dir() {
         dot_git
     } else if meta.is_file() {
         // A worktree or submodule: `gitdir: <path>`.
-        let text = std::fs::read_to_string(&dot_git).ok()?;
+        let text = read(&dot_git)?;
         let target = text.lines().find_map(|l| l.strip_prefix("gitdir:"))?.trim();
         dir.join(target)
     } else {
         return None;
     };
     let git_dir = resolve_real(&git_dir).ok()?;
-    let common_dir = match std::fs::read_to_string(git_dir.join("commondir")) {
-        Ok(text) => resolve_real(&git_dir.join(text.trim())).ok()?,
-        Err(_) => git_dir.clone(),
+    let common_dir = match read(&git_dir.join("commondir")) {
+        Some(text) => resolve_real(&git_dir.join(text.trim())).ok()?,
+        None => git_dir.clone(),
     };
+    let work_tree = resolve_real(dir).ok()?;
+    let hooks_path = hooks_path(&work_tree, &git_dir);
     Some(Repo {
-        work_tree: resolve_real(dir).ok()?,
+        work_tree,
         git_dir,
         common_dir,
+        hooks_path,
     })
+}
+
+/// `core.hooksPath` as git sees it for this repository (its whole
+/// effective config: a global one counts too), made absolute: a relative
+/// value is relative to the work tree, where hooks run. Asked of git
+/// itself, without `git` on the PATH there is none to protect.
+fn hooks_path(work_tree: &Path, git_dir: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .arg("--work-tree")
+        .arg(work_tree)
+        .args(["config", "--type=path", "--get", "core.hooksPath"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let value = String::from_utf8(out.stdout).ok()?;
+    let value = value.trim_end_matches('\n');
+    if !out.status.success() || value.is_empty() {
+        return None;
+    }
+    resolve_real(&work_tree.join(value)).ok()
 }
 
 /// Environment lookups, injectable for tests.
@@ -467,5 +537,34 @@ mod tests {
         // A root inside a repository gets that repository.
         let sub = find_repos(&t.join("main/sub"));
         assert_eq!(sub[0].work_tree, t.join("main"));
+
+        // Submodules' git directories, nested too, checked out or not.
+        for m in [
+            "main/.git/modules/lib",
+            "main/.git/modules/lib/modules/deep",
+        ] {
+            std::fs::create_dir_all(t.join(m)).unwrap();
+            std::fs::write(t.join(m).join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        }
+        let repos = find_repos(&t.join("main"));
+        let git_dirs: Vec<_> = repos.iter().map(|r| r.git_dir.clone()).collect();
+        assert!(
+            git_dirs.contains(&t.join("main/.git/modules/lib")),
+            "{git_dirs:?}"
+        );
+        assert!(git_dirs.contains(&t.join("main/.git/modules/lib/modules/deep")));
+    }
+
+    #[test]
+    fn a_fifo_planted_as_a_git_file_does_not_hang_discovery() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(t.join("r")).unwrap();
+        nix::unistd::mkfifo(
+            &t.join("r/.git"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(find_repos(&t).is_empty());
     }
 }

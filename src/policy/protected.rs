@@ -40,6 +40,11 @@ pub const IN_GIT_DIR: &[Entry] = &[
         shape: Shape::File,
         why: "a worktree's own git config can name programs git runs, as .git/config can",
     },
+    Entry {
+        name: "commondir",
+        shape: Shape::File,
+        why: "commondir points git at another directory's config and hooks, which git then obeys",
+    },
 ];
 
 /// At every session root and every repository's work tree.

@@ -258,6 +258,7 @@ mod tests {
                     work_tree: "/Users/dev/src/app".into(),
                     git_dir: "/Users/dev/src/app/.git".into(),
                     common_dir: "/Users/dev/src/app/.git".into(),
+                    hooks_path: None,
                 }],
             }],
             backend_state: vec![Grant {
@@ -291,6 +292,7 @@ mod tests {
                 work_tree: "/Users/dev/src/wt \"quoted\"".into(),
                 git_dir: "/Users/dev/src/app/.git/worktrees/wt".into(),
                 common_dir: "/Users/dev/src/app/.git".into(),
+                hooks_path: None,
             }],
         });
         rich.backend_state = vec![Grant {
