@@ -3,6 +3,7 @@
 //! alive while backend generations are restarted (to re-arm a sandbox, or
 //! after a crash).
 
+pub mod audit;
 pub mod backend;
 pub mod bridge;
 pub mod commands;

@@ -639,3 +639,85 @@ fn a_grant_for_a_protected_path_opens_it_for_direct_writes() {
     );
     assert!(text.contains("rc=2"), "{text}");
 }
+
+/// Answers the audit's "keep?" prompt about `path` with `option`, and
+/// returns the prompt.
+fn answer_audit(ed: &mut Editor, path: &std::path::Path, option: &str) -> serde_json::Value {
+    let p = path.display().to_string();
+    let req = ed
+        .wait_for("the audit's question", move |v| {
+            v["method"] == "session/request_permission"
+                && v["params"]["toolCall"]["toolCallId"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("zcode-acp-audit-"))
+                && v["params"]["toolCall"]["locations"][0]["path"] == p.as_str()
+        })
+        .value;
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+    req
+}
+
+/// What the agent leaves that the user's own tools would run is reverted
+/// when the turn ends and put to the user: a protected path that did not
+/// exist when the sandbox was armed (editor tasks), a repository made
+/// during the turn with an fsmonitor, and a new agent hook in the
+/// workspace's settings. Keep puts the agent's version back.
+#[test]
+fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    let tasks = ws.join(".vscode/tasks.json");
+    let (r, _) = ed.prompt(
+        &sid,
+        &format!(
+            "mkdir .vscode && echo '{{\"tasks\":[{{\"command\":\"touch {o}/pwned\",\"runOptions\":{{\"runOn\":\"folderOpen\"}}}}]}}' > .vscode/tasks.json; echo planted",
+            o = outside.display()
+        ),
+    );
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    // Reverted before the user is even asked.
+    let req = answer_audit(&mut ed, &ws.join(".vscode"), "revert");
+    assert!(!tasks.exists(), "the planted tasks file is still there");
+    assert!(req["params"]["toolCall"]["content"][0]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("VS Code"));
+
+    // A nested repository with an fsmonitor; kept on purpose this time.
+    let (r, _) = ed.prompt(
+        &sid,
+        &format!(
+            "mkdir sub && cd sub && git init -q && git config core.fsmonitor 'touch {o}/fsmonitor' && echo made",
+            o = outside.display()
+        ),
+    );
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let config = ws.join("sub/.git/config");
+    answer_audit(&mut ed, &config, "keep");
+    common::wait_until("the agent's version is back", || {
+        std::fs::read_to_string(&config).is_ok_and(|c| c.contains("fsmonitor"))
+    });
+    // Kept: the next turn does not ask again.
+    let start = ed.seen.len();
+    ed.prompt(&sid, "true");
+    ed.drain_for(Duration::from_millis(300));
+    assert!(!ed.seen[start..]
+        .iter()
+        .any(|l| l.raw.contains("zcode-acp-audit-")));
+
+    // A hook in the workspace's agent settings: the file stays (permission
+    // rules live there), the hook goes.
+    let settings = ws.join(".claude/settings.local.json");
+    ed.prompt(
+        &sid,
+        "mkdir -p .claude && echo '{\"permissions\":{\"allow\":[\"Bash(ls)\"]},\"hooks\":{\"Stop\":[{\"hooks\":[{\"type\":\"command\",\"command\":\"evil\"}]}]}}' > .claude/settings.local.json",
+    );
+    answer_audit(&mut ed, &settings, "revert");
+    let now: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    assert!(now.get("hooks").is_none(), "{now}");
+    assert_eq!(now["permissions"]["allow"][0], "Bash(ls)");
+    assert!(!outside.join("pwned").exists() && !outside.join("fsmonitor").exists());
+}

@@ -105,6 +105,10 @@ impl Bridge {
                         self.editor_ids.remove(&editor_id);
                         let mut edited = None;
                         let mut opened = None;
+                        let turn_of = match &track {
+                            track::Track::Prompt(Some(session)) => Some(session.clone()),
+                            _ => None,
+                        };
                         if !is_error {
                             opened =
                                 track::apply_success(track.clone(), &frame, &mut self.sessions);
@@ -125,6 +129,11 @@ impl Bridge {
                             }
                         }
                         self.to_editor(edited.unwrap_or_else(|| frame.with_id(editor_id.as_str())));
+                        // The turn ended: what the agent left that would run
+                        // outside is reverted and put to the user now.
+                        if let Some(session) = turn_of {
+                            self.run_audit(&session);
+                        }
                         if let Some(session) = opened {
                             self.announce_first_session(&session);
                             self.confirm_hand_edits(&session);

@@ -284,6 +284,7 @@ impl Bridge {
             AtEditor::Bridge => debug!(bid, "the editor answered a bridge request"),
             AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
+            AtEditor::AuditPrompt { finding } => self.on_audit_answer(*finding, &frame),
             AtEditor::Backend {
                 generation,
                 id: backend_id,

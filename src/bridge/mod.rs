@@ -10,6 +10,7 @@
 
 mod allow;
 mod announce;
+mod audit;
 mod backend_side;
 mod editor_side;
 mod police;
@@ -100,6 +101,8 @@ enum AtEditor {
     Prompt,
     /// A confirmation of hand edits of a project's sandbox.json.
     ConfigPrompt { root: std::path::PathBuf },
+    /// Keep or revert what the post-turn audit reverted.
+    AuditPrompt { finding: Box<crate::audit::Finding> },
 }
 
 /// The answer to a bridge-originated request.
@@ -215,6 +218,9 @@ pub struct Bridge {
     dismissed: HashSet<std::path::PathBuf>,
     /// The system log reader for the hook's tag, when it has one (macOS).
     violations: Option<watch::ViolationWatch>,
+    /// What the running armed generation started with, for the post-turn
+    /// audit.
+    audit: Option<crate::audit::Baseline>,
 }
 
 impl Bridge {
@@ -318,6 +324,7 @@ impl Bridge {
             config_asked: Vec::new(),
             dismissed: HashSet::new(),
             violations: None,
+            audit: None,
         };
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.

@@ -50,6 +50,11 @@ impl Bridge {
         if matches!(self.mode, Mode::Failed(_)) {
             return;
         }
+        // Before a re-arm: the audit of what this generation left.
+        let first = self.sessions.live().next().map(|s| s.id.clone());
+        if let Some(session) = first {
+            self.run_audit(&session);
+        }
         self.mode = Mode::Restarting;
         if let Some(old) = self.generation.take() {
             let id = old.id;
@@ -107,6 +112,7 @@ impl Bridge {
         // A restart asked for while this one was setting up (after the
         // command was prepared) stays pending: the main loop runs it next.
         self.mode = Mode::Running;
+        self.take_audit_baseline();
         if reason.text != "start" {
             self.announce_restart(&reason.text);
         }

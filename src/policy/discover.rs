@@ -103,16 +103,29 @@ const SKIP_DIRS: &[&str] = &[
 /// root may be a subfolder of a repository, whose git dir commits need) and
 /// every nested one that exists now.
 pub fn find_repos(root: &Path) -> Vec<Repo> {
+    find_repos_with(root, true)
+}
+
+/// The git directories of [`find_repos`], without asking git for each
+/// repository's hooks path (the post-turn audit looks often).
+pub fn find_git_dirs(root: &Path) -> Vec<PathBuf> {
+    find_repos_with(root, false)
+        .into_iter()
+        .map(|r| r.git_dir)
+        .collect()
+}
+
+fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
     let mut repos = Vec::new();
     // The repository the root itself is in, if any.
     for dir in root.ancestors() {
-        if let Some(repo) = repo_at(dir) {
+        if let Some(repo) = repo_at_with(dir, hooks) {
             repos.push(repo);
             break;
         }
     }
     let mut budget = MAX_ENTRIES;
-    walk(root, 0, &mut budget, &mut repos);
+    walk(root, 0, &mut budget, hooks, &mut repos);
     let mut seen = Vec::new();
     repos.retain(|r| {
         let fresh = !seen.contains(&r.work_tree);
@@ -160,7 +173,7 @@ fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Rep
     }
 }
 
-fn walk(dir: &Path, depth: usize, budget: &mut usize, repos: &mut Vec<Repo>) {
+fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut Vec<Repo>) {
     if depth > MAX_DEPTH {
         return;
     }
@@ -180,16 +193,20 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, repos: &mut Vec<Repo>) {
         }
         if ft.is_dir() && !SKIP_DIRS.iter().any(|s| name == *s) {
             let path = entry.path();
-            if let Some(repo) = repo_at(&path) {
+            if let Some(repo) = repo_at_with(&path, hooks) {
                 repos.push(repo);
             }
-            walk(&path, depth + 1, budget, repos);
+            walk(&path, depth + 1, budget, hooks, repos);
         }
     }
 }
 
 /// The repository whose work tree is `dir`, if `dir/.git` exists.
 pub fn repo_at(dir: &Path) -> Option<Repo> {
+    repo_at_with(dir, true)
+}
+
+fn repo_at_with(dir: &Path, hooks: bool) -> Option<Repo> {
     let dot_git = dir.join(".git");
     let meta = std::fs::symlink_metadata(&dot_git).ok()?;
     // Read without blocking or growing: an agent could have left a FIFO.
@@ -214,7 +231,11 @@ pub fn repo_at(dir: &Path) -> Option<Repo> {
         None => git_dir.clone(),
     };
     let work_tree = resolve_real(dir).ok()?;
-    let hooks_path = hooks_path(&work_tree, &git_dir);
+    let hooks_path = if hooks {
+        hooks_path(&work_tree, &git_dir)
+    } else {
+        None
+    };
     Some(Repo {
         work_tree,
         git_dir,

@@ -1,0 +1,486 @@
+//! The post-turn audit: what an armed agent left that the user's own,
+//! unsandboxed tools would run later.
+//!
+//! The sandbox refuses writes to protected paths that exist when it is
+//! armed, but on Linux it cannot refuse creating one that does not exist
+//! yet (`.envrc`, `.vscode/`, `.mcp.json`, `.git/commondir` in a plain
+//! repository) without placeholders on your disk, and agent settings stay
+//! writable because agents save permission rules and trust there. So when a
+//! turn ends (and before a re-arm) the bridge compares what it saw when the
+//! generation was armed with what is there now:
+//!
+//! - a protected path that did not exist then and does now;
+//! - a repository created under a root since, with hooks or config entries
+//!   that run programs (`core.fsmonitor` runs on every `git status`, also in
+//!   the parent repository);
+//! - a new or changed executable entry in an agent's settings (hooks, MCP
+//!   servers, notify and helper commands, environment), in the home
+//!   directory or the workspace.
+//!
+//! Each finding is reverted at once (the copy the agent made is kept in
+//! memory, within bounds) and put to the user, who may keep it. Between
+//! the write and the end of the turn, the agent's version is on disk: a
+//! tool the user runs in that window sees it.
+
+pub mod git;
+pub mod settings;
+
+use std::path::{Path, PathBuf};
+
+use crate::policy::{Kind, Matcher, Ops, Policy};
+use settings::Format;
+
+/// Files larger than this are not kept for "keep": reverted, and said so.
+const MAX_KEPT: u64 = 1 << 20;
+/// At most this many entries of a new directory are kept.
+const MAX_KEPT_ENTRIES: usize = 256;
+
+/// What is watched, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watched {
+    /// A protected path that does not exist: its appearing is a plant.
+    Absent { path: PathBuf, why: String },
+    /// An agent's settings file: its executable entries.
+    Settings { path: PathBuf, format: Format },
+}
+
+/// The state a generation was armed in.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    roots: Vec<PathBuf>,
+    watched: Vec<Watched>,
+    /// Settings files' bytes (None: absent), by path.
+    settings: Vec<(PathBuf, Option<Vec<u8>>)>,
+    /// Git directories of the repositories under the roots.
+    repos: Vec<PathBuf>,
+}
+
+/// One thing the agent left that would run.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub path: PathBuf,
+    /// What it would run, in words.
+    pub what: String,
+    /// Puts back what was there when armed.
+    pub revert: Action,
+    /// Puts the agent's version back (None: too large to keep a copy).
+    pub keep: Option<Action>,
+}
+
+/// A change made outside the sandbox, never through a symlink.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Write these bytes (atomically) at the path.
+    Write(PathBuf, Vec<u8>),
+    /// Remove the path (a file, or a directory with everything in it).
+    Remove(PathBuf),
+    /// Recreate a directory tree: (relative path, None for a directory or
+    /// the file's bytes).
+    Tree(PathBuf, Vec<(PathBuf, Option<Vec<u8>>)>),
+    /// Several of these, in order.
+    All(Vec<Action>),
+}
+
+/// The settings files agents keep executable entries in: each root's, and
+/// the home directory's (with the agents' own directories moved by
+/// `CLAUDE_CONFIG_DIR` and `CODEX_HOME`).
+pub fn settings_files(
+    roots: &[PathBuf],
+    home: &Path,
+    env: &dyn crate::policy::discover::Env,
+) -> Vec<(PathBuf, Format)> {
+    let mut out = Vec::new();
+    for r in roots {
+        out.push((r.join(".claude/settings.json"), Format::ClaudeSettings));
+        out.push((
+            r.join(".claude/settings.local.json"),
+            Format::ClaudeSettings,
+        ));
+        out.push((r.join(".gemini/settings.json"), Format::GeminiSettings));
+        out.push((r.join(".codex/config.toml"), Format::CodexToml));
+    }
+    let claude = env
+        .var("CLAUDE_CONFIG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".claude"));
+    out.push((claude.join("settings.json"), Format::ClaudeSettings));
+    out.push((claude.join("settings.local.json"), Format::ClaudeSettings));
+    match env.var("CLAUDE_CONFIG_DIR") {
+        Some(dir) => out.push((PathBuf::from(dir).join(".claude.json"), Format::ClaudeState)),
+        None => out.push((home.join(".claude.json"), Format::ClaudeState)),
+    }
+    let codex = env
+        .var("CODEX_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".codex"));
+    out.push((codex.join("config.toml"), Format::CodexToml));
+    out.push((home.join(".gemini/settings.json"), Format::GeminiSettings));
+    out
+}
+
+/// What to watch for a policy armed for `roots`: the protected paths that
+/// do not exist now, and the agents' settings files.
+pub fn watch_list(policy: &Policy, settings: Vec<(PathBuf, Format)>) -> Vec<Watched> {
+    let mut out = Vec::new();
+    for rule in policy
+        .rules
+        .iter()
+        .filter(|r| r.kind == Kind::Protected && r.ops == Ops::All)
+    {
+        if let Matcher::Subpath(p) | Matcher::Literal(p) = &rule.matcher {
+            if std::fs::symlink_metadata(p).is_err() {
+                out.push(Watched::Absent {
+                    path: p.clone(),
+                    why: rule.why.clone(),
+                });
+            }
+        }
+    }
+    for (path, format) in settings {
+        out.push(Watched::Settings { path, format });
+    }
+    out
+}
+
+fn read(p: &Path) -> Option<Vec<u8>> {
+    crate::config::atomic::read_nofollow(p).ok()
+}
+
+impl Baseline {
+    /// Takes the state now (when a generation is armed).
+    pub fn take(roots: &[PathBuf], watched: Vec<Watched>) -> Baseline {
+        let settings = watched
+            .iter()
+            .filter_map(|w| match w {
+                Watched::Settings { path, .. } => Some((path.clone(), read(path))),
+                _ => None,
+            })
+            .collect();
+        Baseline {
+            roots: roots.to_vec(),
+            watched,
+            settings,
+            repos: repos_under(roots),
+        }
+    }
+
+    /// What changed since, that would run.
+    pub fn audit(&self) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for w in &self.watched {
+            match w {
+                Watched::Absent { path, why } => {
+                    if std::fs::symlink_metadata(path).is_ok() {
+                        out.push(Finding {
+                            path: path.clone(),
+                            what: format!("it did not exist when the sandbox was armed, and {why}"),
+                            revert: Action::Remove(path.clone()),
+                            keep: snapshot(path),
+                        });
+                    }
+                }
+                Watched::Settings { path, format } => {
+                    let before = self.setting(path);
+                    if let Some(f) = settings_finding(path, *format, before) {
+                        out.push(f);
+                    }
+                }
+            }
+        }
+        for git_dir in repos_under(&self.roots) {
+            if !self.repos.contains(&git_dir) {
+                out.extend(new_repo_finding(&git_dir));
+            }
+        }
+        out
+    }
+
+    fn setting(&self, path: &Path) -> Option<&[u8]> {
+        self.settings
+            .iter()
+            .find(|(p, _)| p == path)
+            .and_then(|(_, b)| b.as_deref())
+    }
+
+    /// The user kept what a finding is about: it is the baseline now.
+    pub fn accept(&mut self, f: &Finding) {
+        if let Some((_, bytes)) = self.settings.iter_mut().find(|(p, _)| *p == f.path) {
+            *bytes = read(&f.path);
+        }
+        self.watched
+            .retain(|w| !matches!(w, Watched::Absent { path, .. } if *path == f.path));
+        for g in repos_under(&self.roots) {
+            if !self.repos.contains(&g) && (f.path.starts_with(&g) || g.starts_with(&f.path)) {
+                self.repos.push(g);
+            }
+        }
+    }
+}
+
+/// The git directories of the repositories under `roots` now.
+fn repos_under(roots: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = roots
+        .iter()
+        .flat_map(|r| crate::policy::discover::find_git_dirs(r))
+        .filter(|g| roots.iter().any(|root| g.starts_with(root)))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Option<Finding> {
+    let now = read(path);
+    if now.as_deref() == before {
+        return None;
+    }
+    let now_bytes = now.clone().unwrap_or_default();
+    let revert_whole = || match before {
+        Some(b) => Action::Write(path.to_path_buf(), b.to_vec()),
+        None => Action::Remove(path.to_path_buf()),
+    };
+    let keep_whole = || match &now {
+        Some(b) => Action::Write(path.to_path_buf(), b.clone()),
+        None => Action::Remove(path.to_path_buf()),
+    };
+    let entries = |b: Option<&[u8]>| settings::executable(format, b.unwrap_or_default());
+    match (entries(before), entries(now.as_deref())) {
+        (Some(b), Some(a)) => {
+            let diff = settings::changed(&b, &a);
+            if diff.is_empty() {
+                return None; // permissions, trust, state: nothing that runs
+            }
+            let what = diff
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("{k} = {}", short(&v.to_string())),
+                    None => format!("{k} removed"),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let revert = match settings::restore(format, before, &now_bytes) {
+                Some(bytes) if now.is_some() => Action::Write(path.to_path_buf(), bytes),
+                _ => revert_whole(),
+            };
+            Some(Finding {
+                path: path.to_path_buf(),
+                what: format!("the agent's settings would run: {what}"),
+                revert,
+                keep: Some(keep_whole()),
+            })
+        }
+        // Not readable as its format: any change is put to the user whole.
+        _ => Some(Finding {
+            path: path.to_path_buf(),
+            what: "it changed and cannot be read to see what it would run".into(),
+            revert: revert_whole(),
+            keep: Some(keep_whole()),
+        }),
+    }
+}
+
+fn new_repo_finding(git_dir: &Path) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for hook in git::hooks(git_dir) {
+        out.push(Finding {
+            what: format!(
+                "a repository made during the turn has a hook git runs: {}",
+                hook.display()
+            ),
+            revert: Action::Remove(hook.clone()),
+            keep: snapshot(&hook),
+            path: hook,
+        });
+    }
+    let config = git_dir.join("config");
+    let running = git::running_entries(&config);
+    if !running.is_empty() {
+        let what = running
+            .iter()
+            .map(|(k, v)| format!("{k} = {}", short(v)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let before = read(&config);
+        out.push(Finding {
+            path: config.clone(),
+            what: format!("a repository made during the turn names programs git runs: {what}"),
+            revert: Action::All(vec![Action::Write(
+                config.clone(),
+                strip_config(&config, &running).unwrap_or_default(),
+            )]),
+            keep: before.map(|b| Action::Write(config.clone(), b)),
+        });
+    }
+    out
+}
+
+/// The config's bytes with the running entries removed (by git, on a copy).
+fn strip_config(config: &Path, running: &[(String, String)]) -> Option<Vec<u8>> {
+    let copy = tempfile::NamedTempFile::new().ok()?;
+    std::fs::write(copy.path(), read(config)?).ok()?;
+    let keys: Vec<String> = running.iter().map(|(k, _)| k.clone()).collect();
+    git::unset(copy.path(), &keys);
+    std::fs::read(copy.path()).ok()
+}
+
+fn short(s: &str) -> String {
+    if s.chars().count() > 200 {
+        format!("{}…", s.chars().take(200).collect::<String>())
+    } else {
+        s.to_owned()
+    }
+}
+
+/// What it takes to put `path` back as it is now, within bounds.
+fn snapshot(path: &Path) -> Option<Action> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if meta.is_file() {
+        if meta.len() > MAX_KEPT {
+            return None;
+        }
+        return read(path).map(|b| Action::Write(path.to_path_buf(), b));
+    }
+    if !meta.is_dir() {
+        return None; // a symlink or a device: reverted, not kept
+    }
+    let mut entries = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = path.join(&rel);
+        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+            if entries.len() >= MAX_KEPT_ENTRIES {
+                return None;
+            }
+            let r = rel.join(e.file_name());
+            let t = e.file_type().ok()?;
+            if t.is_dir() {
+                entries.push((r.clone(), None));
+                stack.push(r);
+            } else if t.is_file() {
+                let m = e.metadata().ok()?;
+                if m.len() > MAX_KEPT {
+                    return None;
+                }
+                entries.push((r, Some(read(&e.path())?)));
+            } else {
+                return None;
+            }
+        }
+    }
+    Some(Action::Tree(path.to_path_buf(), entries))
+}
+
+impl Action {
+    /// Carries the action out (outside the sandbox): never through a
+    /// symlink, writes atomic.
+    pub fn apply(&self) -> std::io::Result<()> {
+        match self {
+            Action::Write(path, bytes) => crate::config::atomic::write_atomic(path, bytes, 0o644),
+            Action::Remove(path) => remove(path),
+            Action::Tree(path, entries) => {
+                remove(path)?;
+                std::fs::create_dir(path)?;
+                for (rel, bytes) in entries {
+                    let p = path.join(rel);
+                    match bytes {
+                        None => std::fs::create_dir(&p)?,
+                        Some(b) => crate::config::atomic::write_atomic(&p, b, 0o644)?,
+                    }
+                }
+                Ok(())
+            }
+            Action::All(actions) => actions.iter().try_for_each(Action::apply),
+        }
+    }
+}
+
+/// Removes a file, a symlink itself, or a directory tree (whose symlinks
+/// are removed, never followed).
+fn remove(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
+
+    fn armed(root: &Path, home: &Path) -> Baseline {
+        let policy = Policy::build(&PolicyInput {
+            platform: Platform::Linux,
+            home: home.to_path_buf(),
+            roots: vec![RootInput {
+                path: root.to_path_buf(),
+                project: ProjectRules::default(),
+                repos: crate::policy::discover::find_repos(root),
+            }],
+            backend_state: vec![],
+            temp_and_caches: vec![],
+            once_allows: vec![],
+            profile_dir: None,
+            managed_root: home.join(".zcode-acp"),
+        });
+        let env: std::collections::HashMap<String, String> = Default::default();
+        let files = settings_files(&[root.to_path_buf()], home, &env);
+        Baseline::take(&[root.to_path_buf()], watch_list(&policy, files))
+    }
+
+    #[test]
+    fn a_new_protected_path_is_found_reverted_and_can_be_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home) = (t.join("w"), t.join("h"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        let base = armed(&root, &home);
+        assert!(base.audit().is_empty());
+        std::fs::create_dir_all(root.join(".vscode")).unwrap();
+        std::fs::write(root.join(".vscode/tasks.json"), "{\"tasks\":[]}").unwrap();
+        let findings = base.audit();
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert_eq!(findings[0].path, root.join(".vscode"));
+        findings[0].revert.apply().unwrap();
+        assert!(!root.join(".vscode").exists());
+        findings[0].keep.as_ref().unwrap().apply().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join(".vscode/tasks.json")).unwrap(),
+            "{\"tasks\":[]}"
+        );
+    }
+
+    #[test]
+    fn settings_changes_that_run_nothing_are_not_findings() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home) = (t.join("w"), t.join("h"));
+        std::fs::create_dir_all(root.join(".claude")).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        let file = root.join(".claude/settings.local.json");
+        std::fs::write(&file, r#"{"permissions":{"allow":[]}}"#).unwrap();
+        let mut base = armed(&root, &home);
+        std::fs::write(&file, r#"{"permissions":{"allow":["Bash(ls)"]}}"#).unwrap();
+        assert!(base.audit().is_empty());
+        std::fs::write(
+            &file,
+            r#"{"permissions":{"allow":["Bash(ls)"]},"hooks":{"Stop":[]}}"#,
+        )
+        .unwrap();
+        let f = base.audit();
+        assert_eq!(f.len(), 1);
+        assert!(f[0].what.contains("hooks"), "{}", f[0].what);
+        f[0].revert.apply().unwrap();
+        let now: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert!(now.get("hooks").is_none());
+        assert_eq!(now["permissions"]["allow"][0], "Bash(ls)");
+        // Kept: the baseline follows, so it is not asked again.
+        f[0].keep.as_ref().unwrap().apply().unwrap();
+        base.accept(&f[0]);
+        assert!(base.audit().is_empty());
+    }
+}

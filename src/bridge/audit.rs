@@ -1,0 +1,129 @@
+//! The post-turn audit in the bridge (see `crate::audit`): a baseline when
+//! an armed generation starts, a look when a turn ends and before a
+//! re-arm. Every finding is reverted at once, shown as a tool call of the
+//! bridge's own, and put to the user, who may keep it.
+
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{AtEditor, Bridge};
+use crate::audit::{self, Baseline, Finding};
+use crate::relay::envelope::request;
+
+impl Bridge {
+    /// The state the running generation was armed in (armed bridges only).
+    pub(super) fn take_audit_baseline(&mut self) {
+        self.audit = None;
+        if !self.hook.confines() {
+            return;
+        }
+        let Some(policy) = self.hook.policy() else {
+            return;
+        };
+        let home = dirs::home_dir()
+            .and_then(|h| crate::policy::resolve_real(&h).ok())
+            .unwrap_or_else(|| "/".into());
+        let settings = audit::settings_files(
+            &self.armed_roots,
+            &home,
+            &crate::policy::discover::ProcessEnv,
+        );
+        let watched = audit::watch_list(policy, settings);
+        self.audit = Some(Baseline::take(&self.armed_roots, watched));
+    }
+
+    /// Looks for what the agent left that would run, reverts it, and asks
+    /// the user about each, on `session`.
+    pub(super) fn run_audit(&mut self, session: &str) {
+        let Some(base) = &self.audit else {
+            return;
+        };
+        for finding in base.audit() {
+            let reverted = finding.revert.apply();
+            match &reverted {
+                Ok(()) => {
+                    warn!(path = %finding.path.display(), what = finding.what, "reverted what the agent left that would run outside the sandbox")
+                }
+                Err(e) => {
+                    warn!(path = %finding.path.display(), "could not revert what the agent left ({e}): {}", finding.what)
+                }
+            }
+            let text = match &reverted {
+                Ok(()) => format!(
+                    "The agent left {} and {}. It was put back as it was when the agent started; choose Keep to have the agent's version back.",
+                    finding.path.display(),
+                    finding.what
+                ),
+                Err(e) => format!(
+                    "The agent left {} and {}. zcode-acp could not put it back ({e}): look at it before you run anything there.",
+                    finding.path.display(),
+                    finding.what
+                ),
+            };
+            self.announce_to(
+                session,
+                format!("Sandbox: reverted {}", finding.path.display()),
+                text,
+            );
+            if reverted.is_ok() && finding.keep.is_some() {
+                self.ask_keep(session, finding);
+            }
+        }
+    }
+
+    fn ask_keep(&mut self, session: &str, finding: Finding) {
+        let bid = self.alloc_id();
+        self.announcements += 1;
+        let params = json!({
+            "sessionId": session,
+            "toolCall": {
+                "toolCallId": format!("zcode-acp-audit-{}", self.announcements),
+                "title": format!("Keep what the agent left in {}?", finding.path.display()),
+                "kind": "edit",
+                "status": "pending",
+                "locations": [{"path": finding.path}],
+                "content": [{"type": "content", "content": {"type": "text", "text": finding.what}}],
+            },
+            "options": [
+                {"optionId": "keep", "name": "Keep the agent's version", "kind": "allow_once"},
+                {"optionId": "revert", "name": "Keep it reverted", "kind": "reject_once"},
+            ],
+        });
+        self.at_editor.insert(
+            bid,
+            AtEditor::AuditPrompt {
+                finding: Box::new(finding),
+            },
+        );
+        self.to_editor(request(
+            bid,
+            "session/request_permission",
+            &params.to_string(),
+        ));
+    }
+
+    /// The user answered: keep puts the agent's version back, and it is
+    /// the baseline from now on.
+    pub(super) fn on_audit_answer(&mut self, finding: Finding, frame: &crate::relay::Frame) {
+        use agent_client_protocol_schema::v1 as acp;
+        let kept = matches!(
+            frame.payload_as::<acp::RequestPermissionResponse>().map(|r| r.outcome),
+            Ok(acp::RequestPermissionOutcome::Selected(s)) if s.option_id.0.as_ref() == "keep"
+        );
+        if !kept {
+            return info!(path = %finding.path.display(), "the user kept it reverted");
+        }
+        let Some(keep) = &finding.keep else { return };
+        match keep.apply() {
+            Ok(()) => {
+                info!(path = %finding.path.display(), "the user kept the agent's version");
+                if let Some(base) = &mut self.audit {
+                    base.accept(&finding);
+                }
+            }
+            Err(e) => {
+                warn!(path = %finding.path.display(), "could not put the agent's version back: {e}")
+            }
+        }
+    }
+}
