@@ -200,6 +200,11 @@ fn run_with_home(
     let ids = user.map(|u| (u.uid, u.gid));
     let mut cmd = Command::new("sh");
     cmd.env("HOME", &home_path);
+    if home_at.is_some() {
+        // A home the test laid out is the whole world: the caches are its
+        // own, not wherever this test process's cargo keeps its own.
+        cmd.env_remove("CARGO_HOME").env_remove("XDG_CACHE_HOME");
+    }
     cmd.arg("-c").arg(script).arg("sh").args(argv);
     cmd.env("OUTER", outer.path())
         .current_dir(cwd)
@@ -1241,7 +1246,7 @@ fn every_sandbox_is_filtered_and_only_prefix_grants_are_supervised() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let section = text.split("# 8.").nth(1).unwrap_or("").to_owned();
+        let section = text.split("# 9.").nth(1).unwrap_or("").to_owned();
         section.lines().nth(1).unwrap_or("").to_owned()
     };
     assert!(
@@ -1533,4 +1538,65 @@ fn git_indirections_cannot_be_planted() {
         "ok\n",
         "the work tree stays writable"
     );
+}
+
+/// Shared caches are copy-on-write: what the sandbox writes into cargo's
+/// registry (a planted `build.rs`) stays in a layer of that project's own,
+/// seen again by its next sandbox, never by your own builds or another
+/// project's sandbox.
+#[test]
+fn a_poisoned_cache_never_reaches_a_build_outside() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    poisoned_cache(&p, None, &p.ws.parent().unwrap().join("home"));
+}
+
+#[test]
+fn a_poisoned_cache_never_reaches_a_build_outside_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    let home = user.base.join("home");
+    poisoned_cache(&p, Some(&user), &home);
+}
+
+fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
+    let src = home.join(".cargo/registry/src/index/dep-1.0.0");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("build.rs"), "fn main() {}\n").unwrap();
+    let other = p.ws.parent().unwrap().join("other-project");
+    std::fs::create_dir_all(&other).unwrap();
+    if let Some(u) = user {
+        u.own(home);
+        u.own(&other);
+    }
+    let build_rs = src.join("build.rs");
+    let b = build_rs.display();
+    let run = |ws: &Path, script: &str| {
+        let argv = run_sh(user, "none", ws, script);
+        let (out, unchanged) = run_with_home(ws, &argv, None, user, Some(home));
+        assert!(
+            unchanged,
+            "the sandbox's mounts leaked into the outer namespace"
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let planted = run(
+        &p.ws,
+        &format!("echo 'fn main() {{ evil() }}' > {b} && echo planted; cat {b}"),
+    );
+    assert!(
+        planted.contains("planted") && planted.contains("evil"),
+        "{planted}"
+    );
+    // Outside: your own builds see the cache as it was.
+    assert_eq!(content(&build_rs), "fn main() {}\n");
+    // The same project's next sandbox keeps its layer...
+    assert!(run(&p.ws, &format!("cat {b}")).contains("evil"));
+    // ...another project's does not see it.
+    assert_eq!(run(&other, &format!("cat {b}")), "fn main() {}\n");
 }

@@ -253,6 +253,7 @@ fn input() -> impl Strategy<Value = PolicyInput> {
                         prefix: ".zcode".into(),
                     },
                     why: "zcode".into(),
+                    layered: false,
                 });
             }
             PolicyInput {
@@ -269,6 +270,7 @@ fn input() -> impl Strategy<Value = PolicyInput> {
                     .map(|t| Grant {
                         matcher: Matcher::Subpath(t),
                         why: "temp".into(),
+                        layered: false,
                     })
                     .collect(),
                 once_allows: once,

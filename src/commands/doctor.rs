@@ -126,7 +126,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
             println!("  {}{what}: {}", describe(&rule.matcher), rule.why);
         }
     }
-    let session = Session::current();
+    let session = Session::for_project(&managed, input.roots.first().map(|r| r.path.as_path()));
     let plan = plan::build(&policy, &RealFs, &session);
     println!("\nnot enforced on Linux:");
     for gap in &plan.gaps {

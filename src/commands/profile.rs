@@ -50,7 +50,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         input,
         projects,
         backend,
-        ..
+        managed,
     } = super::gather_as_user(
         platform,
         &workspaces,
@@ -96,15 +96,19 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         None if platform == Platform::Macos => {
             print!("{}", crate::seatbelt::build_profile(&policy)?)
         }
-        None => print_linux_plan(&policy),
+        None => print_linux_plan(&policy, &managed, &input),
     }
     Ok(())
 }
 
 #[cfg(target_os = "linux")]
-fn print_linux_plan(policy: &Policy) {
+fn print_linux_plan(
+    policy: &Policy,
+    managed: &crate::config::managed::ManagedRoot,
+    input: &crate::policy::PolicyInput,
+) {
     use crate::linux::plan::{self, RealFs, Session, Step};
-    let session = Session::current();
+    let session = Session::for_project(managed, input.roots.first().map(|r| r.path.as_path()));
     let plan = plan::build(policy, &RealFs, &session);
     let section = |title: &str, steps: &[Step]| {
         println!("# {title}");
@@ -120,25 +124,29 @@ fn print_linux_plan(policy: &Policy) {
         "1. bound onto themselves, writable (mounts read-only on the host stay read-only)",
         &plan.writable,
     );
-    section("2. a private tmpfs each", &plan.tmpfs);
-    section("3. mountpoints, so they cannot be renamed", &plan.pins);
     section(
-        "4. read-only binds (protected paths and islands)",
+        "2. copy-on-write: the cache as the lower layer, the sandbox's writes in a layer of its own (~/.zcode-acp/layers)",
+        &plan.layered,
+    );
+    section("3. a private tmpfs each", &plan.tmpfs);
+    section("4. mountpoints, so they cannot be renamed", &plan.pins);
+    section(
+        "5. read-only binds (protected paths and islands)",
         &plan.readonly,
     );
     section(
-        "5. covered (services that would write for the caller)",
+        "6. covered (services that would write for the caller)",
         &plan.hidden,
     );
-    println!("# 6. Landlock: write rights beneath these directories");
+    println!("# 7. Landlock: write rights beneath these directories");
     for d in &plan.landlock_dirs {
         println!("{}", d.display());
     }
-    println!("\n# 7. Landlock: write rights on these files");
+    println!("\n# 8. Landlock: write rights on these files");
     for f in &plan.landlock_files {
         println!("{}", f.display());
     }
-    println!("\n# 8. entries the sandbox's supervisor makes for the agent (the directory stays read-only)");
+    println!("\n# 9. entries the sandbox's supervisor makes for the agent (the directory stays read-only)");
     for s in &plan.supervised {
         for prefix in &s.prefixes {
             println!("{}/{prefix}*", s.dir.display());
@@ -149,6 +157,10 @@ fn print_linux_plan(policy: &Policy) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn print_linux_plan(_policy: &Policy) {
+fn print_linux_plan(
+    _policy: &Policy,
+    _managed: &crate::config::managed::ManagedRoot,
+    _input: &crate::policy::PolicyInput,
+) {
     unreachable!("refused above on other systems")
 }

@@ -56,9 +56,15 @@ fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInp
 /// Builds the launch for `args`.
 #[cfg(target_os = "linux")]
 pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
-    let (input, _) = policy_input(args, Platform::Linux)?;
+    let (input, managed) = policy_input(args, Platform::Linux)?;
     let policy = Policy::build(&input);
-    let session = Session::current();
+    let session = Session {
+        layers: input
+            .roots
+            .first()
+            .map(|r| crate::linux::hook::layers_for(&managed, &r.path)),
+        ..Session::current()
+    };
     let plan = plan::build(&policy, &RealFs, &session);
     for gap in &plan.gaps {
         tracing::debug!(path = %gap.path.display(), "not enforced: {}", gap.why);

@@ -403,7 +403,11 @@ fn outermost_node_modules(p: &Path) -> Option<PathBuf> {
 }
 
 /// Steps 2-8: namespaces and mounts. Runs in the helper process.
-fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
+fn arm_mounts(
+    plan: &Plan,
+    visible: &[PathBuf],
+    layer: Option<&super::layers::Slot>,
+) -> Result<(), LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
     let host_ro = readonly_mounts();
@@ -457,6 +461,53 @@ fn arm_mounts(plan: &Plan, visible: &[PathBuf]) -> Result<(), LaunchError> {
         )?;
         for ro in host_ro.iter().filter(|m| m.starts_with(&w.path)) {
             setattr(ro, false, sys::MOUNT_ATTR_RDONLY, 0)?;
+        }
+    }
+
+    // Shared caches, copy-on-write: the user's cache (read-only by now) is
+    // the lower layer, and the slot this launch holds the upper. The slot
+    // is bound writable first (overlayfs keeps a private clone of the upper
+    // mount, so the read-only bind of the managed root later leaves it as
+    // it is); `userxattr` because this is a user namespace.
+    if let Some(slot) = layer {
+        bind(&slot.dir)?;
+        setattr(
+            &slot.dir,
+            true,
+            sys::MOUNT_ATTR_NOSUID,
+            sys::MOUNT_ATTR_RDONLY,
+        )?;
+        for l in &plan.layered {
+            let (upper, work) = slot.layer_for(&l.path);
+            let options = format!(
+                "lowerdir={},upperdir={},workdir={},userxattr",
+                l.path.display(),
+                upper.display(),
+                work.display()
+            );
+            let mounted = mount(
+                Some("overlay"),
+                &l.path,
+                Some("overlay"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(options.as_str()),
+            );
+            if let Err(e) = mounted {
+                // The layer's filesystem cannot hold overlayfs's user
+                // xattrs, or the kernel is too old: the cache stays shared,
+                // and the log says so.
+                tracing::warn!(
+                    cache = %l.path.display(),
+                    "no copy-on-write layer for this cache ({e}): the sandbox writes it directly, and a file planted there reaches your own builds"
+                );
+                bind(&l.path)?;
+                setattr(
+                    &l.path,
+                    true,
+                    sys::MOUNT_ATTR_NOSUID,
+                    sys::MOUNT_ATTR_RDONLY,
+                )?;
+            }
         }
     }
 
@@ -635,7 +686,18 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // The supervisor's handles on the host's mounts must be opened before
     // the mount namespace changes (see `supervise`).
     let mut supervisor = prepare_supervisor(spec);
-    let namespaces = match arm_mounts(&spec.plan, &visible) {
+    // A copy-on-write layer for the shared caches: the first slot of this
+    // project no other sandbox holds, taken (and its directories made)
+    // before the namespaces, as you.
+    let layer = match &spec.plan.layers {
+        Some(base) if !spec.plan.layered.is_empty() => Some(
+            super::layers::Slot::take(base, &spec.plan.layered).map_err(|e| {
+                LaunchError::Refused(format!("cannot prepare the caches' layer: {e}"))
+            })?,
+        ),
+        _ => None,
+    };
+    let namespaces = match arm_mounts(&spec.plan, &visible, layer.as_ref()) {
         Ok(()) => true,
         // Nothing was changed yet: decide on a lower level, and say so.
         Err(LaunchError::Sys { step, errno })

@@ -29,6 +29,9 @@ pub struct LinuxSandbox {
     current: Option<GenerationDir>,
     /// The policy the running generation was armed with.
     policy: Option<Policy>,
+    /// Where the running generation's caches' layers live (its terminals
+    /// take slots there too).
+    layers: Option<PathBuf>,
 }
 
 impl LinuxSandbox {
@@ -52,6 +55,7 @@ impl LinuxSandbox {
             level,
             current: None,
             policy: None,
+            layers: None,
         })
     }
 }
@@ -68,7 +72,11 @@ impl SpawnHook for LinuxSandbox {
         let dir = GenerationDir::create(&self.managed).map_err(SpawnError::cannot_arm)?;
         input.profile_dir = Some(dir.path.clone());
         let policy = Policy::build(&input);
-        let session = Session::current();
+        self.layers = ctx.roots.first().map(|r| layers_for(&self.managed, r));
+        let session = Session {
+            layers: self.layers.clone(),
+            ..Session::current()
+        };
         let plan = plan::build(&policy, &RealFs, &session);
         for gap in &plan.gaps {
             tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
@@ -117,8 +125,23 @@ impl SpawnHook for LinuxSandbox {
                 "no generation is armed, so there is no policy to run the terminal under".into(),
             );
         };
-        terminal_launch(policy, dir, command.argv, command.env, command.cwd)
+        terminal_launch(
+            policy,
+            dir,
+            self.layers.clone(),
+            command.argv,
+            command.env,
+            command.cwd,
+        )
     }
+}
+
+/// Where the copy-on-write layers of a project's shared caches live.
+pub fn layers_for(managed: &ManagedRoot, root: &std::path::Path) -> PathBuf {
+    managed
+        .path
+        .join("layers")
+        .join(crate::config::managed::project_key(root))
 }
 
 /// `zcode-acp __sandbox --spec FILE`: the helper stage. Reads the spec
@@ -151,11 +174,16 @@ pub fn helper(
 pub fn terminal_launch(
     policy: &Policy,
     dir: &GenerationDir,
+    layers: Option<PathBuf>,
     argv: Vec<String>,
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
 ) -> Result<Vec<String>, String> {
-    let plan = plan::build(policy, &RealFs, &Session::current());
+    let session = Session {
+        layers,
+        ..Session::current()
+    };
+    let plan = plan::build(policy, &RealFs, &session);
     let spec = LaunchSpec::new(plan, policy, argv, env, cwd);
     let text = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
     let name = format!(

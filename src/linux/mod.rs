@@ -3,6 +3,7 @@
 
 pub mod exec;
 pub mod hook;
+pub mod layers;
 pub mod plan;
 pub mod seccomp;
 pub mod supervise;

@@ -83,6 +83,14 @@ pub struct Plan {
     /// creates, renames and removes for the sandbox (see `supervise`).
     #[serde(default)]
     pub supervised: Vec<Supervised>,
+    /// Shared caches mounted copy-on-write: the user's cache is the lower
+    /// layer, what the sandbox writes goes into a layer of its own.
+    #[serde(default)]
+    pub layered: Vec<Step>,
+    /// Where the layers live (`~/.zcode-acp/layers/PROJECT`); the launcher
+    /// takes the first slot below it that no other sandbox holds.
+    #[serde(default)]
+    pub layers: Option<PathBuf>,
 }
 
 /// A directory that stays read-only but whose entries of the granted
@@ -124,9 +132,25 @@ pub struct Session {
     pub supervise: bool,
     /// The pathname sockets bound when the plan is made (`/proc/net/unix`).
     pub bound_sockets: Vec<PathBuf>,
+    /// Where shared caches' copy-on-write layers live for this project
+    /// (None: the caches are written directly, as on a lower level).
+    pub layers: Option<PathBuf>,
 }
 
 impl Session {
+    /// This process's user and environment, with the caches' layers of the
+    /// project rooted at `first_root` under `managed` (as a launch there
+    /// would get them).
+    pub fn for_project(
+        managed: &crate::config::managed::ManagedRoot,
+        first_root: Option<&Path>,
+    ) -> Session {
+        Session {
+            layers: first_root.map(|r| crate::linux::hook::layers_for(managed, r)),
+            ..Session::current()
+        }
+    }
+
     /// This process's user and environment.
     pub fn current() -> Session {
         let home = std::env::var_os("HOME")
@@ -142,6 +166,7 @@ impl Session {
             bound_sockets: sockets::bound_paths(
                 &std::fs::read_to_string("/proc/net/unix").unwrap_or_default(),
             ),
+            layers: None,
         }
     }
 }
@@ -182,6 +207,13 @@ fn hidden_candidates(s: &Session, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
     }
     hide.sort_by_key(|h| !fs.is_dir(&h.path));
     (hide, unseen)
+}
+
+/// Whether `p` can be named in overlayfs's options (which split on `,`
+/// and `:`).
+fn layerable(p: &Path) -> bool {
+    p.to_str()
+        .is_some_and(|s| !s.contains([',', ':', '\\', '\n']))
 }
 
 fn depth(p: &Path) -> usize {
@@ -231,7 +263,20 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                     plan.landlock_dirs.push(p.clone());
                 }
             }
+            Matcher::Subpath(p)
+                if rule.layered && session.layers.is_some() && fs.is_dir(p) && layerable(p) =>
+            {
+                push_unique(&mut plan.layered, step(p, &rule.why));
+                plan.landlock_dirs.push(p.clone());
+                plan.layers.clone_from(&session.layers);
+            }
             Matcher::Subpath(p) => {
+                if rule.layered {
+                    plan.gaps.push(step(
+                        p,
+                        "a cache shared with your own builds, written directly (no copy-on-write layer here): a file planted there reaches them",
+                    ));
+                }
                 if fs.is_dir(p) {
                     push_unique(&mut plan.writable, step(p, &rule.why));
                     plan.landlock_dirs.push(p.clone());
@@ -437,10 +482,12 @@ mod tests {
                     prefix: ".zcode".into(),
                 },
                 why: "zcode".into(),
+                layered: false,
             }],
             temp_and_caches: vec![Grant {
                 matcher: Matcher::Subpath("/tmp".into()),
                 why: "temp".into(),
+                layered: false,
             }],
             once_allows: vec![],
             profile_dir: None,
@@ -563,6 +610,7 @@ mod tests {
             temp_and_caches: vec![Grant {
                 matcher: Matcher::Subpath("/tmp".into()),
                 why: "temp".into(),
+                layered: false,
             }],
             once_allows: vec![],
             profile_dir: None,

@@ -309,6 +309,7 @@ pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
                             prefix: ".claude.json".into(),
                         },
                         why: "Claude's settings ~/.claude.json (saved through ~/.claude.json.tmp.* and ~/.claude.json.lock)".into(),
+                        layered: false,
                     });
                 }
             }
@@ -346,6 +347,7 @@ pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
                         prefix: ".zcode".into(),
                     },
                     why: "the zcode backend's own state (~/.zcode*)".into(),
+                    layered: false,
                 });
             }
         }

@@ -56,6 +56,9 @@ pub struct RootInput {
 pub struct Grant {
     pub matcher: Matcher,
     pub why: String,
+    /// A cache shared with the user's own builds: the sandbox writes into a
+    /// copy-on-write layer of its own where the platform can give one.
+    pub layered: bool,
 }
 
 /// Everything a policy is built from. All paths are real.
@@ -86,6 +89,7 @@ fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
         dangerous: false,
         reopens: false,
         root: false,
+        layered: false,
     }
 }
 
@@ -117,6 +121,7 @@ fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
         dangerous: false,
         reopens: false,
         root: false,
+        layered: false,
     }
 }
 
@@ -130,6 +135,7 @@ fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
         dangerous: false,
         reopens: false,
         root: false,
+        layered: false,
     }
 }
 
@@ -143,6 +149,7 @@ fn pin(kind: Kind, dir: &Path, why: impl Into<String>) -> Rule {
         dangerous: false,
         reopens: false,
         root: false,
+        layered: false,
     }
 }
 
@@ -239,7 +246,9 @@ impl Policy {
         // agent could plant the config of a later session rooted there.
         let mut prefix_dirs: Vec<PathBuf> = Vec::new();
         for grant in input.backend_state.iter().chain(&input.temp_and_caches) {
-            allows.push(allow(grant.matcher.clone(), grant.why.clone()));
+            let mut rule = allow(grant.matcher.clone(), grant.why.clone());
+            rule.layered = grant.layered;
+            allows.push(rule);
             match &grant.matcher {
                 Matcher::Subpath(d) => open_dirs.push(d.clone()),
                 Matcher::NamePrefix { dir, .. } if !prefix_dirs.contains(dir) => {
@@ -456,10 +465,12 @@ mod tests {
                     prefix: ".zcode".into(),
                 },
                 why: "zcode backend state".into(),
+                layered: false,
             }],
             temp_and_caches: vec![Grant {
                 matcher: Matcher::Subpath("/tmp".into()),
                 why: "temp".into(),
+                layered: false,
             }],
             once_allows: vec![],
             profile_dir: Some("/home/u/.zcode-acp/sandbox/abc".into()),

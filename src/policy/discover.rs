@@ -297,7 +297,13 @@ pub(super) fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
     Some(Grant {
         matcher: Matcher::Subpath(real),
         why: why.to_owned(),
+        layered: false,
     })
+}
+
+/// A cache shared with the user's own builds (see [`Grant::layered`]).
+fn cache_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+    dir_grant(path, home, why).map(|g| Grant { layered: true, ..g })
 }
 
 /// The backend's own state: what its profiles write (see
@@ -360,29 +366,33 @@ pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Gr
         .var("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| home.join(".cache"));
-    grants.extend(dir_grant(
+    grants.extend(cache_grant(
         &cache,
         home,
         "the user cache ($XDG_CACHE_HOME or ~/.cache; pip lives here on Linux)",
     ));
     if platform == Platform::Macos {
-        grants.extend(dir_grant(
+        grants.extend(cache_grant(
             &home.join("Library/Caches"),
             home,
             "~/Library/Caches (pip lives here on macOS)",
         ));
     }
-    grants.extend(dir_grant(&home.join(".npm"), home, "npm's cache (~/.npm)"));
+    grants.extend(cache_grant(
+        &home.join(".npm"),
+        home,
+        "npm's cache (~/.npm)",
+    ));
     let cargo = env
         .var("CARGO_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| home.join(".cargo"));
-    grants.extend(dir_grant(
+    grants.extend(cache_grant(
         &cargo.join("registry"),
         home,
         "cargo's download cache ($CARGO_HOME/registry)",
     ));
-    grants.extend(dir_grant(
+    grants.extend(cache_grant(
         &cargo.join("git"),
         home,
         "cargo's git checkouts cache ($CARGO_HOME/git)",

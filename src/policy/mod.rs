@@ -128,6 +128,11 @@ pub struct Rule {
     /// own servers may listen there).
     #[serde(default)]
     pub root: bool,
+    /// For allow rules: a cache shared with the user's own builds; where
+    /// the platform can, writes go into a copy-on-write layer of the
+    /// sandbox's own.
+    #[serde(default)]
+    pub layered: bool,
 }
 
 impl Rule {
@@ -220,6 +225,7 @@ mod tests {
             dangerous: false,
             reopens: false,
             root: false,
+            layered: false,
         }
     }
 

@@ -264,15 +264,18 @@ mod tests {
             backend_state: vec![Grant {
                 matcher: Matcher::Subpath("/Users/dev/.codex".into()),
                 why: "codex's own state".into(),
+                layered: false,
             }],
             temp_and_caches: vec![
                 Grant {
                     matcher: Matcher::Subpath("/private/var/folders/xy/abc/T".into()),
                     why: "$TMPDIR".into(),
+                    layered: false,
                 },
                 Grant {
                     matcher: Matcher::Subpath("/private/tmp".into()),
                     why: "system temp".into(),
+                    layered: false,
                 },
             ],
             once_allows: vec![],
@@ -301,6 +304,7 @@ mod tests {
                 prefix: ".zcode".into(),
             },
             why: "the zcode backend's own state (~/.zcode*)".into(),
+            layered: false,
         }];
         rich.once_allows = vec!["/Users/dev/Downloads/report.pdf".into()];
         vec![("minimal", base), ("rich", rich)]

@@ -349,6 +349,7 @@ mod tests {
                         prefix: ".claude.json".into(),
                     },
                     why: "claude".into(),
+                    layered: false,
                 },
                 Grant {
                     matcher: Matcher::NamePrefix {
@@ -356,6 +357,7 @@ mod tests {
                         prefix: ".zcode".into(),
                     },
                     why: "zcode".into(),
+                    layered: false,
                 },
             ],
             temp_and_caches: vec![],

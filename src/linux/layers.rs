@@ -1,0 +1,170 @@
+//! Copy-on-write layers for the caches shared with your own builds
+//! (`~/.cargo/registry`, `~/.cargo/git`, `~/.cache`, `~/.npm`). cargo does
+//! not re-check sources it has extracted, so a `build.rs` an agent planted
+//! in the shared registry would run in the next build of another project,
+//! unconfined. The sandbox reads the user's caches, but what it writes
+//! there goes into a layer of its own: an overlay whose lower layer is the
+//! user's cache and whose upper directory is a slot under
+//! `~/.zcode-acp/layers/PROJECT/`, which survives restarts (a re-arm does
+//! not download everything again) and no other project sees.
+//!
+//! Each launch holds its slot with a lock for as long as it runs: two
+//! sandboxes never share an upper (overlayfs forbids it, and the agent and
+//! an editor terminal of it run at once), so the second takes the next
+//! slot. A slot that has grown past [`CAP`] is emptied before use.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::plan::Step;
+
+/// A slot larger than this is emptied before it is used again.
+pub const CAP: u64 = 8 << 30;
+/// Slots per project (sandboxes of one project running at once).
+const SLOTS: usize = 16;
+
+/// The slot a launch holds.
+pub struct Slot {
+    pub dir: PathBuf,
+    /// The lock, held while the launch runs (its descriptor is closed on
+    /// exec, and released when the slot is dropped).
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl Slot {
+    /// Takes the first free slot below `base`, with an upper and a work
+    /// directory for each of `layered`. Runs as you, before any namespace.
+    pub fn take(base: &Path, layered: &[Step]) -> Result<Slot, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        crate::config::atomic::create_real_dir_path(base, 0o700).map_err(|e| e.to_string())?;
+        for n in 0..SLOTS {
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(base.join(format!("{n}.lock")))
+                .map_err(|e| e.to_string())?;
+            let Ok(lock) =
+                nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            else {
+                continue;
+            };
+            let dir = base.join(n.to_string());
+            crate::config::atomic::create_real_dir_path(&dir, 0o700).map_err(|e| e.to_string())?;
+            if grown_past(&dir, CAP) {
+                tracing::warn!(slot = %dir.display(), "the caches' layer grew past {} GiB; it starts empty", CAP >> 30);
+                empty(&dir).map_err(|e| e.to_string())?;
+            }
+            let slot = Slot { dir, _lock: lock };
+            for l in layered {
+                let (upper, work) = slot.layer_for(&l.path);
+                for d in [upper, work] {
+                    crate::config::atomic::create_real_dir_path(&d, 0o700)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            return Ok(slot);
+        }
+        Err(format!(
+            "all {SLOTS} slots under {} are in use",
+            base.display()
+        ))
+    }
+
+    /// The upper and work directories for the cache at `target`.
+    pub fn layer_for(&self, target: &Path) -> (PathBuf, PathBuf) {
+        let d = self.dir.join(crate::config::managed::project_key(target));
+        (d.join("upper"), d.join("work"))
+    }
+}
+
+/// Whether the tree at `dir` holds more than `cap` bytes (walked only as
+/// far as needed to tell).
+fn grown_past(dir: &Path, cap: u64) -> bool {
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.len();
+                if total > cap {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Removes everything in `dir` (the work directories overlayfs leaves are
+/// mode 000: made removable first).
+fn empty(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let p = e.path();
+        if e.file_type()?.is_dir() {
+            for sub in walk_dirs(&p) {
+                let _ = std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700));
+            }
+            std::fs::remove_dir_all(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    Ok(())
+}
+
+fn walk_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if let Ok(entries) = std::fs::read_dir(&out[i]) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push(e.path());
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_launches_never_share_a_slot_and_a_slot_is_reused_once_free() {
+        let t = tempfile::tempdir().unwrap();
+        let layered = vec![Step {
+            path: "/home/u/.cache".into(),
+            why: "cache".into(),
+        }];
+        let a = Slot::take(t.path(), &layered).unwrap();
+        let b = Slot::take(t.path(), &layered).unwrap();
+        assert_ne!(a.dir, b.dir);
+        let (upper, work) = a.layer_for(Path::new("/home/u/.cache"));
+        assert!(upper.is_dir() && work.is_dir());
+        let first = a.dir.clone();
+        drop(a);
+        let c = Slot::take(t.path(), &layered).unwrap();
+        assert_eq!(c.dir, first, "a freed slot (and its layer) is used again");
+        drop((b, c));
+        assert!(!grown_past(t.path(), 1 << 20));
+        std::fs::write(first.join("big"), vec![0u8; 4096]).unwrap();
+        assert!(grown_past(t.path(), 1024));
+        empty(&first).unwrap();
+        assert_eq!(std::fs::read_dir(&first).unwrap().count(), 0);
+    }
+}
