@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
 
+#[cfg(target_os = "linux")]
+#[path = "support/builds.rs"]
+mod builds;
+
 struct Peer {
     child: Child,
     stdin: ChildStdin,
@@ -431,6 +435,10 @@ fn main() {
         if full { 9 } else { 1 },
         if full { 3000 } else { 100 },
     ));
+    #[cfg(target_os = "linux")]
+    if full {
+        rows.extend(builds::cache_builds(5));
+    }
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
     println!("|---|---|---|---|");
     for r in rows {
