@@ -254,3 +254,54 @@ fn a_fifo_or_device_as_sandbox_json_fails_closed_without_hanging() {
         assert!(stdout.contains("denied"), "{kind}: {stdout}");
     }
 }
+
+/// A home where a user's is (never a temp directory, whose writes are
+/// allowed by design and would hide a grant).
+fn home_like_a_user() -> Home {
+    let base = if Path::new("/home").is_dir() {
+        PathBuf::from("/home")
+    } else {
+        common::scratch_base()
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("zcode-commands-")
+        .tempdir_in(&base)
+        .unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap().join("src/ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    Home { dir, ws }
+}
+
+/// The bridge never offers `~/.ssh` (policy::offerable); the terminal must
+/// not open it either, neither by `allow` nor by an approved hand edit.
+#[test]
+fn ssh_keys_are_never_granted_from_a_terminal_either() {
+    let h = home_like_a_user();
+    let ssh = std::fs::canonicalize(h.dir.path()).unwrap().join(".ssh");
+    std::fs::create_dir_all(&ssh).unwrap();
+    let keys = ssh.join("authorized_keys");
+    for target in [&ssh, &keys] {
+        let out = record(&h, "allow", target);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", target.display());
+        assert!(
+            err.contains("refusing to allow") && err.contains("ssh keys"),
+            "{err}"
+        );
+    }
+    // A hand edit, approved: the entry is ignored, and said so.
+    std::fs::create_dir_all(h.ws.join(".zcode/acp")).unwrap();
+    std::fs::write(
+        h.ws.join(".zcode/acp/sandbox.json"),
+        format!(r#"{{"enabled": true, "allow": ["{}"]}}"#, ssh.display()),
+    )
+    .unwrap();
+    ok(zcode(
+        &h,
+        &["approve", "--workspace", h.ws.to_str().unwrap()],
+    ));
+    let verdict = check(&h, &keys);
+    assert!(verdict.contains("denied"), "{verdict}");
+    // Writable paths beside it still are.
+    assert!(check(&h, &h.ws.join("src/main.rs")).contains("allowed"));
+}

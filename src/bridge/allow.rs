@@ -12,12 +12,11 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_client_protocol_schema::v1 as acp;
-use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::{AtEditor, Bridge};
+use super::{prompts, AtEditor, Bridge};
 use crate::config::project::{self, List};
+use crate::policy::offerable::{never_granted, real_home};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, request};
 use crate::relay::{Frame, RawId};
@@ -39,47 +38,6 @@ pub(super) struct Prompt {
     pub held: Vec<HeldWrite>,
     /// For a write the agent made itself: granting it needs a re-arm.
     pub direct: bool,
-}
-
-/// Why a path is never offered, if it is not: granting these would hand the
-/// agent the whole machine, or a way to run code outside the sandbox later.
-pub fn never_offered(path: &Path, home: Option<&Path>) -> Option<&'static str> {
-    if path == Path::new("/") {
-        return Some("it would make the whole tree writable");
-    }
-    let home = home?;
-    if path == home {
-        return Some("it would make the whole home directory writable");
-    }
-    if path.starts_with(home.join(".ssh")) {
-        return Some("ssh keys and configuration decide who can log in, and where");
-    }
-    const STARTUP: &[&str] = &[
-        ".bashrc",
-        ".bash_profile",
-        ".bash_login",
-        ".bash_logout",
-        ".profile",
-        ".zshrc",
-        ".zprofile",
-        ".zshenv",
-        ".zlogin",
-        ".config/fish",
-        ".xprofile",
-        ".xinitrc",
-    ];
-    if STARTUP.iter().any(|f| path.starts_with(home.join(f))) {
-        return Some("shell start-up files run in every new shell, outside the sandbox");
-    }
-    const AUTOSTART: &[&str] = &[
-        ".config/autostart",
-        "Library/LaunchAgents",
-        ".config/systemd/user",
-    ];
-    if AUTOSTART.iter().any(|d| path.starts_with(home.join(d))) {
-        return Some("programs there start at login, outside the sandbox");
-    }
-    None
 }
 
 impl Bridge {
@@ -123,23 +81,14 @@ impl Bridge {
     ) {
         let bid = self.alloc_id();
         self.announcements += 1;
-        let params = json!({
-            "sessionId": session,
-            "toolCall": {
-                "toolCallId": format!("zcode-acp-allow-{}", self.announcements),
-                "title": title,
-                "kind": "edit",
-                "status": "pending",
-                "locations": [{"path": path}],
-                "content": [{"type": "content", "content": {"type": "text", "text": text}}],
-            },
-            "options": [
-                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
-                {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
-                {"optionId": "reject-once", "name": "Don't allow", "kind": "reject_once"},
-                {"optionId": "reject-always", "name": "Never allow", "kind": "reject_always"},
-            ],
-        });
+        let params = prompts::permission_request(
+            &session,
+            format!("zcode-acp-allow-{}", self.announcements),
+            title,
+            &path,
+            text,
+            prompts::ALLOW_FLOW,
+        );
         self.at_editor.insert(bid, AtEditor::Prompt);
         self.prompt_by_path.insert(path.clone(), bid);
         self.prompts.insert(
@@ -151,11 +100,7 @@ impl Bridge {
                 direct,
             },
         );
-        self.to_editor(request(
-            bid,
-            "session/request_permission",
-            &params.to_string(),
-        ));
+        self.to_editor(request(bid, "session/request_permission", &params));
     }
 
     /// The user answered one of the bridge's prompts.
@@ -164,24 +109,18 @@ impl Bridge {
             return;
         };
         self.prompt_by_path.remove(&prompt.path);
-        let choice = match frame.payload_as::<acp::RequestPermissionResponse>() {
-            Ok(r) => match r.outcome {
-                acp::RequestPermissionOutcome::Selected(s) => s.option_id.0.to_string(),
-                _ => "cancelled".to_owned(),
-            },
-            Err(_) => "cancelled".to_owned(),
-        };
+        let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
         let root = self
             .sessions
             .get(&prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
         let entry = prompt.path.to_string_lossy().into_owned();
-        let allowed = match choice.as_str() {
-            "allow-once" => {
+        let allowed = match choice {
+            Some(prompts::ALLOW_ONCE) => {
                 self.grants.push(prompt.path.clone());
                 true
             }
-            "allow-always" => {
+            Some(prompts::ALLOW_ALWAYS) => {
                 let kept = root
                     .as_ref()
                     .is_some_and(|r| project::append(r, List::Allow, &entry, &self.cfg.managed));
@@ -198,7 +137,7 @@ impl Bridge {
                 }
                 true
             }
-            "reject-always" => {
+            Some(prompts::REJECT_ALWAYS) => {
                 if let Some(r) = &root {
                     project::append(r, List::Deny, &entry, &self.cfg.managed);
                 }
@@ -212,7 +151,7 @@ impl Bridge {
                 false
             }
         };
-        info!(path = %prompt.path.display(), choice, "the user answered");
+        info!(path = %prompt.path.display(), choice = choice.map_or("cancelled", |a| a.id), "the user answered");
         if prompt.direct && allowed {
             // The agent writes these itself: the running generation cannot
             // see the grant; the next one, armed at the end of this turn, does.
@@ -288,7 +227,7 @@ impl Bridge {
         };
         let mut texts = Vec::new();
         collect_strings(&params["update"], &mut texts);
-        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let home = real_home();
         let mut asked = 0;
         for text in texts.iter().filter(|t| super::refusals::may_contain(t)) {
             for candidate in super::refusals::refused_paths(text) {
@@ -323,7 +262,7 @@ impl Bridge {
             debug!(path = %v.path.display(), process = v.process, "the sandbox refused a write outside any turn; not offered");
             return;
         };
-        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let home = real_home();
         self.offer_direct_grant(&session, &v.path, home.as_deref());
     }
 
@@ -341,13 +280,13 @@ impl Bridge {
         let offerable = !decision.allowed
             && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
             && !self.refused_for_good(&real)
-            && never_offered(&real, home).is_none();
+            && never_granted(&real, home).is_none();
         if !offerable {
             return false;
         }
         let grant = match real.parent() {
             Some(dir)
-                if never_offered(dir, home).is_none()
+                if never_granted(dir, home).is_none()
                     && policy.evaluate_resolved(dir, crate::policy::Op::Write).kind
                         != crate::policy::Kind::Island
                     && dir.is_dir() =>
@@ -428,40 +367,27 @@ impl Bridge {
             let bid = self.alloc_id();
             self.announcements += 1;
             let config = project::config_path(&root);
-            let params = json!({
-                "sessionId": session,
-                "toolCall": {
-                    "toolCallId": format!("zcode-acp-config-{}", self.announcements),
-                    "title": format!("{} changed: accept?", config.display()),
-                    "kind": "edit",
-                    "status": "pending",
-                    "locations": [{"path": config}],
-                    "content": [{"type": "content", "content": {"type": "text", "text": format!(
-                        "These changes were not made through zcode-acp, so they are ignored until you accept them (the agent may have written them):\n- {}",
-                        effective.ignored.join("\n- ")
-                    )}}],
-                },
-                "options": [
-                    {"optionId": "accept-config", "name": "Accept the changes", "kind": "allow_once"},
-                    {"optionId": "ignore-config", "name": "Keep ignoring them", "kind": "reject_once"},
-                ],
-            });
+            let params = prompts::permission_request(
+                session,
+                format!("zcode-acp-config-{}", self.announcements),
+                format!("{} changed: accept?", config.display()),
+                &config,
+                format!(
+                    "These changes were not made through zcode-acp, so they are ignored until you accept them (the agent may have written them):\n- {}",
+                    effective.ignored.join("\n- ")
+                ),
+                &[prompts::ACCEPT_CONFIG, prompts::IGNORE_CONFIG],
+            );
             info!(root = %root.display(), "asking the user to confirm hand edits of sandbox.json");
             self.at_editor.insert(bid, AtEditor::ConfigPrompt { root });
-            self.to_editor(request(
-                bid,
-                "session/request_permission",
-                &params.to_string(),
-            ));
+            self.to_editor(request(bid, "session/request_permission", &params));
         }
     }
 
     /// The user answered a hand-edit confirmation.
     pub(super) fn on_config_answer(&mut self, root: PathBuf, frame: &Frame) {
-        let accepted = matches!(
-            frame.payload_as::<acp::RequestPermissionResponse>().map(|r| r.outcome),
-            Ok(acp::RequestPermissionOutcome::Selected(s)) if s.option_id.0.as_ref() == "accept-config"
-        );
+        let accepted =
+            prompts::chosen(frame, &[prompts::ACCEPT_CONFIG]) == Some(prompts::ACCEPT_CONFIG);
         if !accepted {
             return info!(root = %root.display(), "the user keeps ignoring the hand edits of sandbox.json");
         }
@@ -472,33 +398,6 @@ impl Bridge {
                 project::config_path(&root).display()
             )),
             Err(e) => warn!(root = %root.display(), "could not approve sandbox.json: {e}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn what_is_never_offered() {
-        let home = Path::new("/home/u");
-        for p in [
-            "/",
-            "/home/u",
-            "/home/u/.ssh/authorized_keys",
-            "/home/u/.bashrc",
-            "/home/u/.config/autostart/x.desktop",
-            "/home/u/.config/fish/config.fish",
-        ] {
-            assert!(never_offered(Path::new(p), Some(home)).is_some(), "{p}");
-        }
-        for p in [
-            "/home/u/other/file",
-            "/srv/data/x",
-            "/home/u/.bashrc-notes/x",
-        ] {
-            assert!(never_offered(Path::new(p), Some(home)).is_none(), "{p}");
         }
     }
 }

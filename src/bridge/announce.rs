@@ -4,8 +4,6 @@
 //! status completed), never as text in the agent's voice: at the first
 //! session of each bridge and after every restart of the backend.
 
-use serde_json::json;
-
 use super::Bridge;
 use crate::relay::envelope::notification;
 
@@ -17,18 +15,13 @@ impl Bridge {
 
     fn announce(&mut self, session: &str, title: String, text: String) {
         self.announcements += 1;
-        let update = json!({
-            "sessionId": session,
-            "update": {
-                "sessionUpdate": "tool_call",
-                "toolCallId": format!("zcode-acp-sandbox-{}", self.announcements),
-                "title": title,
-                "kind": "other",
-                "status": "completed",
-                "content": [{"type": "content", "content": {"type": "text", "text": text}}],
-            }
-        });
-        self.to_editor(notification("session/update", &update.to_string()));
+        let params = super::prompts::announcement(
+            session,
+            format!("zcode-acp-sandbox-{}", self.announcements),
+            title,
+            text,
+        );
+        self.to_editor(notification("session/update", &params));
     }
 
     fn state_title(&self) -> String {
@@ -40,13 +33,13 @@ impl Bridge {
 
     /// Roots that open `/` or the whole home directory, in words.
     fn dangerous_note(&self) -> Option<String> {
-        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let home = crate::policy::offerable::real_home();
         let dangerous: Vec<String> = self
             .sessions
             .roots()
             .into_iter()
             .filter_map(|r| crate::policy::resolve_real(&r).ok())
-            .filter(|r| r == std::path::Path::new("/") || Some(r) == home.as_ref())
+            .filter(|r| crate::policy::offerable::opens_everything(r, home.as_deref()))
             .map(|r| r.display().to_string())
             .collect();
         (!dangerous.is_empty()).then(|| {

@@ -3,7 +3,6 @@
 //! re-arm. Every finding is reverted at once, shown as a tool call of the
 //! bridge's own, and put to the user, who may keep it.
 
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::{AtEditor, Bridge};
@@ -74,42 +73,27 @@ impl Bridge {
     fn ask_keep(&mut self, session: &str, finding: Finding) {
         let bid = self.alloc_id();
         self.announcements += 1;
-        let params = json!({
-            "sessionId": session,
-            "toolCall": {
-                "toolCallId": format!("zcode-acp-audit-{}", self.announcements),
-                "title": format!("Keep what the agent left in {}?", finding.path.display()),
-                "kind": "edit",
-                "status": "pending",
-                "locations": [{"path": finding.path}],
-                "content": [{"type": "content", "content": {"type": "text", "text": finding.what}}],
-            },
-            "options": [
-                {"optionId": "keep", "name": "Keep the agent's version", "kind": "allow_once"},
-                {"optionId": "revert", "name": "Keep it reverted", "kind": "reject_once"},
-            ],
-        });
+        let params = super::prompts::permission_request(
+            session,
+            format!("zcode-acp-audit-{}", self.announcements),
+            format!("Keep what the agent left in {}?", finding.path.display()),
+            &finding.path,
+            finding.what.clone(),
+            &[super::prompts::KEEP, super::prompts::REVERT],
+        );
         self.at_editor.insert(
             bid,
             AtEditor::AuditPrompt {
                 finding: Box::new(finding),
             },
         );
-        self.to_editor(request(
-            bid,
-            "session/request_permission",
-            &params.to_string(),
-        ));
+        self.to_editor(request(bid, "session/request_permission", &params));
     }
 
     /// The user answered: keep puts the agent's version back, and it is
     /// the baseline from now on.
     pub(super) fn on_audit_answer(&mut self, finding: Finding, frame: &crate::relay::Frame) {
-        use agent_client_protocol_schema::v1 as acp;
-        let kept = matches!(
-            frame.payload_as::<acp::RequestPermissionResponse>().map(|r| r.outcome),
-            Ok(acp::RequestPermissionOutcome::Selected(s)) if s.option_id.0.as_ref() == "keep"
-        );
+        let kept = super::prompts::chosen(frame, &[super::prompts::KEEP]).is_some();
         if !kept {
             return info!(path = %finding.path.display(), "the user kept it reverted");
         }

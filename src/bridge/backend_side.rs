@@ -1,12 +1,12 @@
 //! Frames from the backend, and its death.
 
 use std::process::ExitStatus;
-use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
 
 use super::editor_side::{cancel_target, rewrite_request_id};
-use super::{police, track, AtEditor, Bridge, CallOutcome, Mode, Origin, RestartReason};
+use super::restart::CallOutcome;
+use super::{police, track, AtEditor, Bridge, Origin};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::{Frame, Kind};
@@ -146,7 +146,7 @@ impl Bridge {
                         } else {
                             CallOutcome::Ok(frame.payload_raw().unwrap_or("null").to_owned())
                         };
-                        self.bridge_results.insert(bid, outcome);
+                        self.on_bridge_answer(bid, outcome);
                     }
                 }
             }
@@ -208,7 +208,7 @@ impl Bridge {
                         self.answer_error(&editor_id, codes::FRAME_TOO_LARGE, &message);
                     }
                     Origin::Bridge => {
-                        self.bridge_results.insert(
+                        self.on_bridge_answer(
                             n,
                             CallOutcome::Rejected {
                                 code: codes::FRAME_TOO_LARGE,
@@ -238,7 +238,7 @@ impl Bridge {
             Some(s) => format!("{s}"),
             None => "with an unknown status".into(),
         };
-        if self.shutting_down {
+        if self.life.is_shutting_down() {
             tracing::info!(
                 generation = generation.id,
                 "the agent backend exited ({how})"
@@ -256,72 +256,16 @@ impl Bridge {
             pid = generation.pid,
             "the agent backend exited unexpectedly ({how})"
         );
-        self.last_failure = Some(format!("it exited {how}"));
+        if self.setup.take().is_some() {
+            error!("the agent backend died while being set up");
+        }
         self.fail_in_flight(
             generation.id,
             codes::BACKEND_CRASHED,
             &format!("the agent crashed ({how}) and is being restarted; send the request again once it is back"),
         );
         self.dying.push(generation);
-        if self.note_crash() {
-            self.pending_restart = Some(RestartReason {
-                text: format!("the backend crashed ({how})"),
-                crash: true,
-            });
-            if !matches!(self.mode, Mode::Failed(_)) {
-                self.mode = Mode::Restarting;
-            }
-        }
-    }
-
-    /// Records a crash. Returns false, and puts the bridge in the failed
-    /// mode, once there were too many within the window.
-    pub(super) fn note_crash(&mut self) -> bool {
-        let now = Instant::now();
-        self.crashes.push_back(now);
-        while self
-            .crashes
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > self.cfg.crash_window)
-        {
-            self.crashes.pop_front();
-        }
-        if self.crashes.len() < self.cfg.crash_limit {
-            return true;
-        }
-        let message = format!(
-            "the agent failed {} times within {} s (last: {}), so zcode-acp stopped restarting it; see the agent's messages in the log, then restart the agent from your editor",
-            self.crashes.len(),
-            self.cfg.crash_window.as_secs(),
-            self.last_failure.as_deref().unwrap_or("unknown")
-        );
-        error!("{message}");
-        self.give_up(message);
-        false
-    }
-
-    pub(super) fn give_up(&mut self, message: String) {
-        for frame in std::mem::take(&mut self.queue) {
-            if let Kind::Request { id, .. } = &frame.kind {
-                self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
-            }
-        }
-        self.mode = Mode::Failed(message);
-        self.pending_restart = None;
-    }
-
-    /// How long to wait before the next start, given recent crashes.
-    pub(super) fn backoff(&self) -> Duration {
-        let now = Instant::now();
-        let recent = self
-            .crashes
-            .iter()
-            .filter(|t| now.duration_since(**t) <= self.cfg.crash_window)
-            .count();
-        match recent {
-            0 => Duration::ZERO,
-            n => Duration::from_millis(200u64 << (n - 1).min(5)),
-        }
+        self.on_crash(&how);
     }
 }
 

@@ -2,7 +2,8 @@
 
 use tracing::{debug, warn};
 
-use super::{track, AtBackend, AtEditor, Bridge, Mode, Origin, Terminal};
+use super::lifecycle::Phase;
+use super::{track, AtBackend, AtEditor, Bridge, Origin, Terminal};
 use crate::relay::codes;
 use crate::relay::envelope::{recover_id, result_response, FrameError};
 use crate::relay::{Frame, Kind, RawId};
@@ -32,15 +33,21 @@ impl Bridge {
             let id = id.clone();
             return self.on_editor_response(id, frame);
         }
-        match self.mode.clone() {
-            Mode::Failed(message) => {
+        match self.life.phase() {
+            Phase::Failed(message) => {
+                let message = message.clone();
                 if let Kind::Request { id, .. } = &frame.kind {
                     self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
                 }
             }
-            Mode::Running => self.dispatch(frame),
-            Mode::Draining if is_cancellation(&frame) => self.dispatch(frame),
-            Mode::Draining | Mode::Restarting => {
+            Phase::ShuttingDown { .. } => {
+                if let Kind::Request { id, .. } = &frame.kind {
+                    self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
+                }
+            }
+            Phase::Running => self.dispatch(frame),
+            Phase::Draining if is_cancellation(&frame) => self.dispatch(frame),
+            Phase::Draining | Phase::Starting { .. } | Phase::SettingUp => {
                 if frame.method() == Some("$/cancel_request") && self.cancel_queued(&frame) {
                     return;
                 }
@@ -55,7 +62,7 @@ impl Bridge {
 
     /// Sends queued editor frames on, in order, while the backend is up.
     pub(super) fn release_queue(&mut self) {
-        while self.mode == Mode::Running {
+        while self.life.phase() == &Phase::Running {
             let Some(frame) = self.queue.pop_front() else {
                 return;
             };
@@ -340,8 +347,5 @@ pub(super) fn cancel_target(frame: &Frame) -> Option<RawId> {
 
 /// The frame with `params.requestId` replaced by `new_id` (JSON text).
 pub(super) fn rewrite_request_id(frame: &Frame, new_id: &str) -> Option<Vec<u8>> {
-    let mut value = frame.to_value().ok()?;
-    let slot = value.get_mut("params")?.get_mut("requestId")?;
-    *slot = serde_json::from_str(new_id).ok()?;
-    serde_json::to_vec(&value).ok()
+    crate::relay::splice::set(&frame.bytes, &["params", "requestId"], new_id).ok()
 }

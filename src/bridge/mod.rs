@@ -1,10 +1,13 @@
 //! The bridge: owns the editor connection for its whole life while backend
 //! generations come and go beneath it.
 //!
-//! Everything happens on one task that owns all state. Frames are handled
-//! one at a time, in arrival order, so per-session ordering is kept by
-//! construction, and every "exactly one response" decision is made in one
-//! place. Readers and writers are separate tasks connected by channels;
+//! Everything happens on one task that owns all state, in one loop
+//! (`main_loop`) that is never re-entered: it takes the step the backend's
+//! lifecycle calls for (`lifecycle` decides, `restart` carries it out:
+//! drain, stop, start, set up one answer at a time), else handles the next
+//! event. Frames are handled one at a time, in arrival order, so
+//! per-session ordering is kept by construction, and every "exactly one
+//! response" decision is made in one place. Readers and writers are separate tasks connected by channels;
 //! writers are unbounded so the loop never blocks on a slow peer while the
 //! other peer is waiting on it.
 
@@ -13,7 +16,9 @@ mod announce;
 mod audit;
 mod backend_side;
 mod editor_side;
+mod lifecycle;
 mod police;
+mod prompts;
 mod refusals;
 mod restart;
 pub mod track;
@@ -54,20 +59,6 @@ pub struct BridgeConfig {
     pub managed: crate::config::managed::ManagedRoot,
 }
 
-/// Where the loop is in a backend's life.
-#[derive(Debug, Clone, PartialEq)]
-enum Mode {
-    /// Editor frames go straight to the backend.
-    Running,
-    /// A restart is waiting for in-flight requests to finish; new editor
-    /// requests are queued.
-    Draining,
-    /// The old generation is gone and the next is being set up.
-    Restarting,
-    /// The bridge gave up on the backend; requests get this message.
-    Failed(String),
-}
-
 /// A request in flight at the backend.
 #[derive(Debug)]
 struct AtBackend {
@@ -82,7 +73,8 @@ enum Origin {
         method: String,
         track: Track,
     },
-    /// The bridge's own request; its answer goes to `bridge_results`.
+    /// The bridge's own request (setting a generation up); its answer
+    /// takes the set-up's next step.
     Bridge,
 }
 
@@ -105,32 +97,12 @@ enum AtEditor {
     AuditPrompt { finding: Box<crate::audit::Finding> },
 }
 
-/// The answer to a bridge-originated request.
-#[derive(Debug)]
-enum CallOutcome {
-    Ok(String),
-    Rejected {
-        code: i64,
-        message: String,
-    },
-    /// The generation died before answering.
-    Lost,
-}
-
 /// A terminal a backend generation created through the editor.
 #[derive(Debug, Clone)]
 struct Terminal {
     generation: u64,
     session: String,
     id: String,
-}
-
-/// Why the loop should restart the backend.
-#[derive(Debug, Clone)]
-pub struct RestartReason {
-    pub text: String,
-    /// A crash is not waited on: there is nothing left to drain.
-    pub crash: bool,
 }
 
 enum EditorEvent {
@@ -170,7 +142,10 @@ pub struct Bridge {
     backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
     signals: Signals,
 
-    mode: Mode,
+    /// Which phase of the backend's life the bridge is in (see `lifecycle`).
+    life: lifecycle::Lifecycle,
+    /// The generation being set up, while it is.
+    setup: Option<restart::Setup>,
     generation: Option<Generation>,
     /// A generation that died; stopped (leftovers killed) by the restart.
     dying: Vec<Generation>,
@@ -182,7 +157,6 @@ pub struct Bridge {
     editor_ids: HashMap<RawId, u64>,
     at_editor: HashMap<u64, AtEditor>,
     backend_ids: HashMap<(u64, RawId), u64>,
-    bridge_results: HashMap<u64, CallOutcome>,
 
     sessions: SessionTable,
     /// Sessions being restored with `session/load`: their replayed history
@@ -192,11 +166,6 @@ pub struct Bridge {
     authenticate: Option<String>,
     caps: RestoreCaps,
     terminals: Vec<Terminal>,
-    crashes: VecDeque<Instant>,
-    last_failure: Option<String>,
-    pending_restart: Option<RestartReason>,
-    shutdown: Option<String>,
-    shutting_down: bool,
     /// The roots the running generation was armed for.
     armed_roots: Vec<std::path::PathBuf>,
     /// Roots a queued request needs, for the next generation.
@@ -282,6 +251,7 @@ impl Bridge {
             hup: signal(SignalKind::hangup())?,
             chld: signal(SignalKind::child())?,
         };
+        let (crash_limit, crash_window) = (cfg.crash_limit, cfg.crash_window);
         let mut bridge = Bridge {
             cfg,
             hook,
@@ -291,7 +261,8 @@ impl Bridge {
             backend_tx,
             backend_rx,
             signals,
-            mode: Mode::Restarting,
+            life: lifecycle::Lifecycle::new(Instant::now(), crash_limit, crash_window),
+            setup: None,
             generation: None,
             dying: Vec::new(),
             generations_started: 0,
@@ -301,18 +272,12 @@ impl Bridge {
             editor_ids: HashMap::new(),
             at_editor: HashMap::new(),
             backend_ids: HashMap::new(),
-            bridge_results: HashMap::new(),
             sessions: SessionTable::default(),
             swallow_updates: HashSet::new(),
             initialize: None,
             authenticate: None,
             caps: RestoreCaps::default(),
             terminals: Vec::new(),
-            crashes: VecDeque::new(),
-            last_failure: None,
-            pending_restart: None,
-            shutdown: None,
-            shutting_down: false,
             armed_roots: Vec::new(),
             pending_roots: Vec::new(),
             announced_first: false,
@@ -333,28 +298,21 @@ impl Bridge {
         Ok(())
     }
 
+    /// The one event loop: take the step the backend's lifecycle calls
+    /// for, else wait for the next event (or the lifecycle's wake-up time,
+    /// a backoff or a shutdown deadline) and handle it.
     async fn main_loop(&mut self) {
-        // The first generation starts at once so the agent warms up while
-        // the editor is still connecting.
-        self.pending_restart = Some(RestartReason {
-            text: "start".into(),
-            crash: true,
-        });
         loop {
-            if let Some(why) = self.shutdown.take() {
-                self.shut_down(&why).await;
-                return;
+            match self.advance().await {
+                restart::Flow::Exit => return,
+                restart::Flow::Again => continue,
+                restart::Flow::Wait => {}
             }
-            if let Some(reason) = self.pending_restart.take() {
-                if !matches!(self.mode, Mode::Failed(_)) {
-                    self.restart(reason).await;
-                }
-                continue;
-            }
-            for generation in std::mem::take(&mut self.dying) {
-                self.stop_generation(generation).await;
-            }
-            let event = self.next_event().await;
+            let wake = self.life.wake_at();
+            let event = tokio::select! {
+                event = self.next_event() => event,
+                _ = sleep_until(wake) => continue,
+            };
             self.handle(event);
         }
     }
@@ -386,8 +344,7 @@ impl Bridge {
                 }
             }
             Event::Editor(EditorEvent::Closed) => {
-                self.shutdown
-                    .get_or_insert_with(|| "the editor closed the connection".into());
+                self.begin_shutdown("the editor closed the connection")
             }
             Event::Backend(generation, event) => {
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
@@ -405,10 +362,7 @@ impl Bridge {
                     BackendEvent::Lost { status } => self.on_backend_lost(status),
                 }
             }
-            Event::Terminate(signal) => {
-                self.shutdown
-                    .get_or_insert_with(|| format!("received {signal}"));
-            }
+            Event::Terminate(signal) => self.begin_shutdown(&format!("received {signal}")),
             Event::Hangup => {
                 self.request_restart("SIGHUP received (restart requested by the user)")
             }
@@ -432,18 +386,15 @@ impl Bridge {
     /// Asks for a restart at the next quiescent point. Editor requests that
     /// arrive from now on are queued until the new generation is ready.
     pub fn request_restart(&mut self, reason: &str) {
-        if matches!(self.mode, Mode::Failed(_)) {
-            warn!("not restarting ({reason}): the backend has failed for good");
+        let running = self.life.phase() == &lifecycle::Phase::Running;
+        if !self.life.restart_asked(reason) {
+            warn!("not restarting ({reason}): zcode-acp gave up on the agent or is shutting down");
             return;
         }
-        if self.pending_restart.is_none() {
-            self.pending_restart = Some(RestartReason {
-                text: reason.to_owned(),
-                crash: false,
-            });
-        }
-        if self.mode == Mode::Running {
-            self.mode = Mode::Draining;
+        if running {
+            warn!(
+                "restarting the agent backend: {reason}. Processes the agent started (dev servers, MCP servers it spawned) will be stopped"
+            );
         }
     }
 
@@ -483,9 +434,8 @@ impl Bridge {
                     warn!(%id, method, "answering an in-flight request with an error: {message}");
                     self.answer_error(&id, code, message);
                 }
-                Origin::Bridge => {
-                    self.bridge_results.insert(bid, CallOutcome::Lost);
-                }
+                // Its set-up ends with the generation (see on_backend_lost).
+                Origin::Bridge => {}
             }
         }
         let withdrawn: Vec<u64> = self
@@ -552,13 +502,21 @@ impl Bridge {
         }
     }
 
-    /// Ends the bridge. The backend is asked politely first (stdin closed),
-    /// and what it still answers within the grace period reaches the editor;
-    /// then its process group and every leftover descendant is killed.
-    async fn shut_down(&mut self, why: &str) {
+    /// Begins ending the bridge. The backend is asked politely first
+    /// (stdin closed), and what it still answers within the grace period
+    /// reaches the editor; `finish_shutdown` does the rest.
+    fn begin_shutdown(&mut self, why: &str) {
+        if self.life.is_shutting_down() {
+            return;
+        }
         info!("shutting down: {why}");
-        self.shutting_down = true;
-        self.mode = Mode::Failed("zcode-acp is shutting down".into());
+        let grace = if self.generation.is_some() {
+            self.cfg.stop_grace
+        } else {
+            Duration::ZERO
+        };
+        self.life.shut_down(Instant::now() + grace);
+        self.setup = None;
         for frame in std::mem::take(&mut self.queue) {
             if let crate::relay::Kind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
@@ -566,14 +524,12 @@ impl Bridge {
         }
         if let Some(generation) = self.generation.as_mut() {
             generation.close_stdin();
-            let deadline = tokio::time::Instant::now() + self.cfg.stop_grace;
-            while self.generation.is_some() {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => break,
-                    event = self.next_event() => self.handle(event),
-                }
-            }
         }
+    }
+
+    /// The grace period is over (or the backend left): its process group
+    /// and every leftover descendant is killed.
+    async fn finish_shutdown(&mut self) {
         if let Some(generation) = self.generation.take() {
             let id = generation.id;
             self.fail_in_flight(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
@@ -584,5 +540,13 @@ impl Bridge {
         }
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
     }
 }

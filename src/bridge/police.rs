@@ -6,8 +6,8 @@
 //! theatre for agents that work through ACP. What the agent writes in its
 //! request is a hint; only the policy decides.
 
+use crate::relay::splice;
 use agent_client_protocol_schema::v1 as acp;
-use serde_json::Value;
 
 use super::Bridge;
 use crate::policy::{Kind, Op};
@@ -98,14 +98,7 @@ impl Bridge {
                 ))
             }
         };
-        let Ok(mut value) = frame.to_value() else {
-            return refuse("zcode-acp could not rewrite this terminal/create".into());
-        };
-        let params = &mut value["params"];
-        params["command"] = Value::from(wrapped[0].clone());
-        params["args"] = Value::from(wrapped[1..].to_vec());
-        params["env"] = Value::Array(Vec::new());
-        match serde_json::to_vec(&value) {
+        match rewrite_terminal(frame, &wrapped) {
             Ok(bytes) => Verdict::Rewrite(bytes),
             Err(e) => refuse(format!(
                 "zcode-acp could not rewrite this terminal/create: {e}"
@@ -163,14 +156,14 @@ impl Bridge {
             };
         }
         let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
-        let home = dirs::home_dir().and_then(|h| crate::policy::resolve_real(&h).ok());
+        let home = crate::policy::offerable::real_home();
         let why = match decision.kind {
             Kind::Island => {
                 "it is the sandbox's own configuration, which no grant opens".to_owned()
             }
             Kind::Protected if !decision.promptable => format!("it is never allowed ({rule})"),
             _ if self.refused_for_good(&real) => "you chose never to allow it".to_owned(),
-            _ => match crate::bridge::allow::never_offered(&real, home.as_deref()) {
+            _ => match crate::policy::offerable::never_granted(&real, home.as_deref()) {
                 Some(never) => format!("{rule}, and zcode-acp never offers it: {never}"),
                 None => {
                     return match real_frame() {
@@ -194,24 +187,29 @@ impl Bridge {
 }
 
 fn rewrite_path(frame: &Frame, real: &std::path::Path) -> Option<Vec<u8>> {
-    let mut value = frame.to_value().ok()?;
-    let slot = value.get_mut("params")?.get_mut("path")?;
-    *slot = Value::from(real.to_str()?);
-    serde_json::to_vec(&value).ok()
+    let path = serde_json::to_string(real.to_str()?).ok()?;
+    splice::set(&frame.bytes, &["params", "path"], &path).ok()
+}
+
+/// The terminal's command becomes the sandbox's wrapper (`wrapped`: argv),
+/// which carries the environment itself.
+fn rewrite_terminal(frame: &Frame, wrapped: &[String]) -> Result<Vec<u8>, splice::SpliceError> {
+    let json = |v: &[String]| serde_json::to_string(v).expect("strings serialize");
+    let command = serde_json::to_string(&wrapped[0]).expect("a string serializes");
+    let bytes = splice::set(&frame.bytes, &["params", "command"], &command)?;
+    let bytes = splice::set(&bytes, &["params", "args"], &json(&wrapped[1..]))?;
+    splice::set(&bytes, &["params", "env"], "[]")
 }
 
 /// Removes `agentCapabilities.mcpCapabilities.acp` from an `initialize`
 /// result: while armed, MCP over ACP is not offered.
 pub(super) fn hide_mcp_over_acp(frame: &Frame, editor_id: &str) -> Option<Vec<u8>> {
-    let mut value = frame.to_value().ok()?;
-    let caps = value
-        .get_mut("result")?
-        .get_mut("agentCapabilities")?
-        .get_mut("mcpCapabilities")?
-        .as_object_mut()?;
-    caps.remove("acp")?;
-    value["id"] = serde_json::from_str(editor_id).ok()?;
-    serde_json::to_vec(&value).ok()
+    let bytes = splice::remove(
+        &frame.bytes,
+        &["result", "agentCapabilities", "mcpCapabilities", "acp"],
+    )
+    .ok()?;
+    splice::set(&bytes, &["id"], editor_id).ok()
 }
 
 #[cfg(test)]
@@ -225,7 +223,7 @@ mod tests {
         )
         .unwrap();
         let out = hide_mcp_over_acp(&f, "\"editor-3\"").unwrap();
-        let v: Value = serde_json::from_slice(&out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["id"], "editor-3");
         assert_eq!(
             v["result"]["agentCapabilities"]["mcpCapabilities"],
@@ -240,5 +238,60 @@ mod tests {
             Frame::parse(br#"{"jsonrpc":"2.0","id":7,"result":{"agentCapabilities":{}}}"#.to_vec())
                 .unwrap();
         assert!(hide_mcp_over_acp(&g, "7").is_none());
+    }
+
+    /// Every rewrite the bridge makes changes its value and no other byte:
+    /// unknown fields, key order, spacing and escapes reach the peer as
+    /// they were sent.
+    #[test]
+    fn every_rewrite_keeps_every_other_byte() {
+        let parse = |t: &str| Frame::parse(t.as_bytes().to_vec()).unwrap();
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+
+        let write = "{\"params\": {\"_meta\":{\"z\":1,\"a\":[ ]}, \"content\":\"caf\\u00e9\",\"path\" : \"/ws/./x\", \"sessionId\":\"s\"},\n \"method\":\"fs/write_text_file\",\"id\":4,\"jsonrpc\":\"2.0\",\"future\":true}";
+        let out = rewrite_path(&parse(write), std::path::Path::new("/ws/x")).unwrap();
+        assert_eq!(text(out), write.replace("\"/ws/./x\"", "\"/ws/x\""));
+
+        let terminal = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"terminal/create\",\"params\":{\"outputByteLimit\":10,\"command\":\"ls\", \"args\":[\"-l\"],\"env\":[{\"name\":\"A\",\"value\":\"b\"}],\"sessionId\":\"s\",\"x-unknown\":{\"k\":[1,2]}}}";
+        let wrapped = [
+            "zcode-acp".to_owned(),
+            "run".to_owned(),
+            "--".to_owned(),
+            "ls".to_owned(),
+        ];
+        let out = rewrite_terminal(&parse(terminal), &wrapped).unwrap();
+        let expected = terminal
+            .replace("\"command\":\"ls\"", "\"command\":\"zcode-acp\"")
+            .replace("\"args\":[\"-l\"]", "\"args\":[\"run\",\"--\",\"ls\"]")
+            .replace("\"env\":[{\"name\":\"A\",\"value\":\"b\"}]", "\"env\":[]");
+        assert_eq!(text(out), expected);
+        // Without args or env, they are added after the last member.
+        let bare = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"terminal/create\",\"params\":{\"command\":\"ls\",\"sessionId\":\"s\"}}";
+        let out = rewrite_terminal(&parse(bare), &wrapped).unwrap();
+        assert_eq!(
+            text(out),
+            "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"terminal/create\",\"params\":{\"command\":\"zcode-acp\",\"sessionId\":\"s\",\"args\":[\"run\",\"--\",\"ls\"],\"env\":[]}}"
+        );
+
+        let init = "{\"result\":{\"zeta\":0,\"agentCapabilities\":{\"mcpCapabilities\":{\"acp\":true, \"http\":true}},\"authMethods\":[]},\"id\":2,\"jsonrpc\":\"2.0\"}";
+        let out = hide_mcp_over_acp(&parse(init), "\"e-1\"").unwrap();
+        assert_eq!(
+            text(out),
+            init.replace("\"acp\":true, ", "")
+                .replace("\"id\":2", "\"id\":\"e-1\"")
+        );
+
+        let cancel = "{\"method\":\"$/cancel_request\",\"params\":{\"requestId\":\"x\",\"_meta\":{\"b\":1,\"a\":2}},\"jsonrpc\":\"2.0\"}";
+        let out = crate::bridge::editor_side::rewrite_request_id(&parse(cancel), "12").unwrap();
+        assert_eq!(
+            text(out),
+            cancel.replace("\"requestId\":\"x\"", "\"requestId\":12")
+        );
+
+        // A duplicated key is refused, never guessed at.
+        let twice = "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"fs/write_text_file\",\"params\":{\"path\":\"/a\",\"sessionId\":\"s\",\"content\":\"\"}}";
+        assert!(rewrite_path(&parse(twice), std::path::Path::new("/b")).is_some());
+        let frame = parse(&twice.replace("\"sessionId\"", "\"path\":\"/c\",\"sessionId\""));
+        assert!(rewrite_path(&frame, std::path::Path::new("/b")).is_none());
     }
 }

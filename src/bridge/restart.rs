@@ -1,122 +1,111 @@
-//! Restarting the backend under a live editor connection.
+//! Restarting the backend under a live editor connection, as steps the
+//! event loop takes one at a time; `lifecycle` decides the phase, this
+//! file carries it out. No step waits for an answer by running a loop of
+//! its own: a request of the bridge's own is sent, and its answer, when the
+//! loop delivers it, takes the next step.
 //!
 //! The order matters: drain first (never kill a running turn), then stop
 //! the old generation completely (so nothing of it can race the new one),
-//! then start the new one and put every live session back before any queued
-//! editor request is released, so the editor's next message finds its
-//! session where it left it.
+//! audit what it left, then start the new one and put every live session
+//! back before any queued editor request is released, so the editor's next
+//! message finds its session where it left it.
+
+use std::collections::VecDeque;
+use std::time::Instant;
 
 use serde_json::json;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
-use super::{Bridge, CallOutcome, Mode, Origin, RestartReason};
+use super::lifecycle::{AfterCrash, Phase};
+use super::{Bridge, Origin};
 use crate::backend::{Generation, SpawnContext};
 use crate::relay::codes;
 use crate::relay::envelope::request;
+use crate::session::Session;
 
-/// Why a start attempt did not produce a working generation.
-enum StartError {
-    /// The process could not be started, or refused to be set up.
-    Failed(String),
-    /// The process died while being set up (already counted as a crash).
-    Died(String),
-    /// Retrying cannot help: give up at once, with this message.
+/// The answer to a request of the bridge's own.
+#[derive(Debug)]
+pub(super) enum CallOutcome {
+    Ok(String),
+    Rejected { code: i64, message: String },
+}
+
+/// Why a start attempt did not produce a generation.
+enum StartFailure {
+    /// Retrying cannot help (the sandbox cannot be armed as configured).
     Refused(String),
-    /// The bridge is shutting down; stop trying.
-    Aborted,
+    /// The process could not be started.
+    Failed(String),
+}
+
+/// What the loop does after a step.
+pub(super) enum Flow {
+    /// Something was done: look again before waiting.
+    Again,
+    /// Nothing to do until an event (or the lifecycle's wake-up time).
+    Wait,
+    /// The bridge is done.
+    Exit,
+}
+
+/// A generation being set up: the request awaited and what comes next.
+#[derive(Debug)]
+pub(super) struct Setup {
+    awaiting: u64,
+    step: Step,
+    /// Live sessions still to restore, in order.
+    sessions: VecDeque<Session>,
+    /// Set when the replayed login was refused: no session can be restored.
+    login_problem: Option<String>,
+}
+
+#[derive(Debug)]
+enum Step {
+    Initialize,
+    Authenticate,
+    /// `method` is being tried; `rest` are the methods left to try.
+    Restore {
+        session: Session,
+        method: &'static str,
+        rest: Vec<&'static str>,
+        refusals: Vec<String>,
+    },
+    /// The editor's settings put back on a restored session.
+    Reapply {
+        session: Session,
+        restored_by: &'static str,
+        calls: VecDeque<(&'static str, String)>,
+    },
 }
 
 impl Bridge {
-    pub(super) async fn restart(&mut self, reason: RestartReason) {
-        if !reason.crash {
-            warn!(
-                "restarting the agent backend: {}. Processes the agent started (dev servers, MCP servers it spawned) will be stopped",
-                reason.text
-            );
-            self.mode = Mode::Draining;
-            while self.editor_requests_in_flight() > 0 && self.generation.is_some() {
-                if self.shutdown.is_some() {
-                    return;
-                }
-                let event = self.next_event().await;
-                self.handle(event);
+    /// Takes the step the lifecycle's phase calls for now, if any.
+    pub(super) async fn advance(&mut self) -> Flow {
+        let now = Instant::now();
+        match self.life.phase().clone() {
+            Phase::ShuttingDown { deadline } if self.generation.is_none() || now >= deadline => {
+                self.finish_shutdown().await;
+                return Flow::Exit;
             }
-        } else if reason.text != "start" {
-            warn!(
-                "restarting the agent backend: {}. Anything the agent had running was lost with it",
-                reason.text
-            );
-        }
-        if matches!(self.mode, Mode::Failed(_)) {
-            return;
-        }
-        // Before a re-arm: the audit of what this generation left.
-        let first = self.sessions.live().next().map(|s| s.id.clone());
-        if let Some(session) = first {
-            self.run_audit(&session);
-        }
-        self.mode = Mode::Restarting;
-        if let Some(old) = self.generation.take() {
-            let id = old.id;
-            self.stop_generation(old).await;
-            // A graceful restart waited for every editor request, but the
-            // bridge answers anything left rather than lose it.
-            self.fail_in_flight(
-                id,
-                codes::BACKEND_CRASHED,
-                "the agent was restarted before it answered",
-            );
-        }
-        for dead in std::mem::take(&mut self.dying) {
-            self.stop_generation(dead).await;
-        }
-
-        loop {
-            let delay = self.backoff();
-            if !delay.is_zero() {
-                info!(?delay, "waiting before starting the agent backend again");
-                if !self.pump_for(delay).await {
-                    return;
-                }
+            Phase::Draining
+                if self.generation.is_none() || self.editor_requests_in_flight() == 0 =>
+            {
+                self.stop_drained().await;
+                return Flow::Again;
             }
-            self.pending_restart = None;
-            match self.start_generation().await {
-                Ok(()) => break,
-                Err(StartError::Aborted) => return,
-                Err(StartError::Refused(why)) => {
-                    error!("{why}");
-                    self.give_up(why);
-                    return;
-                }
-                Err(StartError::Failed(why)) => {
-                    error!("starting the agent backend failed: {why}");
-                    self.last_failure = Some(why);
-                    if let Some(g) = self.generation.take() {
-                        self.dying.push(g);
-                    }
-                    self.note_crash();
-                }
-                Err(StartError::Died(why)) => {
-                    // on_backend_lost has answered its requests and counted it.
-                    error!("the agent backend died while being set up: {why}");
-                }
+            Phase::Starting { at } if now >= at => {
+                self.try_start().await;
+                return Flow::Again;
             }
-            for dead in std::mem::take(&mut self.dying) {
-                self.stop_generation(dead).await;
-            }
-            if matches!(self.mode, Mode::Failed(_)) {
-                return;
-            }
-            self.mode = Mode::Restarting;
+            _ => {}
         }
-        // A restart asked for while this one was setting up (after the
-        // command was prepared) stays pending: the main loop runs it next.
-        self.mode = Mode::Running;
-        self.take_audit_baseline();
-        if reason.text != "start" {
-            self.announce_restart(&reason.text);
+        if self.dying.is_empty() {
+            return Flow::Wait;
         }
-        self.release_queue();
+        for generation in std::mem::take(&mut self.dying) {
+            self.stop_generation(generation).await;
+        }
+        Flow::Again
     }
 
     fn editor_requests_in_flight(&self) -> usize {
@@ -126,22 +115,47 @@ impl Bridge {
             .count()
     }
 
-    /// Handles events for `duration` (queueing editor requests). Returns
-    /// false if the bridge is shutting down.
-    async fn pump_for(&mut self, duration: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + duration;
-        loop {
-            if self.shutdown.is_some() {
-                return false;
+    /// Drained: the old generation is stopped, and anything it still had
+    /// is answered rather than lost.
+    async fn stop_drained(&mut self) {
+        if let Some(old) = self.generation.take() {
+            let id = old.id;
+            self.stop_generation(old).await;
+            self.fail_in_flight(
+                id,
+                codes::BACKEND_CRASHED,
+                "the agent was restarted before it answered",
+            );
+        }
+        self.life.drained(Instant::now());
+    }
+
+    async fn try_start(&mut self) {
+        for dead in std::mem::take(&mut self.dying) {
+            self.stop_generation(dead).await;
+        }
+        // Before a re-arm: the audit of what the last generation left.
+        let first = self.sessions.live().next().map(|s| s.id.clone());
+        if let Some(session) = first {
+            self.run_audit(&session);
+        }
+        match self.start_generation() {
+            Ok(()) => {
+                self.life.started();
+                self.begin_setup();
             }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return true,
-                event = self.next_event() => self.handle(event),
+            Err(StartFailure::Refused(why)) => {
+                error!("{why}");
+                self.give_up(why);
+            }
+            Err(StartFailure::Failed(why)) => {
+                error!("starting the agent backend failed: {why}");
+                self.on_crash(&why);
             }
         }
     }
 
-    async fn start_generation(&mut self) -> Result<(), StartError> {
+    fn start_generation(&mut self) -> Result<(), StartFailure> {
         self.generations_started += 1;
         let id = self.generations_started;
         let mut roots: Vec<std::path::PathBuf> = self
@@ -161,14 +175,14 @@ impl Bridge {
             grants: &grants,
         };
         let cmd = self.hook.prepare(&ctx).map_err(|e| match e {
-            crate::backend::SpawnError::Refused(why) => StartError::Refused(why),
-            other => StartError::Failed(other.to_string()),
+            crate::backend::SpawnError::Refused(why) => StartFailure::Refused(why),
+            other => StartFailure::Failed(other.to_string()),
         })?;
         // Before the agent starts, so its first refusals are seen too.
         self.watch_violations();
         let generation =
             Generation::start(id, &cmd, self.cfg.max_frame_bytes, self.backend_tx.clone())
-                .map_err(|e| StartError::Failed(e.to_string()))?;
+                .map_err(|e| StartFailure::Failed(e.to_string()))?;
         info!(
             generation = id,
             pid = generation.pid,
@@ -179,47 +193,195 @@ impl Bridge {
         self.generation = Some(generation);
         self.armed_roots = roots;
         self.pending_roots.clear();
-
-        let Some(init) = self.initialize.clone() else {
-            // The editor has not initialized yet; it will do so itself.
-            return Ok(());
-        };
-        match self.call_backend("initialize", &init).await? {
-            CallOutcome::Ok(result) => {
-                let caps = super::track::restore_caps(&result);
-                if caps != self.caps {
-                    warn!(?caps, previous = ?self.caps, "the restarted agent advertises different session capabilities");
-                }
-                self.caps = caps;
-            }
-            CallOutcome::Rejected { message, .. } => {
-                return Err(StartError::Failed(format!(
-                    "the agent refused the replayed initialize: {message}"
-                )))
-            }
-            CallOutcome::Lost => return Err(StartError::Died("during initialize".into())),
-        }
-        let mut login_problem = None;
-        if let Some(auth) = self.authenticate.clone() {
-            match self.call_backend("authenticate", &auth).await? {
-                CallOutcome::Ok(_) => {}
-                CallOutcome::Rejected { message, .. } => {
-                    login_problem = Some(format!(
-                        "the restarted agent refused the editor's saved login ({message}); log in again from the editor"
-                    ))
-                }
-                CallOutcome::Lost => return Err(StartError::Died("during authenticate".into())),
-            }
-        }
-        self.restore_sessions(login_problem).await
+        Ok(())
     }
 
-    async fn restore_sessions(&mut self, login_problem: Option<String>) -> Result<(), StartError> {
-        let sessions: Vec<crate::session::Session> = self.sessions.live().cloned().collect();
+    /// A crash (or failed start) counted: another start is scheduled, or
+    /// the bridge gives up.
+    pub(super) fn on_crash(&mut self, how: &str) {
+        match self.life.crashed(Instant::now(), how) {
+            AfterCrash::Retry { at } => {
+                let delay = at.saturating_duration_since(Instant::now());
+                if !delay.is_zero() {
+                    info!(?delay, "waiting before starting the agent backend again");
+                }
+            }
+            AfterCrash::GiveUp(message) => {
+                error!("{message}");
+                self.answer_queue(codes::BACKEND_UNAVAILABLE, &message);
+            }
+            AfterCrash::Ignored => {}
+        }
+    }
+
+    /// Gives up for good: queued requests and every later one get `message`.
+    pub(super) fn give_up(&mut self, message: String) {
+        self.answer_queue(codes::BACKEND_UNAVAILABLE, &message);
+        self.life.fail(message);
+    }
+
+    fn answer_queue(&mut self, code: i64, message: &str) {
+        for frame in std::mem::take(&mut self.queue) {
+            if let crate::relay::Kind::Request { id, .. } = &frame.kind {
+                self.answer_error(id, code, message);
+            }
+        }
+    }
+
+    /// Sends a request of the bridge's own to the running generation;
+    /// its answer comes back through [`Bridge::on_bridge_answer`].
+    fn call(&mut self, method: &str, params: &str) -> Option<u64> {
+        let gen_id = self.generation.as_ref()?.id;
+        let bid = self.alloc_id();
+        if let Some(g) = &self.generation {
+            g.send(request(bid, method, params));
+        }
+        self.at_backend.insert(
+            bid,
+            super::AtBackend {
+                generation: gen_id,
+                origin: Origin::Bridge,
+            },
+        );
+        Some(bid)
+    }
+
+    fn begin_setup(&mut self) {
+        let Some(init) = self.initialize.clone() else {
+            // The editor has not initialized yet; it will do so itself.
+            return self.finish_setup();
+        };
+        self.await_step("initialize", &init, Step::Initialize, VecDeque::new(), None);
+    }
+
+    fn await_step(
+        &mut self,
+        method: &str,
+        params: &str,
+        step: Step,
+        sessions: VecDeque<Session>,
+        login_problem: Option<String>,
+    ) {
+        // Without a generation it died, and its loss was handled already.
+        if let Some(awaiting) = self.call(method, params) {
+            self.setup = Some(Setup {
+                awaiting,
+                step,
+                sessions,
+                login_problem,
+            });
+        }
+    }
+
+    /// The answer to a request of the bridge's own.
+    pub(super) fn on_bridge_answer(&mut self, bid: u64, outcome: CallOutcome) {
+        let Some(setup) = self.setup.take_if(|s| s.awaiting == bid) else {
+            return debug!(
+                bid,
+                "an answer to a request of the bridge's own that nothing awaits"
+            );
+        };
+        let Setup {
+            step,
+            sessions,
+            mut login_problem,
+            ..
+        } = setup;
+        match step {
+            Step::Initialize => match outcome {
+                CallOutcome::Ok(result) => {
+                    let caps = super::track::restore_caps(&result);
+                    if caps != self.caps {
+                        warn!(?caps, previous = ?self.caps, "the restarted agent advertises different session capabilities");
+                    }
+                    self.caps = caps;
+                    match self.authenticate.clone() {
+                        Some(auth) => self.await_step(
+                            "authenticate",
+                            &auth,
+                            Step::Authenticate,
+                            sessions,
+                            None,
+                        ),
+                        None => self.begin_restore(None),
+                    }
+                }
+                CallOutcome::Rejected { message, .. } => self.setup_failed(format!(
+                    "the agent refused the replayed initialize: {message}"
+                )),
+            },
+            Step::Authenticate => {
+                if let CallOutcome::Rejected { message, .. } = outcome {
+                    login_problem = Some(format!(
+                        "the restarted agent refused the editor's saved login ({message}); log in again from the editor"
+                    ));
+                }
+                self.begin_restore(login_problem)
+            }
+            Step::Restore {
+                session,
+                method,
+                rest,
+                mut refusals,
+            } => {
+                self.swallow_updates.remove(&session.id);
+                match outcome {
+                    CallOutcome::Ok(_) => {
+                        let calls = settings_calls(&session);
+                        self.next_setting(session, method, calls, sessions, login_problem)
+                    }
+                    CallOutcome::Rejected { code, message } if code == codes::AUTH_REQUIRED => {
+                        // A new login is needed: loading instead cannot help.
+                        self.lose(&session.id, format!("the restarted agent needs you to log in again ({message}); zcode-acp never starts a login on its own"));
+                        self.next_session(sessions, login_problem)
+                    }
+                    CallOutcome::Rejected { message, .. } => {
+                        warn!(
+                            session = session.id,
+                            method, "the restarted agent refused to restore the session: {message}"
+                        );
+                        refusals.push(format!("the agent refused {method}: {message}"));
+                        self.try_restore(session, rest, refusals, sessions, login_problem)
+                    }
+                }
+            }
+            Step::Reapply {
+                session,
+                restored_by,
+                calls,
+            } => {
+                if let CallOutcome::Rejected { message, .. } = outcome {
+                    warn!(
+                        session = session.id,
+                        "the restarted agent refused a setting the editor had made: {message}"
+                    );
+                }
+                self.next_setting(session, restored_by, calls, sessions, login_problem)
+            }
+        }
+    }
+
+    /// Set-up failed short of a crash (the agent refused the replay): the
+    /// generation is stopped and counted as a failure.
+    fn setup_failed(&mut self, why: String) {
+        error!("starting the agent backend failed: {why}");
+        if let Some(g) = self.generation.take() {
+            self.fail_in_flight(g.id, codes::BACKEND_CRASHED, &why);
+            self.dying.push(g);
+        }
+        self.on_crash(&why);
+    }
+
+    fn begin_restore(&mut self, login_problem: Option<String>) {
+        let sessions: VecDeque<Session> = self.sessions.live().cloned().collect();
         if !sessions.is_empty() {
             info!(count = sessions.len(), caps = ?self.caps, "restoring live sessions on the new backend");
         }
-        for session in sessions {
+        self.next_session(sessions, login_problem)
+    }
+
+    fn next_session(&mut self, mut sessions: VecDeque<Session>, login_problem: Option<String>) {
+        while let Some(session) = sessions.pop_front() {
             if let Some(problem) = &login_problem {
                 self.lose(&session.id, problem.clone());
                 continue;
@@ -241,90 +403,82 @@ impl Bridge {
                 );
                 continue;
             }
-            let mut params = json!({
-                "sessionId": session.id,
-                "cwd": session.cwd,
-                "mcpServers": session.mcp_servers,
-            });
-            if !session.additional_directories.is_empty() {
-                params["additionalDirectories"] = json!(session.additional_directories);
-            }
-            let mut refusals: Vec<String> = Vec::new();
-            let mut restored_by = None;
-            for method in methods {
-                if method == "session/load" {
-                    self.swallow_updates.insert(session.id.clone());
-                }
-                let outcome = self.call_backend(method, &params.to_string()).await;
-                self.swallow_updates.remove(&session.id);
-                match outcome? {
-                    CallOutcome::Ok(_) => {
-                        restored_by = Some(method);
-                        break;
-                    }
-                    CallOutcome::Rejected { code, message } if code == codes::AUTH_REQUIRED => {
-                        // A new login is needed: loading instead cannot help.
-                        refusals = vec![format!("the restarted agent needs you to log in again ({message}); zcode-acp never starts a login on its own")];
-                        break;
-                    }
-                    CallOutcome::Rejected { message, .. } => {
-                        warn!(
-                            session = session.id,
-                            method, "the restarted agent refused to restore the session: {message}"
-                        );
-                        refusals.push(format!("the agent refused {method}: {message}"));
-                    }
-                    CallOutcome::Lost => return Err(StartError::Died(format!("during {method}"))),
-                }
-            }
-            let Some(method) = restored_by else {
-                self.lose(&session.id, refusals.join("; then "));
-                continue;
-            };
-            self.reapply_settings(&session).await?;
-            info!(session = session.id, method, "session restored");
+            return self.try_restore(session, methods, Vec::new(), sessions, login_problem);
         }
-        Ok(())
+        self.finish_setup()
     }
 
-    /// Puts back what the editor had set on the session.
-    async fn reapply_settings(
+    /// Tries the first of `methods` on `session`, or calls it lost.
+    fn try_restore(
         &mut self,
-        session: &crate::session::Session,
-    ) -> Result<(), StartError> {
-        let mut calls: Vec<(&str, serde_json::Value)> = Vec::new();
-        if let Some(mode) = &session.mode {
-            calls.push((
-                "session/set_mode",
-                json!({ "sessionId": session.id, "modeId": mode }),
-            ));
+        session: Session,
+        mut methods: Vec<&'static str>,
+        refusals: Vec<String>,
+        sessions: VecDeque<Session>,
+        login_problem: Option<String>,
+    ) {
+        if methods.is_empty() {
+            self.lose(&session.id, refusals.join("; then "));
+            return self.next_session(sessions, login_problem);
         }
-        if let Some(model) = &session.model {
-            calls.push((
-                "session/set_model",
-                json!({ "sessionId": session.id, "modelId": model }),
-            ));
+        let method = methods.remove(0);
+        let mut params = json!({
+            "sessionId": session.id,
+            "cwd": session.cwd,
+            "mcpServers": session.mcp_servers,
+        });
+        if !session.additional_directories.is_empty() {
+            params["additionalDirectories"] = json!(session.additional_directories);
         }
-        for (config_id, value) in &session.config_options {
-            calls.push((
-                "session/set_config_option",
-                json!({ "sessionId": session.id, "configId": config_id, "value": value }),
-            ));
+        if method == "session/load" {
+            self.swallow_updates.insert(session.id.clone());
         }
-        for (method, params) in calls {
-            match self.call_backend(method, &params.to_string()).await? {
-                CallOutcome::Ok(_) => {}
-                CallOutcome::Rejected { message, .. } => {
-                    warn!(
-                        session = session.id,
-                        method,
-                        "the restarted agent refused a setting the editor had made: {message}"
-                    )
-                }
-                CallOutcome::Lost => return Err(StartError::Died(format!("during {method}"))),
-            }
+        let step = Step::Restore {
+            session,
+            method,
+            rest: methods,
+            refusals,
+        };
+        self.await_step(method, &params.to_string(), step, sessions, login_problem);
+    }
+
+    fn next_setting(
+        &mut self,
+        session: Session,
+        restored_by: &'static str,
+        mut calls: VecDeque<(&'static str, String)>,
+        sessions: VecDeque<Session>,
+        login_problem: Option<String>,
+    ) {
+        let Some((method, params)) = calls.pop_front() else {
+            info!(
+                session = session.id,
+                method = restored_by,
+                "session restored"
+            );
+            return self.next_session(sessions, login_problem);
+        };
+        let step = Step::Reapply {
+            session,
+            restored_by,
+            calls,
+        };
+        self.await_step(method, &params, step, sessions, login_problem);
+    }
+
+    /// Set up: the generation runs, the editor hears why it was restarted,
+    /// and what it sent meanwhile is released, in order.
+    fn finish_setup(&mut self) {
+        self.setup = None;
+        let (cause, pending) = self.life.set_up();
+        self.take_audit_baseline();
+        if let Some(why) = cause.announced() {
+            self.announce_restart(why);
         }
-        Ok(())
+        self.release_queue();
+        if let Some(why) = pending {
+            self.request_restart(&why);
+        }
     }
 
     fn lose(&mut self, session: &str, reason: String) {
@@ -334,37 +488,28 @@ impl Bridge {
         );
         self.sessions.mark_lost(session, reason);
     }
+}
 
-    /// Sends a request of the bridge's own and handles events until it is
-    /// answered (editor requests are queued meanwhile).
-    async fn call_backend(
-        &mut self,
-        method: &str,
-        params: &str,
-    ) -> Result<CallOutcome, StartError> {
-        let Some(gen_id) = self.generation.as_ref().map(|g| g.id) else {
-            return Ok(CallOutcome::Lost);
-        };
-        let bid = self.alloc_id();
-        self.at_backend.insert(
-            bid,
-            super::AtBackend {
-                generation: gen_id,
-                origin: Origin::Bridge,
-            },
-        );
-        if let Some(g) = &self.generation {
-            g.send(request(bid, method, params));
-        }
-        loop {
-            if let Some(outcome) = self.bridge_results.remove(&bid) {
-                return Ok(outcome);
-            }
-            if self.shutdown.is_some() {
-                return Err(StartError::Aborted);
-            }
-            let event = self.next_event().await;
-            self.handle(event);
-        }
+/// The calls that put back what the editor had set on `session`.
+fn settings_calls(session: &Session) -> VecDeque<(&'static str, String)> {
+    let mut calls = VecDeque::new();
+    if let Some(mode) = &session.mode {
+        calls.push_back((
+            "session/set_mode",
+            json!({ "sessionId": session.id, "modeId": mode }).to_string(),
+        ));
     }
+    if let Some(model) = &session.model {
+        calls.push_back((
+            "session/set_model",
+            json!({ "sessionId": session.id, "modelId": model }).to_string(),
+        ));
+    }
+    for (config_id, value) in &session.config_options {
+        calls.push_back((
+            "session/set_config_option",
+            json!({ "sessionId": session.id, "configId": config_id, "value": value }).to_string(),
+        ));
+    }
+    calls
 }

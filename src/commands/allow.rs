@@ -38,12 +38,14 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
     let path = resolve_real(&crate::policy::resolve::absolutize(&args.path)?)?;
     let managed = ManagedRoot::user_default()?;
     if list == List::Allow {
-        let home = dirs::home_dir().map(|h| resolve_real(&h)).transpose()?;
-        if path == std::path::Path::new("/") || Some(&path) == home.as_ref() {
-            anyhow::bail!(
-                "refusing to allow {}: it would make the whole tree writable; open it as a workspace if you really mean it",
-                path.display()
-            );
+        let home = crate::policy::offerable::real_home();
+        if let Some(why) = crate::policy::offerable::never_granted(&path, home.as_deref()) {
+            let hint = if crate::policy::offerable::opens_everything(&path, home.as_deref()) {
+                "open it as a workspace if you really mean it"
+            } else {
+                "the editor never offers it either; make such changes yourself, outside the agent"
+            };
+            anyhow::bail!("refusing to allow {}: {why}; {hint}", path.display());
         }
         let input = gather(&Sources {
             platform: Platform::current(),

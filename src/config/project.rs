@@ -258,13 +258,17 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     ledger.allow.retain(|a| config.allow.contains(a));
 
     let mut allow = Vec::new();
+    let home = crate::policy::offerable::real_home();
     for entry in &config.allow {
         if !approved.allow.contains(entry) {
             ignored.push(format!("allow entry `{entry}` was not approved"));
             continue;
         }
         match absolute_real(entry) {
-            Ok(p) => allow.push(p),
+            Ok(p) => match crate::policy::offerable::never_granted(&p, home.as_deref()) {
+                Some(why) => ignored.push(format!("allow entry `{entry}` is never granted: {why}")),
+                None => allow.push(p),
+            },
             Err(why) => ignored.push(format!("allow entry `{entry}`: {why}")),
         }
     }

@@ -222,7 +222,7 @@ impl Policy {
                 Matcher::Subpath(root.path.clone()),
                 format!("workspace root of a live session: {}", root.path.display()),
             );
-            r.dangerous = root.path == Path::new("/") || root.path == input.home;
+            r.dangerous = super::offerable::opens_everything(&root.path, Some(&input.home));
             r.root = true;
             allows.push(r);
             open_dirs.push(root.path.clone());

@@ -14,6 +14,8 @@
 pub mod backends;
 pub mod build;
 pub mod discover;
+pub mod git_cmd;
+pub mod offerable;
 pub mod protected;
 pub mod resolve;
 pub mod sockets;

@@ -173,12 +173,6 @@ impl Frame {
             None => self.bytes.clone(),
         }
     }
-
-    /// The whole frame as an editable value (key order preserved), for the
-    /// few frames whose content the bridge must change.
-    pub fn to_value(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::from_slice(&self.bytes)
-    }
 }
 
 struct Parts {

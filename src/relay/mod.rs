@@ -3,5 +3,6 @@
 pub mod codes;
 pub mod envelope;
 pub mod framing;
+pub mod splice;
 
 pub use envelope::{Frame, Kind, RawId};

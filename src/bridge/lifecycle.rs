@@ -1,0 +1,378 @@
+//! The backend's lifecycle as a state machine of its own: which phase the
+//! bridge is in, why the next generation starts, when it may, and when to
+//! give up. It decides; the bridge carries its decisions out (stops and
+//! starts processes, answers and queues frames). Time is passed in, so
+//! tests drive it directly.
+//!
+//! ```text
+//!   Starting{at} --started--> SettingUp --set_up--> Running
+//!        ^                                            |
+//!        |  crashed (backoff)             restart_asked
+//!        +------------------ Draining <---------------+
+//!                        (drained: old one stopped)
+//!   any --crashed too often / refused--> Failed       any --shut_down--> ShuttingDown
+//! ```
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Where the bridge is in a backend's life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// No generation runs; the next start is due at `at`.
+    Starting { at: Instant },
+    /// A generation runs and is being set up (the editor's initialize and
+    /// login replayed, live sessions restored); editor requests wait.
+    SettingUp,
+    /// Editor frames go straight to the backend.
+    Running,
+    /// A restart waits for the editor's requests in flight to finish;
+    /// new editor requests wait (cancellations pass).
+    Draining,
+    /// The bridge gave up on the backend; requests get this message.
+    Failed(String),
+    /// The bridge is ending: the backend may still answer until `deadline`.
+    ShuttingDown { deadline: Instant },
+}
+
+/// Why a generation is (re)started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The bridge's first generation: nothing to drain, nothing to announce.
+    FirstStart,
+    /// Asked for (a re-arm, SIGHUP, a grant): the old one was drained.
+    Asked(String),
+    /// The last generation died (or failed to start).
+    Crashed(String),
+}
+
+impl Cause {
+    /// In words, for the restart's announcement; `None` for the first start.
+    pub fn announced(&self) -> Option<&str> {
+        match self {
+            Cause::FirstStart => None,
+            Cause::Asked(why) | Cause::Crashed(why) => Some(why),
+        }
+    }
+}
+
+/// What a crash (or failed start) leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum AfterCrash {
+    /// Another start, at `at`.
+    Retry { at: Instant },
+    /// Too many within the window: the bridge gives up, with this message.
+    GiveUp(String),
+    /// The bridge is shutting down or has given up already: nothing more.
+    Ignored,
+}
+
+#[derive(Debug)]
+pub(super) struct Lifecycle {
+    phase: Phase,
+    /// Why the restart in progress happens.
+    cause: Cause,
+    /// A restart asked for while one was setting up: it runs next.
+    pending: Option<String>,
+    crashes: VecDeque<Instant>,
+    crash_limit: usize,
+    crash_window: Duration,
+}
+
+impl Lifecycle {
+    /// The first generation starts at once, so the agent warms up while
+    /// the editor is still connecting.
+    pub fn new(now: Instant, crash_limit: usize, crash_window: Duration) -> Lifecycle {
+        Lifecycle {
+            phase: Phase::Starting { at: now },
+            cause: Cause::FirstStart,
+            pending: None,
+            crashes: VecDeque::new(),
+            crash_limit,
+            crash_window,
+        }
+    }
+
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        matches!(self.phase, Phase::ShuttingDown { .. })
+    }
+
+    /// When the loop must act without an event.
+    pub fn wake_at(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Starting { at } => Some(at),
+            Phase::ShuttingDown { deadline } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// A restart is asked for. Returns false when none will come (the
+    /// bridge gave up or is ending). Asked while one is setting up, it
+    /// runs once that one is done; asked while one is on its way, it is
+    /// part of it.
+    pub fn restart_asked(&mut self, why: &str) -> bool {
+        match self.phase {
+            Phase::Failed(_) | Phase::ShuttingDown { .. } => false,
+            Phase::Running => {
+                self.phase = Phase::Draining;
+                self.cause = Cause::Asked(why.to_owned());
+                true
+            }
+            Phase::SettingUp => {
+                self.pending.get_or_insert_with(|| why.to_owned());
+                true
+            }
+            Phase::Draining | Phase::Starting { .. } => true,
+        }
+    }
+
+    /// The drained generation was stopped: the next one may start (after
+    /// the backoff recent crashes call for).
+    pub fn drained(&mut self, now: Instant) {
+        if self.phase == Phase::Draining {
+            self.phase = Phase::Starting {
+                at: now + self.backoff(now),
+            };
+        }
+    }
+
+    /// A generation was started; it is being set up.
+    pub fn started(&mut self) {
+        if matches!(self.phase, Phase::Starting { .. }) {
+            self.phase = Phase::SettingUp;
+        }
+    }
+
+    /// The generation is set up and running. Returns why it was started
+    /// (for the announcement) and a restart asked for meanwhile, which the
+    /// bridge asks for again once it has released what it queued.
+    pub fn set_up(&mut self) -> (Cause, Option<String>) {
+        let cause = std::mem::replace(&mut self.cause, Cause::FirstStart);
+        if self.phase != Phase::SettingUp {
+            return (cause, None);
+        }
+        self.phase = Phase::Running;
+        (cause, self.pending.take())
+    }
+
+    /// The generation died, or could not be started (`how`, in words).
+    pub fn crashed(&mut self, now: Instant, how: &str) -> AfterCrash {
+        if matches!(self.phase, Phase::Failed(_) | Phase::ShuttingDown { .. }) {
+            return AfterCrash::Ignored;
+        }
+        self.crashes.push_back(now);
+        while self
+            .crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.crash_window)
+        {
+            self.crashes.pop_front();
+        }
+        if self.crashes.len() >= self.crash_limit {
+            let message = format!(
+                "the agent failed {} times within {} s (last: {how}), so zcode-acp stopped restarting it; see the agent's messages in the log, then restart the agent from your editor",
+                self.crashes.len(),
+                self.crash_window.as_secs(),
+            );
+            self.fail(message.clone());
+            return AfterCrash::GiveUp(message);
+        }
+        // A restart asked for meanwhile is part of this one, which starts
+        // from the state at that time. A restart under way keeps its
+        // cause; a crash of a running backend is the cause of its own.
+        self.pending = None;
+        if self.phase == Phase::Running {
+            self.cause = Cause::Crashed(format!("the backend crashed ({how})"));
+        }
+        let at = now + self.backoff(now);
+        self.phase = Phase::Starting { at };
+        AfterCrash::Retry { at }
+    }
+
+    /// Gives up for good, with `message` for every later request.
+    pub fn fail(&mut self, message: String) {
+        if !self.is_shutting_down() {
+            self.pending = None;
+            self.phase = Phase::Failed(message);
+        }
+    }
+
+    /// The bridge is ending; the backend may answer until `deadline`.
+    pub fn shut_down(&mut self, deadline: Instant) {
+        if !self.is_shutting_down() {
+            self.pending = None;
+            self.phase = Phase::ShuttingDown { deadline };
+        }
+    }
+
+    /// How long to wait before the next start, given recent crashes.
+    fn backoff(&self, now: Instant) -> Duration {
+        let recent = self
+            .crashes
+            .iter()
+            .filter(|t| now.duration_since(**t) <= self.crash_window)
+            .count();
+        match recent {
+            0 => Duration::ZERO,
+            n => Duration::from_millis(200u64 << (n - 1).min(5)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(now: Instant) -> Lifecycle {
+        Lifecycle::new(now, 3, Duration::from_secs(30))
+    }
+
+    #[test]
+    fn the_first_start_is_immediate_and_not_announced() {
+        let now = Instant::now();
+        let mut l = life(now);
+        assert_eq!(l.phase(), &Phase::Starting { at: now });
+        assert_eq!(l.wake_at(), Some(now));
+        l.started();
+        assert_eq!(l.phase(), &Phase::SettingUp);
+        let (cause, pending) = l.set_up();
+        assert_eq!((cause.announced(), pending), (None, None));
+        assert_eq!(l.phase(), &Phase::Running);
+    }
+
+    #[test]
+    fn an_asked_restart_drains_then_starts_at_once() {
+        let now = Instant::now();
+        let mut l = life(now);
+        l.started();
+        l.set_up();
+        assert!(l.restart_asked("re-arm for /p"));
+        assert_eq!(l.phase(), &Phase::Draining);
+        // Asked again while draining: the same restart.
+        assert!(l.restart_asked("SIGHUP"));
+        l.drained(now);
+        assert_eq!(l.phase(), &Phase::Starting { at: now });
+        l.started();
+        assert_eq!(l.set_up(), (Cause::Asked("re-arm for /p".into()), None));
+        assert_eq!(l.phase(), &Phase::Running);
+    }
+
+    #[test]
+    fn a_restart_asked_during_setup_runs_after_it() {
+        let now = Instant::now();
+        let mut l = life(now);
+        l.started();
+        assert!(l.restart_asked("you allowed writes to /x"));
+        assert_eq!(l.phase(), &Phase::SettingUp);
+        let (cause, pending) = l.set_up();
+        assert_eq!(cause, Cause::FirstStart);
+        assert_eq!(l.phase(), &Phase::Running);
+        // The bridge releases its queue, then asks again.
+        let why = pending.unwrap();
+        assert_eq!(why, "you allowed writes to /x");
+        assert!(l.restart_asked(&why));
+        assert_eq!(l.phase(), &Phase::Draining);
+        l.drained(now);
+        l.started();
+        assert_eq!(
+            l.set_up().0,
+            Cause::Asked("you allowed writes to /x".into())
+        );
+    }
+
+    #[test]
+    fn crashes_back_off_then_give_up() {
+        let t0 = Instant::now();
+        let mut l = life(t0);
+        l.started();
+        l.set_up();
+        let at = match l.crashed(t0, "exit status: 1") {
+            AfterCrash::Retry { at } => at,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(at, t0 + Duration::from_millis(200));
+        assert_eq!(l.wake_at(), Some(at));
+        l.started();
+        assert_eq!(
+            l.crashed(t0 + Duration::from_secs(1), "exit status: 1"),
+            AfterCrash::Retry {
+                at: t0 + Duration::from_secs(1) + Duration::from_millis(400)
+            }
+        );
+        l.started();
+        l.set_up();
+        match l.crashed(t0 + Duration::from_secs(2), "signal: 9") {
+            AfterCrash::GiveUp(m) => {
+                assert!(m.contains("3 times within 30 s (last: signal: 9)"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(l.phase(), Phase::Failed(_)));
+        // Given up: no restart comes, and later crashes change nothing.
+        assert!(!l.restart_asked("SIGHUP"));
+        assert_eq!(
+            l.crashed(t0 + Duration::from_secs(3), "x"),
+            AfterCrash::Ignored
+        );
+    }
+
+    #[test]
+    fn crashes_outside_the_window_are_forgotten() {
+        let t0 = Instant::now();
+        let mut l = life(t0);
+        for i in 0..6u64 {
+            l.started();
+            l.set_up();
+            let at = t0 + Duration::from_secs(31 * i);
+            assert_eq!(
+                l.crashed(at, "exit status: 1"),
+                AfterCrash::Retry {
+                    at: at + Duration::from_millis(200)
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn a_crash_says_why_unless_a_restart_was_under_way() {
+        let now = Instant::now();
+        let mut l = life(now);
+        l.started();
+        l.set_up();
+        l.crashed(now, "exit status: 2");
+        l.started();
+        assert_eq!(
+            l.set_up().0,
+            Cause::Crashed("the backend crashed (exit status: 2)".into())
+        );
+        // Dying while being set up for a re-arm: still that re-arm, and a
+        // restart asked for meanwhile is part of the retry.
+        l.restart_asked("re-arm");
+        l.drained(now);
+        l.started();
+        l.restart_asked("SIGHUP");
+        l.crashed(now + Duration::from_secs(60), "exit status: 3");
+        l.started();
+        assert_eq!(l.set_up(), (Cause::Asked("re-arm".into()), None));
+        assert_eq!(l.phase(), &Phase::Running);
+    }
+
+    #[test]
+    fn shutting_down_ends_everything_else() {
+        let now = Instant::now();
+        let mut l = life(now);
+        l.started();
+        l.set_up();
+        l.shut_down(now + Duration::from_secs(2));
+        assert!(l.is_shutting_down());
+        assert_eq!(l.wake_at(), Some(now + Duration::from_secs(2)));
+        assert!(!l.restart_asked("SIGHUP"));
+        assert_eq!(l.crashed(now, "exit status: 0"), AfterCrash::Ignored);
+        l.fail("x".into());
+        assert!(l.is_shutting_down());
+    }
+}

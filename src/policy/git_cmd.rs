@@ -1,0 +1,83 @@
+//! Running git on repositories the agent may have made, without ever
+//! waiting on it for long: a `config` (or a file it includes) can be a FIFO
+//! or a device, and git would block reading it, freezing arming or the
+//! bridge's event loop with it.
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest one git call may take before it is killed.
+pub const LIMIT: Duration = Duration::from_secs(5);
+
+/// Runs `cmd` (a git command) with no stdin and stderr discarded; its
+/// output, or `None` when it could not start or took longer than `limit`
+/// (it is then killed and reaped).
+pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut stdout = child.stdout.take()?;
+    // Read while waiting, so a large output never fills the pipe.
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = stdout.read_to_end(&mut out);
+        out
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                tracing::warn!(command = ?cmd, "git did not answer within {} s (a FIFO or device in the repository?); stopped it", limit.as_secs());
+                // Our own child, by its handle.
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let stdout = reader.join().unwrap_or_default();
+    Some(Output {
+        status: status?,
+        stdout,
+        stderr: Vec::new(),
+    })
+}
+
+/// Whether `path` is a regular file (symlinks followed, as git does), or
+/// absent: anything else is not read at all.
+pub fn readable_config(path: &std::path::Path) -> bool {
+    match std::fs::metadata(path) {
+        Ok(m) => m.is_file(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_config_never_blocks() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("config");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
+            .unwrap();
+        assert!(!readable_config(&fifo));
+        assert!(readable_config(&d.path().join("absent")));
+        let mut cmd = Command::new("git");
+        cmd.args(["config", "--file"]).arg(&fifo).arg("--list");
+        let started = Instant::now();
+        assert!(output(cmd, Duration::from_millis(300)).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let mut cmd = Command::new("git");
+        cmd.arg("--version");
+        let out = output(cmd, LIMIT).unwrap();
+        assert!(out.status.success() && out.stdout.starts_with(b"git version"));
+    }
+}

@@ -1,0 +1,95 @@
+//! What may ever be granted, in one place. The bridge's allow flow, the
+//! `allow` command and a project's approved `allow` entries all ask here,
+//! so a path the editor would never offer cannot be opened from a terminal
+//! or a hand edit either: granting these would hand the agent the whole
+//! machine, or a way to run code outside the sandbox later.
+
+use std::path::Path;
+
+/// Shell start-up files, relative to the home directory: they run in every
+/// new shell the user opens, outside the sandbox.
+const STARTUP: &[&str] = &[
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
+    ".zlogin",
+    ".config/fish",
+    ".xprofile",
+    ".xinitrc",
+];
+
+/// Directories whose programs start at login, relative to the home directory.
+const AUTOSTART: &[&str] = &[
+    ".config/autostart",
+    "Library/LaunchAgents",
+    ".config/systemd/user",
+];
+
+/// Whether `path` (a real path) opens everything beneath `/` or the home
+/// directory: never a grant, and a warning when it is a workspace root.
+pub fn opens_everything(path: &Path, home: Option<&Path>) -> bool {
+    path == Path::new("/") || Some(path) == home
+}
+
+/// Why `path` (a real path) is never granted, if it is not. `home` is the
+/// user's real home directory, when there is one.
+pub fn never_granted(path: &Path, home: Option<&Path>) -> Option<&'static str> {
+    if path == Path::new("/") {
+        return Some("it would make the whole tree writable");
+    }
+    let home = home?;
+    if path == home {
+        return Some("it would make the whole home directory writable");
+    }
+    if path.starts_with(home.join(".ssh")) {
+        return Some("ssh keys and configuration decide who can log in, and where");
+    }
+    if STARTUP.iter().any(|f| path.starts_with(home.join(f))) {
+        return Some("shell start-up files run in every new shell, outside the sandbox");
+    }
+    if AUTOSTART.iter().any(|d| path.starts_with(home.join(d))) {
+        return Some("programs there start at login, outside the sandbox");
+    }
+    None
+}
+
+/// The user's real home directory, as [`never_granted`] wants it.
+pub fn real_home() -> Option<std::path::PathBuf> {
+    dirs::home_dir().and_then(|h| super::resolve_real(&h).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_never_granted() {
+        let home = Path::new("/home/u");
+        for p in [
+            "/",
+            "/home/u",
+            "/home/u/.ssh",
+            "/home/u/.ssh/authorized_keys",
+            "/home/u/.bashrc",
+            "/home/u/.config/autostart/x.desktop",
+            "/home/u/.config/fish/config.fish",
+        ] {
+            assert!(never_granted(Path::new(p), Some(home)).is_some(), "{p}");
+        }
+        for p in [
+            "/home/u/other/file",
+            "/srv/data/x",
+            "/home/u/.bashrc-notes/x",
+            "/home/u/.sshfs/x",
+        ] {
+            assert!(never_granted(Path::new(p), Some(home)).is_none(), "{p}");
+        }
+        assert!(opens_everything(Path::new("/home/u"), Some(home)));
+        assert!(!opens_everything(Path::new("/home/u/p"), Some(home)));
+    }
+}
