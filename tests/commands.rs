@@ -305,3 +305,84 @@ fn ssh_keys_are_never_granted_from_a_terminal_either() {
     // Writable paths beside it still are.
     assert!(check(&h, &h.ws.join("src/main.rs")).contains("allowed"));
 }
+
+/// A repository the agent made with a FIFO as its git config (or a config
+/// that includes one) would block git, and arming with it: discovery never
+/// waits on it for long.
+#[test]
+fn a_fifo_git_config_never_hangs_arming() {
+    let h = home();
+    let git = |dir: &Path| {
+        let ok = Command::new("git")
+            .args(["init", "-q"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git init {}", dir.display());
+    };
+    git(&h.ws);
+    let fifo_mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+    // A nested repository whose config is a FIFO...
+    let nested = h.ws.join("vendor/planted");
+    git(&nested);
+    std::fs::remove_file(nested.join(".git/config")).unwrap();
+    nix::unistd::mkfifo(&nested.join(".git/config"), fifo_mode).unwrap();
+    // ...and one whose config includes a FIFO.
+    let including = h.ws.join("vendor/including");
+    git(&including);
+    nix::unistd::mkfifo(&including.join(".git/extra"), fifo_mode).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(including.join(".git/config"))
+        .unwrap();
+    std::io::Write::write_all(&mut config, b"[include]\n\tpath = extra\n").unwrap();
+
+    let started = std::time::Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["profile", "--workspace", h.ws.to_str().unwrap()])
+        .env("HOME", h.dir.path())
+        .env("XDG_CONFIG_HOME", h.dir.path().join("config"))
+        .env_remove("ZCODE_ACP_BACKEND")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("arming hung on a FIFO git config");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A `core.hooksPath` whose directory does not exist yet is protected all
+/// the same: the agent must not be the one to create the hooks git will
+/// run on the user's next commit.
+#[test]
+fn a_hooks_path_that_does_not_exist_yet_is_protected() {
+    let h = home_like_a_user();
+    for args in [
+        &["init", "-q"][..],
+        &["config", "core.hooksPath", ".githooks"][..],
+    ] {
+        let ok = Command::new("git")
+            .args(args)
+            .current_dir(&h.ws)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+    assert!(!h.ws.join(".githooks").exists());
+    let verdict = check(&h, &h.ws.join(".githooks/pre-commit"));
+    assert!(verdict.contains("protected"), "{verdict}");
+    assert!(check(&h, &h.ws.join("src/main.rs")).contains("allowed"));
+}

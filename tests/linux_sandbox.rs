@@ -563,6 +563,9 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     }
     tmux_server_outside(&places(), None, false);
     tmux_server_outside(&places(), None, true);
+    // A workspace under /tmp, whose tree the sandbox carries into its
+    // private /tmp, sockets included.
+    tmux_server_outside(&places_in(Path::new("/tmp")), None, true);
     gpg_agent_outside(&places(), None);
 }
 
@@ -695,7 +698,13 @@ fn gpg_agent_outside(p: &Places, user: Option<&TestUser>) {
 /// run the agent's command unconfined.
 fn tmux_server_outside(p: &Places, user: Option<&TestUser>, own_socket: bool) {
     let label = format!("zcodetest{:08x}", rand_u32());
-    let socket = p.ws.parent().unwrap().join(format!("{label}.sock"));
+    // Beside the workspace, or in it where the workspace is in a private
+    // temp dir's place (the tree is carried into the sandbox, socket too).
+    let socket = if p.ws.starts_with("/tmp") {
+        p.ws.join(format!("{label}.sock"))
+    } else {
+        p.ws.parent().unwrap().join(format!("{label}.sock"))
+    };
     let select: Vec<String> = if own_socket {
         vec!["-S".into(), socket.display().to_string()]
     } else {
@@ -1381,7 +1390,15 @@ fn side_doors(p: &Places, user: Option<&TestUser>, fixture: &Path) {
         inn = inside_q.to_str().unwrap(),
         planted = planted.display()
     );
-    let argv = run_sh(user, "none", &p.ws, &script);
+    // Around the sandbox, outside: a session keyring of its own (as a
+    // login has), searched with the user's keyring afterwards.
+    let mut argv = vec![
+        "python3".to_owned(),
+        fixture.display().to_string(),
+        "around".to_owned(),
+        tag.clone(),
+    ];
+    argv.extend(run_sh(user, "none", &p.ws, &script));
     let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
     assert!(
         unchanged,
@@ -1406,6 +1423,15 @@ fn side_doors(p: &Places, user: Option<&TestUser>, fixture: &Path) {
         keys.in_host_user_keyring().is_none(),
         "a key reached the host's keyring: {stdout}"
     );
+    // The attempts ran (each keyring inside took the key: its own), and
+    // neither the session's keyring nor the user's outside has it.
+    assert!(
+        stdout.contains("key=ok") && stdout.contains("key-session=ok"),
+        "{stdout}"
+    );
+    for outside in ["outside-session=absent", "outside-user=absent"] {
+        assert!(stdout.contains(outside), "{outside}: {stdout}");
+    }
     drop(queues);
     // No setuid or setgid bit on disk, however it was asked for.
     use std::os::unix::fs::PermissionsExt;
@@ -1507,15 +1533,22 @@ fn git_indirections_cannot_be_planted() {
     git(&["worktree", "add", "-q", wt.to_str().unwrap()], &repo);
     let wt_git = repo.join(".git/worktrees/wt");
     assert!(wt_git.join("commondir").is_file());
+    // And one outside the workspace (`git worktree add ../feature`), whose
+    // git dir is inside it all the same.
+    let feature = p.outside.join("feature");
+    git(&["worktree", "add", "-q", feature.to_str().unwrap()], &repo);
+    let feature_git = repo.join(".git/worktrees/feature");
+    assert!(feature_git.join("commondir").is_file());
     let script = format!(
         "echo evil > {a}/.husky/pre-commit; echo evil > {a}/.husky/post-checkout; \
          echo '[core] fsmonitor = evil' >> {m}/config; echo evil > {m}/hooks/post-checkout; \
-         echo {o} > {w}/commondir; \
+         echo {o} > {w}/commondir; echo {o} > {f}/commondir; \
          echo ok > {a}/plain.txt; echo done",
         a = repo.display(),
         m = module.display(),
         o = p.outside.display(),
         w = wt_git.display(),
+        f = feature_git.display(),
     );
     let argv = run_sh(None, "none", &p.ws, &script);
     let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
@@ -1533,6 +1566,7 @@ fn git_indirections_cannot_be_planted() {
     assert_eq!(content(&module.join("config")), "[core]\n");
     assert!(!module.join("hooks/post-checkout").exists());
     assert!(!content(&wt_git.join("commondir")).contains("outside"));
+    assert!(!content(&feature_git.join("commondir")).contains("outside"));
     assert_eq!(
         content(&repo.join("plain.txt")),
         "ok\n",
@@ -1599,4 +1633,69 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
     assert!(run(&p.ws, &format!("cat {b}")).contains("evil"));
     // ...another project's does not see it.
     assert_eq!(run(&other, &format!("cat {b}")), "fn main() {}\n");
+}
+
+/// Root in a container whose user namespace maps only part of the id range
+/// (rootless podman, unprivileged LXC), and a home reached through a
+/// symlink (Fedora Atomic's `/home` -> `var/home`): both still get the
+/// whole sandbox, checked on disk.
+#[test]
+fn partial_id_maps_and_symlinked_homes_still_get_their_sandbox() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let base = p.ws.parent().unwrap().to_path_buf();
+    let (inside, outside) = (p.ws.join("written"), p.outside.join("escaped"));
+    let script = format!(
+        "echo in > {}; echo out > {}; echo done",
+        inside.display(),
+        outside.display()
+    );
+    let check = |what: &str, out: &Output| {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("done"),
+            "{what}: {stdout}\n{stderr}"
+        );
+        assert!(inside.exists(), "{what}: nothing written inside: {stderr}");
+        assert!(!outside.exists(), "{what}: written outside: {stderr}");
+        std::fs::remove_file(&inside).unwrap();
+    };
+
+    let real_home = base.join("var/home/user");
+    std::fs::create_dir_all(&real_home).unwrap();
+    let home = base.join("home");
+    std::os::unix::fs::symlink("var/home", &home).unwrap();
+    let argv = run_sh(None, "none", &p.ws, &script);
+    let (out, unchanged) = run_with_home(&p.ws, &argv, None, None, Some(&home.join("user")));
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    check("a home behind a symlink", &out);
+    assert!(real_home.join(".zcode-acp").is_dir());
+
+    let fixture = base.join("partial_userns.py");
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/partial_userns.py"
+        ),
+        &fixture,
+    )
+    .unwrap();
+    let mut argv = vec![
+        "python3".to_owned(),
+        fixture.display().to_string(),
+        "65536".to_owned(),
+    ];
+    argv.extend(run_sh(None, "none", &p.ws, &script));
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    check("root of a partial id map", &out);
 }

@@ -54,14 +54,17 @@ pub fn runs(key: &str) -> bool {
 /// by git itself from this one file (includes are not followed: an
 /// `include.path` is reported as such).
 pub fn running_entries(config: &Path) -> Vec<(String, String)> {
-    let Ok(out) = std::process::Command::new("git")
-        .args(["config", "--no-includes", "--file"])
+    use crate::policy::git_cmd;
+    if !git_cmd::readable_config(config) {
+        // Not a file git could read without blocking: it names nothing,
+        // and git reading it later blocks rather than runs anything.
+        return Vec::new();
+    }
+    let mut cmd = std::process::Command::new("git");
+    cmd.args(["config", "--no-includes", "--file"])
         .arg(config)
-        .args(["--list", "-z"])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-    else {
+        .args(["--list", "-z"]);
+    let Some(out) = git_cmd::output(cmd, git_cmd::LIMIT) else {
         return Vec::new();
     };
     String::from_utf8_lossy(&out.stdout)
@@ -85,14 +88,16 @@ pub fn running_entries(config: &Path) -> Vec<(String, String)> {
 /// `config` with the given keys removed (every value of each), by git on
 /// this one file.
 pub fn unset(config: &Path, keys: &[String]) {
+    use crate::policy::git_cmd;
     for key in keys {
-        let _ = std::process::Command::new("git")
-            .args(["config", "--file"])
+        if !git_cmd::readable_config(config) {
+            return;
+        }
+        let mut cmd = std::process::Command::new("git");
+        cmd.args(["config", "--file"])
             .arg(config)
-            .args(["--unset-all", key])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
+            .args(["--unset-all", key]);
+        let _ = git_cmd::output(cmd, git_cmd::LIMIT);
     }
 }
 

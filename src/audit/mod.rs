@@ -53,6 +53,8 @@ pub struct Baseline {
     settings: Vec<(PathBuf, Option<Vec<u8>>)>,
     /// Git directories of the repositories under the roots.
     repos: Vec<PathBuf>,
+    /// Symlinks on the way to a settings file when armed (the user's own).
+    links: Vec<PathBuf>,
 }
 
 /// One thing the agent left that would run.
@@ -99,19 +101,23 @@ pub fn settings_files(
         out.push((r.join(".gemini/settings.json"), Format::GeminiSettings));
         out.push((r.join(".codex/config.toml"), Format::CodexToml));
     }
+    // Directories named by the environment, as real paths: a symlink on
+    // the way would otherwise make them unauditable.
+    let real =
+        |p: String| crate::policy::resolve_real(Path::new(&p)).unwrap_or_else(|_| PathBuf::from(p));
     let claude = env
         .var("CLAUDE_CONFIG_DIR")
-        .map(PathBuf::from)
+        .map(real)
         .unwrap_or_else(|| home.join(".claude"));
     out.push((claude.join("settings.json"), Format::ClaudeSettings));
     out.push((claude.join("settings.local.json"), Format::ClaudeSettings));
     match env.var("CLAUDE_CONFIG_DIR") {
-        Some(dir) => out.push((PathBuf::from(dir).join(".claude.json"), Format::ClaudeState)),
+        Some(dir) => out.push((real(dir).join(".claude.json"), Format::ClaudeState)),
         None => out.push((home.join(".claude.json"), Format::ClaudeState)),
     }
     let codex = env
         .var("CODEX_HOME")
-        .map(PathBuf::from)
+        .map(real)
         .unwrap_or_else(|| home.join(".codex"));
     out.push((codex.join("config.toml"), Format::CodexToml));
     out.push((home.join(".gemini/settings.json"), Format::GeminiSettings));
@@ -142,6 +148,49 @@ pub fn watch_list(policy: &Policy, settings: Vec<(PathBuf, Format)>) -> Vec<Watc
     out
 }
 
+/// The first symlink among the directories on the way to `path`.
+fn first_link_on_the_way(path: &Path) -> Option<PathBuf> {
+    let mut on_the_way: Vec<&Path> = path.ancestors().skip(1).collect();
+    on_the_way.reverse();
+    on_the_way
+        .into_iter()
+        .find(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()))
+        .map(Path::to_path_buf)
+}
+
+/// Runs `act` on `path` with its directory pinned: on Linux the directory
+/// is opened with no symlink anywhere on its path (`openat2`,
+/// `RESOLVE_NO_SYMLINKS`) and `act` is given the path through that
+/// descriptor, so no swap of a directory for a symlink (by a process the
+/// agent left running) can redirect it; elsewhere the directory is checked
+/// to be its own real path first.
+fn at_real<T>(path: &Path, act: impl FnOnce(&Path) -> std::io::Result<T>) -> std::io::Result<T> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other("no parent directory"));
+    };
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let pinned = crate::linux::open_dir_without_symlinks(dir).map_err(|e| {
+            std::io::Error::other(format!(
+                "{} is reached through a symlink or cannot be opened ({e}); not followed",
+                dir.display()
+            ))
+        })?;
+        act(&Path::new(&format!("/proc/self/fd/{}", pinned.as_raw_fd())).join(name))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        if crate::policy::resolve_real(dir).ok().as_deref() != Some(dir) {
+            return Err(std::io::Error::other(format!(
+                "{} is reached through a symlink; not followed",
+                dir.display()
+            )));
+        }
+        act(&dir.join(name))
+    }
+}
+
 fn read(p: &Path) -> Option<Vec<u8>> {
     crate::config::atomic::read_nofollow(p).ok()
 }
@@ -156,11 +205,19 @@ impl Baseline {
                 _ => None,
             })
             .collect();
+        let links = watched
+            .iter()
+            .filter_map(|w| match w {
+                Watched::Settings { path, .. } => first_link_on_the_way(path),
+                _ => None,
+            })
+            .collect();
         Baseline {
             roots: roots.to_vec(),
             watched,
             settings,
             repos: repos_under(roots),
+            links,
         }
     }
 
@@ -180,6 +237,28 @@ impl Baseline {
                     }
                 }
                 Watched::Settings { path, format } => {
+                    // A directory on the way made a symlink: an agent run
+                    // outside later would read its settings from wherever
+                    // it points (a temp dir the agent can write).
+                    if let Some(link) = first_link_on_the_way(path) {
+                        if !self.links.contains(&link)
+                            && !out.iter().any(|f: &Finding| f.path == link)
+                        {
+                            let target = std::fs::read_link(&link)
+                                .map(|t| t.display().to_string())
+                                .unwrap_or_else(|_| "somewhere".into());
+                            out.push(Finding {
+                                what: format!(
+                                    "it is a symlink to {target}, through which an agent run outside the sandbox would read {}",
+                                    path.display()
+                                ),
+                                revert: Action::Remove(link.clone()),
+                                keep: None,
+                                path: link,
+                            });
+                        }
+                        continue;
+                    }
                     let before = self.setting(path);
                     if let Some(f) = settings_finding(path, *format, before) {
                         out.push(f);
@@ -217,12 +296,16 @@ impl Baseline {
     }
 }
 
-/// The git directories of the repositories under `roots` now.
+/// The git directories of the repositories under `roots` now: those whose
+/// work tree or git directory is under one (a git directory may be kept
+/// elsewhere: `git init --separate-git-dir`).
 fn repos_under(roots: &[PathBuf]) -> Vec<PathBuf> {
+    let under = |p: &Path| roots.iter().any(|root| p.starts_with(root));
     let mut out: Vec<PathBuf> = roots
         .iter()
-        .flat_map(|r| crate::policy::discover::find_git_dirs(r))
-        .filter(|g| roots.iter().any(|root| g.starts_with(root)))
+        .flat_map(|r| crate::policy::discover::find_repos_quick(r))
+        .filter(|r| under(&r.work_tree) || under(&r.git_dir))
+        .map(|r| r.git_dir)
         .collect();
     out.sort();
     out.dedup();
@@ -375,17 +458,20 @@ impl Action {
     /// symlink, writes atomic.
     pub fn apply(&self) -> std::io::Result<()> {
         match self {
-            Action::Write(path, bytes) => crate::config::atomic::write_atomic(path, bytes, 0o644),
-            Action::Remove(path) => remove(path),
+            Action::Write(path, bytes) => at_real(path, |p| {
+                crate::config::atomic::write_atomic(p, bytes, 0o644)
+            }),
+            Action::Remove(path) => at_real(path, remove),
             Action::Tree(path, entries) => {
-                remove(path)?;
-                std::fs::create_dir(path)?;
+                at_real(path, |p| {
+                    remove(p)?;
+                    std::fs::create_dir(p)
+                })?;
                 for (rel, bytes) in entries {
-                    let p = path.join(rel);
-                    match bytes {
-                        None => std::fs::create_dir(&p)?,
-                        Some(b) => crate::config::atomic::write_atomic(&p, b, 0o644)?,
-                    }
+                    at_real(&path.join(rel), |p| match bytes {
+                        None => std::fs::create_dir(p),
+                        Some(b) => crate::config::atomic::write_atomic(p, b, 0o644),
+                    })?;
                 }
                 Ok(())
             }
@@ -482,5 +568,90 @@ mod tests {
         f[0].keep.as_ref().unwrap().apply().unwrap();
         base.accept(&f[0]);
         assert!(base.audit().is_empty());
+    }
+
+    /// A settings directory made a symlink: the link is the finding, and
+    /// reverting removes the link, never what it points to; no revert or
+    /// keep ever writes or removes through a symlinked directory.
+    #[test]
+    fn symlinked_settings_directories_are_never_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home, elsewhere) = (t.join("w"), t.join("h"), t.join("elsewhere"));
+        for d in [&root, &home, &elsewhere] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // The user's own settings of another tool, with comments (not JSON).
+        let victim = elsewhere.join("settings.json");
+        std::fs::write(&victim, "// mine\n{\"a\": 1}").unwrap();
+        let base = armed(&root, &home);
+        std::os::unix::fs::symlink(&elsewhere, root.join(".gemini")).unwrap();
+        let findings = base.audit();
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert_eq!(findings[0].path, root.join(".gemini"));
+        assert!(findings[0].keep.is_none());
+        findings[0].revert.apply().unwrap();
+        assert!(std::fs::symlink_metadata(root.join(".gemini")).is_err());
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "// mine\n{\"a\": 1}"
+        );
+        // Actions on a path behind a symlinked directory fail, untouched.
+        std::os::unix::fs::symlink(&elsewhere, root.join(".gemini")).unwrap();
+        let through = root.join(".gemini/settings.json");
+        assert!(Action::Remove(through.clone()).apply().is_err());
+        assert!(Action::Write(through.clone(), b"{}".to_vec())
+            .apply()
+            .is_err());
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "// mine\n{\"a\": 1}"
+        );
+        // A real directory still works.
+        std::fs::remove_file(root.join(".gemini")).unwrap();
+        std::fs::create_dir(root.join(".gemini")).unwrap();
+        Action::Write(through.clone(), b"{}".to_vec())
+            .apply()
+            .unwrap();
+        assert_eq!(std::fs::read(&through).unwrap(), b"{}");
+        Action::Remove(through.clone()).apply().unwrap();
+        assert!(!through.exists());
+    }
+
+    /// A repository made during the turn whose git directory the agent put
+    /// outside the roots is audited like any other.
+    #[test]
+    fn a_new_repository_with_its_git_dir_elsewhere_is_audited() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home) = (t.join("w"), t.join("h"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(home.join(".claude")).unwrap();
+        let base = armed(&root, &home);
+        let evil = home.join(".claude/evil.git");
+        let ok = std::process::Command::new("git")
+            .args(["init", "-q", "--separate-git-dir"])
+            .arg(&evil)
+            .arg(root.join("sub"))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let mut config = std::fs::OpenOptions::new()
+            .append(true)
+            .open(evil.join("config"))
+            .unwrap();
+        std::io::Write::write_all(&mut config, b"[core]\n\tfsmonitor = touch /x\n").unwrap();
+        let findings = base.audit();
+        assert!(
+            findings.iter().any(|f| f.what.contains("fsmonitor")),
+            "{findings:?}"
+        );
+        for f in &findings {
+            f.revert.apply().unwrap();
+        }
+        assert!(!std::fs::read_to_string(evil.join("config"))
+            .unwrap()
+            .contains("fsmonitor"));
     }
 }

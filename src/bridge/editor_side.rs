@@ -153,6 +153,11 @@ impl Bridge {
                 if let track::Track::Prompt(_) = track {
                     // A new turn: refusals the user declined may be asked again.
                     self.dismissed.clear();
+                    // What a process the agent left running planted since
+                    // the last turn ended is reverted before the next one.
+                    if let Some(sid) = frame.session_id() {
+                        self.run_audit(&sid);
+                    }
                 }
                 if let Some(uncovered) = self.uncovered_roots(&track) {
                     // The running generation cannot write there: re-arm

@@ -538,6 +538,12 @@ impl Bridge {
         for generation in std::mem::take(&mut self.dying) {
             self.stop_generation(generation).await;
         }
+        // Nothing of the agent runs any more: what it planted since the
+        // last turn ended is reverted (and logged) before the bridge goes.
+        let first = self.sessions.live().next().map(|s| s.id.clone());
+        if let Some(session) = first {
+            self.run_audit(&session);
+        }
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;
     }

@@ -17,8 +17,12 @@ impl ManagedRoot {
         ManagedRoot { path }
     }
 
-    /// `$HOME/.zcode-acp`.
+    /// `$HOME/.zcode-acp`, as a real path: what is made beneath it is
+    /// made one component at a time without following symlinks, so a home
+    /// reached through one (`/home` -> `var/home` on Fedora Atomic, a
+    /// symlinked home, `..` in HOME) must be resolved first.
     pub fn for_home(home: &Path) -> ManagedRoot {
+        let home = crate::policy::resolve_real(home).unwrap_or_else(|_| home.to_path_buf());
         ManagedRoot::new(home.join(".zcode-acp"))
     }
 

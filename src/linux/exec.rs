@@ -155,15 +155,29 @@ const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
     .union(CloneFlags::CLONE_NEWUSER);
 
 /// The user namespace's maps: you stay who you are. A non-root user maps
-/// only their own ids (never to 0); root maps the whole range onto itself,
-/// so files of other owners keep their owners (git's ownership checks
-/// still work) rather than showing as nobody.
-fn id_map(id: u32, is_root: bool) -> String {
-    if is_root {
-        "0 0 4294967295".to_owned()
-    } else {
-        format!("{id} {id} 1")
+/// only their own ids (never to 0).
+fn own_id_map(id: u32) -> String {
+    format!("{id} {id} 1")
+}
+
+/// Root maps every id that exists where it runs onto itself, so files of
+/// other owners keep their owners (git's ownership checks still work)
+/// rather than showing as nobody. `current` is this namespace's own map
+/// (`/proc/self/uid_map`): on the host one line for the whole range, in a
+/// container (rootless podman, unprivileged LXC) the ranges it was given,
+/// which is all a child namespace may map.
+fn identity_map(current: &str) -> Option<String> {
+    let mut out = String::new();
+    for line in current.lines().filter(|l| !l.trim().is_empty()) {
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(inside)), Some(Ok(_outside)), Some(Ok(count))) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return None;
+        };
+        out.push_str(&format!("{inside} {inside} {count}\n"));
     }
+    (!out.is_empty()).then_some(out)
 }
 
 /// A child forked before the helper enters its user namespace, which
@@ -177,6 +191,17 @@ struct Mapper {
 
 impl Mapper {
     fn fork() -> Result<Mapper, LaunchError> {
+        let maps = |file: &str| {
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|m| identity_map(&m))
+                .ok_or_else(|| {
+                    LaunchError::Refused(format!(
+                        "cannot read {file}, which root's user namespace map is made from"
+                    ))
+                })
+        };
+        let (uid_map, gid_map) = (maps("/proc/self/uid_map")?, maps("/proc/self/gid_map")?);
         let (go_r, go_w) = sys("pipe", nix::unistd::pipe())?;
         let (done_r, done_w) = sys("pipe", nix::unistd::pipe())?;
         let parent = nix::unistd::getpid();
@@ -187,8 +212,8 @@ impl Mapper {
                 drop((go_w, done_r));
                 let mut byte = [0u8; 1];
                 let ok = nix::unistd::read(&go_r, &mut byte) == Ok(1)
-                    && std::fs::write(format!("/proc/{parent}/uid_map"), id_map(0, true)).is_ok()
-                    && std::fs::write(format!("/proc/{parent}/gid_map"), id_map(0, true)).is_ok();
+                    && std::fs::write(format!("/proc/{parent}/uid_map"), &uid_map).is_ok()
+                    && std::fs::write(format!("/proc/{parent}/gid_map"), &gid_map).is_ok();
                 let _ = nix::unistd::write(&done_w, if ok { b"1" } else { b"0" });
                 // SAFETY: leaves the child at once, without running destructors.
                 unsafe { libc::_exit(0) }
@@ -424,8 +449,8 @@ fn arm_mounts(
             // Unprivileged: only its own ids, and setgroups denied first
             // (the kernel requires it before a gid map).
             std::fs::write("/proc/self/setgroups", "deny")
-                .and_then(|_| std::fs::write("/proc/self/uid_map", id_map(uid.as_raw(), false)))
-                .and_then(|_| std::fs::write("/proc/self/gid_map", id_map(gid.as_raw(), false)))
+                .and_then(|_| std::fs::write("/proc/self/uid_map", own_id_map(uid.as_raw())))
+                .and_then(|_| std::fs::write("/proc/self/gid_map", own_id_map(gid.as_raw())))
                 .map_err(|e| LaunchError::Refused(format!("cannot map the user namespace: {e}")))?;
         }
     }
@@ -588,7 +613,12 @@ fn arm_mounts(
         setattr(&r.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
     }
     for h in &plan.hidden {
-        let is_dir = std::fs::symlink_metadata(&h.path).is_ok_and(|m| m.is_dir());
+        let meta = std::fs::symlink_metadata(&h.path);
+        if meta.is_err() && plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path)) {
+            // Under a private tmpfs and not carried over: out of reach.
+            continue;
+        }
+        let is_dir = meta.is_ok_and(|m| m.is_dir());
         if is_dir {
             sys(
                 format!("cover {}", h.path.display()),
@@ -879,8 +909,8 @@ fn wait_for_init(
     }
 }
 
-/// The last steps before running anything of the agent's: every
-/// capability gone (keeping CAP_SYS_ADMIN would let it clear read-only with
+/// The last steps before running anything of the agent's: a session
+/// keyring of its own, every capability gone (keeping CAP_SYS_ADMIN would let it clear read-only with
 /// mount_setattr), no_new_privs, Landlock (it refuses mounts afterwards),
 /// and then the seccomp filter (`seccomp`), with the supervisor's listener
 /// handed to the helper where the plan has name-prefix grants.
@@ -890,6 +920,11 @@ fn confine(
     landlock: bool,
     supervisor: Option<std::os::fd::OwnedFd>,
 ) {
+    // The user namespace made `@u` private; the session keyring is
+    // inherited, so a new one replaces it.
+    if let Err(e) = sys::join_new_session_keyring() {
+        die("a session keyring of its own", e);
+    }
     if let Err(e) = sys::drop_all_capabilities(is_root) {
         die("drop capabilities", e);
     }
@@ -1002,6 +1037,24 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_maps_what_exists_where_it_runs() {
+        // The host: the whole range.
+        assert_eq!(
+            identity_map("         0          0 4294967295\n").as_deref(),
+            Some("0 0 4294967295\n")
+        );
+        // Rootless podman: root is the user, the rest a subordinate range.
+        assert_eq!(
+            identity_map("         0       1000          1\n         1     100000      65536\n")
+                .as_deref(),
+            Some("0 0 1\n1 1 65536\n")
+        );
+        assert_eq!(identity_map(""), None);
+        assert_eq!(identity_map("0 x 1"), None);
+        assert_eq!(own_id_map(1000), "1000 1000 1");
+    }
 
     #[test]
     fn levels_follow_what_the_machine_allows() {

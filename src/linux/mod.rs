@@ -9,4 +9,4 @@ pub mod seccomp;
 pub mod supervise;
 mod sys;
 
-pub use sys::landlock_abi;
+pub use sys::{landlock_abi, open_dir_without_symlinks};

@@ -384,10 +384,11 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
 
     let (hide, unseen) = hidden_candidates(session, fs);
     for h in hide {
-        // Inside a private tmpfs the host's socket is out of sight already;
-        // inside a directory covered before it, it is too.
-        let covered = plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path))
-            || plan.hidden.iter().any(|d| h.path.starts_with(&d.path));
+        // Inside a directory covered before it, the socket is out of sight.
+        // Inside a private tmpfs it is too, unless a tree carried over (a
+        // workspace under /tmp) or shown there holds it: the executor
+        // covers what is still there after the tmpfs is set up.
+        let covered = plan.hidden.iter().any(|d| h.path.starts_with(&d.path));
         if fs.exists(&h.path) && !covered {
             push_unique(&mut plan.hidden, h);
         }

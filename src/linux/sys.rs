@@ -162,6 +162,64 @@ pub fn close_from(first: u32) -> Result<(), Errno> {
 
 /// The inode of a namespace link (`/proc/self/ns/mnt`), to tell namespaces
 /// apart.
+/// Joins a new, anonymous session keyring: the keyring a login session
+/// shares (`@s`, where Kerberos and others keep credentials) is no longer
+/// reachable. A kernel without keyrings has none to share.
+pub fn join_new_session_keyring() -> Result<(), Errno> {
+    const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) takes no memory of
+    // ours (a NULL name asks for an anonymous keyring).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    };
+    match Errno::result(r) {
+        Ok(_) | Err(Errno::ENOSYS) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens the directory `dir` (an absolute path) as an `O_PATH` descriptor
+/// with no symlink allowed anywhere on its path (`openat2`,
+/// `RESOLVE_NO_SYMLINKS`): what is done beneath it afterwards cannot be
+/// redirected by a directory swapped for a symlink.
+pub fn open_dir_without_symlinks(dir: &Path) -> Result<OwnedFd, Errno> {
+    const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    if !dir.is_absolute() {
+        return Err(Errno::EINVAL);
+    }
+    let name = CString::new(dir.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `name` is NUL-terminated and `how` is a properly sized struct
+    // open_how; both outlive the call. The fd returned is ours alone.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    let fd = Errno::result(fd)?;
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 pub fn ns_inode(link: &str) -> Result<u64, Errno> {
     let st = nix::sys::stat::stat(link)?;
     Ok(st.st_ino)

@@ -106,13 +106,10 @@ pub fn find_repos(root: &Path) -> Vec<Repo> {
     find_repos_with(root, true)
 }
 
-/// The git directories of [`find_repos`], without asking git for each
-/// repository's hooks path (the post-turn audit looks often).
-pub fn find_git_dirs(root: &Path) -> Vec<PathBuf> {
+/// [`find_repos`] without asking git for each repository's hooks path
+/// (the post-turn audit looks often).
+pub fn find_repos_quick(root: &Path) -> Vec<Repo> {
     find_repos_with(root, false)
-        .into_iter()
-        .map(|r| r.git_dir)
-        .collect()
 }
 
 fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
@@ -139,6 +136,36 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
         module_git_dirs(&r.common_dir.join("modules"), &r.work_tree, 0, &mut modules);
     }
     repos.extend(modules);
+    // Linked worktrees (`git worktree add ../feature`) keep their git dir
+    // in the common dir, `worktrees/NAME`, wherever their work tree is:
+    // its `commondir` and `config.worktree` tell git what to obey when the
+    // user runs it there.
+    let mut linked = Vec::new();
+    for r in &repos {
+        let Ok(entries) = std::fs::read_dir(r.common_dir.join("worktrees")) else {
+            continue;
+        };
+        for e in entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        {
+            if let Ok(git_dir) = resolve_real(&e.path()) {
+                linked.push(Repo {
+                    work_tree: r.work_tree.clone(),
+                    git_dir,
+                    common_dir: r.common_dir.clone(),
+                    hooks_path: None,
+                });
+            }
+        }
+    }
+    repos.extend(linked);
+    let mut seen = Vec::new();
+    repos.retain(|r| {
+        let fresh = !seen.contains(&r.git_dir);
+        seen.push(r.git_dir.clone());
+        fresh
+    });
     repos
 }
 
@@ -249,22 +276,64 @@ fn repo_at_with(dir: &Path, hooks: bool) -> Option<Repo> {
 /// value is relative to the work tree, where hooks run. Asked of git
 /// itself, without `git` on the PATH there is none to protect.
 fn hooks_path(work_tree: &Path, git_dir: &Path) -> Option<PathBuf> {
-    let out = std::process::Command::new("git")
-        .arg("--git-dir")
+    let configs = [git_dir.join("config"), git_dir.join("config.worktree")];
+    if !configs.iter().all(|c| super::git_cmd::readable_config(c)) {
+        tracing::warn!(git_dir = %git_dir.display(), "a git config there is not a regular file; not asking git about it");
+        return None;
+    }
+    // Once git stalled (a FIFO an include names), the repositories after
+    // it are not asked for a while: many such plants must not add up to
+    // minutes of arming. The enclosing repository is asked first.
+    static STALLED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let recently = |t: &std::time::Instant| t.elapsed() < std::time::Duration::from_secs(30);
+    if STALLED
+        .lock()
+        .is_ok_and(|s| s.as_ref().is_some_and(recently))
+    {
+        tracing::warn!(git_dir = %git_dir.display(), "not asking git for core.hooksPath: it stalled on another repository moments ago");
+        return None;
+    }
+    let mut cmd = std::process::Command::new("git");
+    cmd.arg("--git-dir")
         .arg(git_dir)
         .arg("--work-tree")
         .arg(work_tree)
-        .args(["config", "--type=path", "--get", "core.hooksPath"])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
+        .args(["config", "--type=path", "--get", "core.hooksPath"]);
+    let Some(out) = super::git_cmd::output(cmd, super::git_cmd::LIMIT) else {
+        if let Ok(mut s) = STALLED.lock() {
+            *s = Some(std::time::Instant::now());
+        }
+        return None;
+    };
     let value = String::from_utf8(out.stdout).ok()?;
     let value = value.trim_end_matches('\n');
     if !out.status.success() || value.is_empty() {
         return None;
     }
-    resolve_real(&work_tree.join(value)).ok()
+    real_even_if_absent(&work_tree.join(value))
+}
+
+/// `path` as a real path; where it does not exist yet (a hooks directory
+/// the agent may create), its nearest existing ancestor made real with the
+/// rest appended, so it is protected (and audited) before it exists.
+fn real_even_if_absent(path: &Path) -> Option<PathBuf> {
+    if let Ok(real) = resolve_real(path) {
+        return Some(real);
+    }
+    let mut rest = Vec::new();
+    let mut at = path;
+    while let Some(parent) = at.parent() {
+        let name = at.file_name()?;
+        if name == ".." || name == "." {
+            return None;
+        }
+        rest.push(name.to_owned());
+        if let Ok(real) = resolve_real(parent) {
+            return Some(rest.iter().rev().fold(real, |p, n| p.join(n)));
+        }
+        at = parent;
+    }
+    None
 }
 
 /// Environment lookups, injectable for tests.
@@ -558,8 +627,18 @@ mod tests {
         .unwrap();
 
         let repos = find_repos(&t.join("main"));
-        let trees: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
-        assert_eq!(trees, vec![t.join("main"), t.join("main/sub/inner")]);
+        let git_dirs: Vec<_> = repos.iter().map(|r| r.git_dir.clone()).collect();
+        // The linked worktree's git dir is the main repository's to protect
+        // (its work tree may be anywhere).
+        assert_eq!(
+            git_dirs,
+            vec![
+                t.join("main/.git"),
+                t.join("main/sub/inner/.git"),
+                t.join("main/.git/worktrees/wt")
+            ]
+        );
+        assert_eq!(repos[2].common_dir, t.join("main/.git"));
 
         let wt = find_repos(&t.join("wt"));
         assert_eq!(wt[0].git_dir, t.join("main/.git/worktrees/wt"));

@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The longest one git call may take before it is killed.
-pub const LIMIT: Duration = Duration::from_secs(5);
+pub const LIMIT: Duration = Duration::from_secs(3);
 
 /// Runs `cmd` (a git command) with no stdin and stderr discarded; its
 /// output, or `None` when it could not start or took longer than `limit`
@@ -66,8 +66,11 @@ mod tests {
     fn a_fifo_config_never_blocks() {
         let d = tempfile::tempdir().unwrap();
         let fifo = d.path().join("config");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
-            .unwrap();
+        nix::unistd::mkfifo(
+            &fifo,
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .unwrap();
         assert!(!readable_config(&fifo));
         assert!(readable_config(&d.path().join("absent")));
         let mut cmd = Command::new("git");

@@ -203,7 +203,10 @@ fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
             },
         ));
     }
-    for rule in policy.rules.iter().filter(|r| r.root) {
+    // A root that opens `/` or the whole home directory would allow every
+    // server's socket there (gpg-agent in ~/.gnupg): its sockets stay
+    // refused like everyone else's.
+    for rule in policy.rules.iter().filter(|r| r.root && !r.dangerous) {
         if let Matcher::Subpath(p) = &rule.matcher {
             let re = if p == Path::new("/") {
                 Ok(String::new())
