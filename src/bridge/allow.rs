@@ -19,47 +19,18 @@ use crate::config::project::{self, List};
 use crate::policy::offerable::{never_granted, real_home};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, request};
-use crate::relay::{Frame, RawId};
+use crate::relay::Frame;
 
-/// A write held until the user answers.
-#[derive(Debug)]
-pub(super) struct HeldWrite {
-    pub generation: u64,
-    pub backend_id: RawId,
-    /// The request, its path already the real one that was judged.
-    pub frame: Frame,
-}
-
-/// An open prompt.
-#[derive(Debug)]
-pub(super) struct Prompt {
-    pub path: PathBuf,
-    pub session: String,
-    pub held: Vec<HeldWrite>,
-    /// For a write the agent made itself: granting it needs a re-arm.
-    pub direct: bool,
-}
+pub(super) use super::permissions::HeldWrite;
+use super::permissions::Prompt;
 
 impl Bridge {
-    /// Whether a grant made in this bridge covers `path`.
-    pub(super) fn granted(&self, path: &Path) -> bool {
-        self.grants.iter().any(|g| path.starts_with(g))
-    }
-
-    /// Whether the user said never for `path`.
-    pub(super) fn refused_for_good(&self, path: &Path) -> bool {
-        self.never.iter().any(|n| path.starts_with(n))
-    }
-
     /// Puts a denied write to the user, or joins the prompt already open
     /// for the same path.
     pub(super) fn ask(&mut self, session: String, path: PathBuf, reason: String, held: HeldWrite) {
-        if let Some(bid) = self.prompt_by_path.get(&path) {
-            if let Some(p) = self.prompts.get_mut(bid) {
-                p.held.push(held);
-                return;
-            }
-        }
+        let Some(held) = self.permissions.join(&path, held) else {
+            return;
+        };
         let title = format!("Allow the agent to write {}?", path.display());
         let text = format!(
             "The sandbox denies this write: {reason}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json; Never allow records a deny entry."
@@ -89,9 +60,8 @@ impl Bridge {
             text,
             prompts::ALLOW_FLOW,
         );
-        self.at_editor.insert(bid, AtEditor::Prompt);
-        self.prompt_by_path.insert(path.clone(), bid);
-        self.prompts.insert(
+        self.routes.expect_from_editor(bid, AtEditor::Prompt);
+        self.permissions.opened(
             bid,
             Prompt {
                 path,
@@ -105,54 +75,34 @@ impl Bridge {
 
     /// The user answered one of the bridge's prompts.
     pub(super) fn on_prompt_answer(&mut self, bid: u64, frame: &Frame) {
-        let Some(prompt) = self.prompts.remove(&bid) else {
+        let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
+        let Some(answered) = self.permissions.answered(bid, choice) else {
             return;
         };
-        self.prompt_by_path.remove(&prompt.path);
-        let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
+        let prompt = answered.prompt;
+        let allowed = answered.allowed;
         let root = self
             .sessions
             .get(&prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
         let entry = prompt.path.to_string_lossy().into_owned();
-        let allowed = match choice {
-            Some(prompts::ALLOW_ONCE) => {
-                self.grants.push(prompt.path.clone());
-                true
+        if let Some(list) = answered.record {
+            let kept = root
+                .as_ref()
+                .is_some_and(|r| project::append(r, list, &entry, &self.cfg.managed));
+            if !kept && list == List::Allow {
+                let text = format!(
+                    "zcode-acp could not record the grant for {entry} in the project's sandbox.json, so it holds only until zcode-acp exits."
+                );
+                self.announce_to(
+                    &prompt.session,
+                    "Sandbox: allowed for this session only".into(),
+                    text,
+                );
             }
-            Some(prompts::ALLOW_ALWAYS) => {
-                let kept = root
-                    .as_ref()
-                    .is_some_and(|r| project::append(r, List::Allow, &entry, &self.cfg.managed));
-                self.grants.push(prompt.path.clone());
-                if !kept {
-                    let text = format!(
-                        "zcode-acp could not record the grant for {entry} in the project's sandbox.json, so it holds only until zcode-acp exits."
-                    );
-                    self.announce_to(
-                        &prompt.session,
-                        "Sandbox: allowed for this session only".into(),
-                        text,
-                    );
-                }
-                true
-            }
-            Some(prompts::REJECT_ALWAYS) => {
-                if let Some(r) = &root {
-                    project::append(r, List::Deny, &entry, &self.cfg.managed);
-                }
-                self.never.push(prompt.path.clone());
-                false
-            }
-            _ => {
-                if prompt.direct {
-                    self.dismissed.insert(prompt.path.clone());
-                }
-                false
-            }
-        };
-        info!(path = %prompt.path.display(), choice = choice.map_or("cancelled", |a| a.id), "the user answered");
-        if prompt.direct && allowed {
+        }
+        info!(path = %prompt.path.display(), choice = answered.choice.map_or("cancelled", |a| a.id), "the user answered");
+        if answered.rearm {
             // The agent writes these itself: the running generation cannot
             // see the grant; the next one, armed at the end of this turn, does.
             let text = format!(
@@ -188,9 +138,6 @@ impl Bridge {
         }
     }
 }
-
-/// Prompts about refused direct writes open at once, at most.
-const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
 
 fn collect_strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
     match v {
@@ -247,18 +194,7 @@ impl Bridge {
         if !self.hook.confines() {
             return;
         }
-        let turn = self
-            .at_backend
-            .iter()
-            .filter_map(|(bid, at)| match &at.origin {
-                super::Origin::Editor {
-                    track: super::track::Track::Prompt(Some(session)),
-                    ..
-                } => Some((*bid, session.clone())),
-                _ => None,
-            })
-            .max_by_key(|(bid, _)| *bid);
-        let Some((_, session)) = turn else {
+        let Some(session) = self.routes.latest_turn().map(str::to_owned) else {
             debug!(path = %v.path.display(), process = v.process, "the sandbox refused a write outside any turn; not offered");
             return;
         };
@@ -279,7 +215,7 @@ impl Bridge {
         };
         let offerable = !decision.allowed
             && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
-            && !self.refused_for_good(&real)
+            && !self.permissions.refused_for_good(&real)
             && never_granted(&real, home).is_none();
         if !offerable {
             return false;
@@ -295,16 +231,8 @@ impl Bridge {
             }
             _ => real.clone(),
         };
-        if self.granted(&grant)
-            || self.prompt_by_path.contains_key(&grant)
-            || self.dismissed.contains(&grant)
-        {
-            return false;
-        }
-        // An agent looping over many paths must not bury the editor in
-        // prompts: a few at a time; later refusals may ask once these close.
-        if self.prompts.values().filter(|p| p.direct).count() >= MAX_OPEN_DIRECT_PROMPTS {
-            debug!(path = %grant.display(), "not offered: enough prompts about refused writes are open");
+        if let Err(why) = self.permissions.may_offer_direct(&grant) {
+            debug!(path = %grant.display(), ?why, "not offered");
             return false;
         }
         let reason = match decision.rule {
@@ -356,14 +284,10 @@ impl Bridge {
             let Ok(root) = crate::policy::resolve_real(&root) else {
                 continue;
             };
-            if self.config_asked.contains(&root) {
-                continue;
-            }
             let effective = project::inspect(&root, &self.cfg.managed);
-            if effective.ignored.is_empty() {
+            if effective.ignored.is_empty() || !self.permissions.ask_config_once(&root) {
                 continue;
             }
-            self.config_asked.push(root.clone());
             let bid = self.alloc_id();
             self.announcements += 1;
             let config = project::config_path(&root);
@@ -379,7 +303,8 @@ impl Bridge {
                 &[prompts::ACCEPT_CONFIG, prompts::IGNORE_CONFIG],
             );
             info!(root = %root.display(), "asking the user to confirm hand edits of sandbox.json");
-            self.at_editor.insert(bid, AtEditor::ConfigPrompt { root });
+            self.routes
+                .expect_from_editor(bid, AtEditor::ConfigPrompt { root });
             self.to_editor(request(bid, "session/request_permission", &params));
         }
     }

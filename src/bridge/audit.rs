@@ -81,7 +81,7 @@ impl Bridge {
             finding.what.clone(),
             &[super::prompts::KEEP, super::prompts::REVERT],
         );
-        self.at_editor.insert(
+        self.routes.expect_from_editor(
             bid,
             AtEditor::AuditPrompt {
                 finding: Box::new(finding),

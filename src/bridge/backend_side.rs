@@ -6,7 +6,7 @@ use tracing::{debug, error, warn};
 
 use super::editor_side::{cancel_target, rewrite_request_id};
 use super::restart::CallOutcome;
-use super::{police, track, AtEditor, Bridge, Origin};
+use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::{Frame, Kind};
@@ -81,7 +81,7 @@ impl Bridge {
                 }
                 "$/cancel_request" => {
                     let target = cancel_target(&frame)
-                        .and_then(|t| self.backend_ids.get(&(generation, t)).copied());
+                        .and_then(|t| self.routes.backend_id_in_flight(generation, t));
                     match target.and_then(|bid| rewrite_request_id(&frame, &bid.to_string())) {
                         Some(bytes) => self.to_editor(bytes),
                         None => debug!("dropped a $/cancel_request from the backend for a request not in flight"),
@@ -92,17 +92,16 @@ impl Bridge {
             Kind::Response { id, is_error } => {
                 let entry = id
                     .as_bridge_number()
-                    .and_then(|n| self.at_backend.remove(&n).map(|e| (n, e)));
-                let Some((bid, entry)) = entry else {
+                    .and_then(|n| self.routes.backend_answered(n).map(|o| (n, o)));
+                let Some((bid, origin)) = entry else {
                     return warn!(%id, "the backend answered a request that is not in flight; dropped");
                 };
-                match entry.origin {
+                match origin {
                     Origin::Editor {
                         id: editor_id,
                         track,
                         ..
                     } => {
-                        self.editor_ids.remove(&editor_id);
                         let mut edited = None;
                         let mut opened = None;
                         let turn_of = match &track {
@@ -161,22 +160,13 @@ impl Bridge {
         frame: Frame,
     ) {
         let method = frame.method().unwrap_or_default().to_owned();
-        let bid = self.alloc_id();
         let terminal_for = (method == "terminal/create")
             .then(|| frame.session_id())
             .flatten();
         if method == "terminal/release" {
             self.forget_terminal(&frame);
         }
-        self.at_editor.insert(
-            bid,
-            AtEditor::Backend {
-                generation,
-                id: id.clone(),
-                terminal_for,
-            },
-        );
-        self.backend_ids.insert((generation, id), bid);
+        let bid = self.routes.backend_request(generation, id, terminal_for);
         self.to_editor(frame.with_id(&bid.to_string()));
     }
 
@@ -187,7 +177,7 @@ impl Bridge {
             terminal_id: String,
         }
         if let Ok(r) = frame.params_as::<Release>() {
-            self.terminals.retain(|t| t.id != r.terminal_id);
+            self.routes.terminal_released(&r.terminal_id);
         }
     }
 
@@ -201,10 +191,9 @@ impl Bridge {
             "zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
         );
         if let Some(n) = id.as_bridge_number() {
-            if let Some(entry) = self.at_backend.remove(&n) {
-                match entry.origin {
+            if let Some(origin) = self.routes.backend_answered(n) {
+                match origin {
                     Origin::Editor { id: editor_id, .. } => {
-                        self.editor_ids.remove(&editor_id);
                         self.answer_error(&editor_id, codes::FRAME_TOO_LARGE, &message);
                     }
                     Origin::Bridge => {

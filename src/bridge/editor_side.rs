@@ -3,7 +3,7 @@
 use tracing::{debug, warn};
 
 use super::lifecycle::Phase;
-use super::{track, AtBackend, AtEditor, Bridge, Origin, Terminal};
+use super::{track, AtEditor, Bridge, Terminal};
 use crate::relay::codes;
 use crate::relay::envelope::{recover_id, result_response, FrameError};
 use crate::relay::{Frame, Kind, RawId};
@@ -55,7 +55,7 @@ impl Bridge {
                     method = frame.method(),
                     "queued an editor message until the backend restart completes"
                 );
-                self.queue.push_back(frame);
+                self.routes.hold(frame);
             }
         }
     }
@@ -63,7 +63,7 @@ impl Bridge {
     /// Sends queued editor frames on, in order, while the backend is up.
     pub(super) fn release_queue(&mut self) {
         while self.life.phase() == &Phase::Running {
-            let Some(frame) = self.queue.pop_front() else {
+            let Some(frame) = self.routes.next_held() else {
                 return;
             };
             self.dispatch(frame);
@@ -76,14 +76,9 @@ impl Bridge {
         let Some(target) = cancel_target(frame) else {
             return false;
         };
-        let Some(pos) = self
-            .queue
-            .iter()
-            .position(|f| matches!(&f.kind, Kind::Request { id, .. } if *id == target))
-        else {
+        if !self.routes.cancel_held(&target) {
             return false;
-        };
-        self.queue.remove(pos);
+        }
         self.answer_error(
             &target,
             codes::REQUEST_CANCELLED,
@@ -96,7 +91,7 @@ impl Bridge {
         let Some(generation) = self.generation.as_ref().map(|g| g.id) else {
             // No backend right now (it just died): hold the frame for the
             // next generation.
-            self.queue.push_back(frame);
+            self.routes.hold(frame);
             return;
         };
         match frame.kind.clone() {
@@ -152,7 +147,7 @@ impl Bridge {
                 let track = track::editor_request(&method, &frame);
                 if let track::Track::Prompt(_) = track {
                     // A new turn: refusals the user declined may be asked again.
-                    self.dismissed.clear();
+                    self.permissions.new_turn();
                     // What a process the agent left running planted since
                     // the last turn ended is reverted before the next one.
                     if let Some(sid) = frame.session_id() {
@@ -168,7 +163,7 @@ impl Bridge {
                         .collect::<Vec<_>>()
                         .join(", ");
                     self.pending_roots.extend(uncovered);
-                    self.queue.push_front(frame);
+                    self.routes.hold_first(frame);
                     return self.request_restart(&format!(
                         "a session opened a workspace the sandbox does not cover yet ({list})"
                     ));
@@ -183,7 +178,7 @@ impl Bridge {
                             if let track::Track::Create(s) | track::Track::Reopen(s) = &track {
                                 self.pending_roots.extend(s.roots().cloned());
                             }
-                            self.queue.push_front(frame);
+                            self.routes.hold_first(frame);
                             return self.request_restart(&format!(
                                 "{} turns the sandbox on",
                                 config.display()
@@ -204,17 +199,12 @@ impl Bridge {
                         }
                     }
                 }
-                let bid = self.alloc_id();
-                if self.editor_ids.insert(id.clone(), bid).is_some() {
+                let (bid, reused) =
+                    self.routes
+                        .editor_request(generation, id.clone(), method, track);
+                if reused {
                     warn!(%id, "the editor reused the id of a request still in flight");
                 }
-                self.at_backend.insert(
-                    bid,
-                    AtBackend {
-                        generation,
-                        origin: Origin::Editor { id, method, track },
-                    },
-                );
                 self.send_to_backend(frame.with_id(&bid.to_string()));
             }
             Kind::Response { .. } => unreachable!("responses are routed before dispatch"),
@@ -262,14 +252,11 @@ impl Bridge {
         let Some(target) = cancel_target(frame) else {
             return warn!("ignoring a $/cancel_request without a readable requestId");
         };
-        match self.editor_ids.get(&target) {
-            Some(bid) => {
-                let bid = *bid;
-                match rewrite_request_id(frame, &bid.to_string()) {
-                    Some(bytes) => self.send_to_backend(bytes),
-                    None => warn!("could not rewrite a $/cancel_request; dropped"),
-                }
-            }
+        match self.routes.editor_id_in_flight(&target) {
+            Some(bid) => match rewrite_request_id(frame, &bid.to_string()) {
+                Some(bytes) => self.send_to_backend(bytes),
+                None => warn!("could not rewrite a $/cancel_request; dropped"),
+            },
             None => {
                 if !self.cancel_queued(frame) {
                     debug!(%target, "$/cancel_request for a request that is no longer in flight");
@@ -288,7 +275,7 @@ impl Bridge {
     fn on_editor_response(&mut self, id: RawId, frame: Frame) {
         let entry = id
             .as_bridge_number()
-            .and_then(|n| self.at_editor.remove(&n).map(|e| (n, e)));
+            .and_then(|n| self.routes.editor_answered(n).map(|e| (n, e)));
         let Some((bid, entry)) = entry else {
             return warn!(%id, "the editor answered a request that is not in flight; dropped");
         };
@@ -302,7 +289,6 @@ impl Bridge {
                 id: backend_id,
                 terminal_for,
             } => {
-                self.backend_ids.remove(&(generation, backend_id.clone()));
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
                     return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
                 }
@@ -319,7 +305,7 @@ impl Bridge {
                         terminal_id: String,
                     }
                     if let Ok(c) = frame.payload_as::<Created>() {
-                        self.terminals.push(Terminal {
+                        self.routes.terminal_created(Terminal {
                             generation,
                             session,
                             id: c.terminal_id,

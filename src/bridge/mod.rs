@@ -17,14 +17,16 @@ mod audit;
 mod backend_side;
 mod editor_side;
 mod lifecycle;
+mod permissions;
 mod police;
 mod prompts;
 mod refusals;
 mod restart;
+mod routing;
 pub mod track;
 mod watch;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -36,9 +38,9 @@ use crate::backend::{procs, BackendEvent, Generation, SpawnHook};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::framing::{FrameReader, ReadItem};
-use crate::relay::{Frame, RawId};
+use crate::relay::RawId;
 use crate::session::SessionTable;
-use track::{RestoreCaps, Track};
+use track::RestoreCaps;
 
 /// How the bridge is run.
 #[derive(Debug, Clone)]
@@ -59,51 +61,7 @@ pub struct BridgeConfig {
     pub managed: crate::config::managed::ManagedRoot,
 }
 
-/// A request in flight at the backend.
-#[derive(Debug)]
-struct AtBackend {
-    generation: u64,
-    origin: Origin,
-}
-
-#[derive(Debug)]
-enum Origin {
-    Editor {
-        id: RawId,
-        method: String,
-        track: Track,
-    },
-    /// The bridge's own request (setting a generation up); its answer
-    /// takes the set-up's next step.
-    Bridge,
-}
-
-/// A request in flight at the editor.
-#[derive(Debug)]
-enum AtEditor {
-    Backend {
-        generation: u64,
-        id: RawId,
-        /// For `terminal/create`: the session the terminal belongs to.
-        terminal_for: Option<String>,
-    },
-    /// The bridge's own request, answered into the void.
-    Bridge,
-    /// One of the bridge's permission prompts (see `allow`).
-    Prompt,
-    /// A confirmation of hand edits of a project's sandbox.json.
-    ConfigPrompt { root: std::path::PathBuf },
-    /// Keep or revert what the post-turn audit reverted.
-    AuditPrompt { finding: Box<crate::audit::Finding> },
-}
-
-/// A terminal a backend generation created through the editor.
-#[derive(Debug, Clone)]
-struct Terminal {
-    generation: u64,
-    session: String,
-    id: String,
-}
+use routing::{AtEditor, Origin, Routes, Terminal};
 
 enum EditorEvent {
     Frame(Vec<u8>),
@@ -150,13 +108,8 @@ pub struct Bridge {
     /// A generation that died; stopped (leftovers killed) by the restart.
     dying: Vec<Generation>,
     generations_started: u64,
-    next_id: u64,
-
-    queue: VecDeque<Frame>,
-    at_backend: HashMap<u64, AtBackend>,
-    editor_ids: HashMap<RawId, u64>,
-    at_editor: HashMap<u64, AtEditor>,
-    backend_ids: HashMap<(u64, RawId), u64>,
+    /// Which request is whose, held frames, terminals (see `routing`).
+    routes: Routes,
 
     sessions: SessionTable,
     /// Sessions being restored with `session/load`: their replayed history
@@ -165,7 +118,6 @@ pub struct Bridge {
     initialize: Option<String>,
     authenticate: Option<String>,
     caps: RestoreCaps,
-    terminals: Vec<Terminal>,
     /// The roots the running generation was armed for.
     armed_roots: Vec<std::path::PathBuf>,
     /// Roots a queued request needs, for the next generation.
@@ -173,18 +125,8 @@ pub struct Bridge {
     /// Whether the first session was told the sandbox state.
     announced_first: bool,
     announcements: u64,
-    /// Open permission prompts, by the bridge id of the request.
-    prompts: HashMap<u64, allow::Prompt>,
-    prompt_by_path: HashMap<std::path::PathBuf, u64>,
-    /// Writes the user allowed through the editor, for this bridge's life.
-    grants: Vec<std::path::PathBuf>,
-    /// Paths the user said never to.
-    never: Vec<std::path::PathBuf>,
-    /// Projects whose hand edits were already put to the user.
-    config_asked: Vec<std::path::PathBuf>,
-    /// Refused direct writes the user declined, not asked again until the
-    /// editor's next prompt (the agent may retry many times in one turn).
-    dismissed: HashSet<std::path::PathBuf>,
+    /// What the user said about writes (see `permissions`).
+    permissions: permissions::Permissions,
     /// The system log reader for the hook's tag, when it has one (macOS).
     violations: Option<watch::ViolationWatch>,
     /// What the running armed generation started with, for the post-turn
@@ -266,28 +208,17 @@ impl Bridge {
             generation: None,
             dying: Vec::new(),
             generations_started: 0,
-            next_id: 0,
-            queue: VecDeque::new(),
-            at_backend: HashMap::new(),
-            editor_ids: HashMap::new(),
-            at_editor: HashMap::new(),
-            backend_ids: HashMap::new(),
+            routes: Routes::default(),
             sessions: SessionTable::default(),
             swallow_updates: HashSet::new(),
             initialize: None,
             authenticate: None,
             caps: RestoreCaps::default(),
-            terminals: Vec::new(),
             armed_roots: Vec::new(),
             pending_roots: Vec::new(),
             announced_first: false,
             announcements: 0,
-            prompts: HashMap::new(),
-            prompt_by_path: HashMap::new(),
-            grants: Vec::new(),
-            never: Vec::new(),
-            config_asked: Vec::new(),
-            dismissed: HashSet::new(),
+            permissions: permissions::Permissions::default(),
             violations: None,
             audit: None,
         };
@@ -399,9 +330,7 @@ impl Bridge {
     }
 
     fn alloc_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        self.routes.alloc()
     }
 
     fn to_editor(&self, frame: Vec<u8>) {
@@ -418,35 +347,12 @@ impl Bridge {
     /// one error, and fails the bridge's own calls. Requests the dead
     /// generation sent to the editor are withdrawn with `$/cancel_request`.
     fn fail_in_flight(&mut self, generation: u64, code: i64, message: &str) {
-        let ids: Vec<u64> = self
-            .at_backend
-            .iter()
-            .filter(|(_, r)| r.generation == generation)
-            .map(|(id, _)| *id)
-            .collect();
-        for bid in ids {
-            let Some(req) = self.at_backend.remove(&bid) else {
-                continue;
-            };
-            match req.origin {
-                Origin::Editor { id, method, .. } => {
-                    self.editor_ids.remove(&id);
-                    warn!(%id, method, "answering an in-flight request with an error: {message}");
-                    self.answer_error(&id, code, message);
-                }
-                // Its set-up ends with the generation (see on_backend_lost).
-                Origin::Bridge => {}
-            }
+        let orphans = self.routes.orphans_of(generation);
+        for (id, method) in orphans.editor_requests {
+            warn!(%id, method, "answering an in-flight request with an error: {message}");
+            self.answer_error(&id, code, message);
         }
-        let withdrawn: Vec<u64> = self
-            .at_editor
-            .iter()
-            .filter(
-                |(_, r)| matches!(r, AtEditor::Backend { generation: g, .. } if *g == generation),
-            )
-            .map(|(id, _)| *id)
-            .collect();
-        for bid in withdrawn {
+        for bid in orphans.at_editor {
             self.to_editor(crate::relay::envelope::notification(
                 "$/cancel_request",
                 &serde_json::json!({ "requestId": bid }).to_string(),
@@ -481,13 +387,8 @@ impl Bridge {
     /// Terminals of a stopped generation are released toward the editor:
     /// the next generation cannot know them.
     fn release_terminals(&mut self, generation: u64) {
-        let (gone, kept): (Vec<Terminal>, Vec<Terminal>) = std::mem::take(&mut self.terminals)
-            .into_iter()
-            .partition(|t| t.generation == generation);
-        self.terminals = kept;
-        for t in gone {
-            let bid = self.alloc_id();
-            self.at_editor.insert(bid, AtEditor::Bridge);
+        for t in self.routes.terminals_of(generation) {
+            let bid = self.routes.bridge_to_editor(AtEditor::Bridge);
             let params = serde_json::json!({ "sessionId": t.session, "terminalId": t.id });
             info!(
                 terminal = t.id,
@@ -517,7 +418,7 @@ impl Bridge {
         };
         self.life.shut_down(Instant::now() + grace);
         self.setup = None;
-        for frame in std::mem::take(&mut self.queue) {
+        for frame in self.routes.take_held() {
             if let crate::relay::Kind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
             }

@@ -141,8 +141,9 @@ impl Bridge {
                 rewrite_path(frame, &real).and_then(|b| Frame::parse(b).ok())
             }
         };
-        let granted =
-            decision.kind != Kind::Island && !self.refused_for_good(&real) && self.granted(&real);
+        let granted = decision.kind != Kind::Island
+            && !self.permissions.refused_for_good(&real)
+            && self.permissions.granted(&real);
         if decision.allowed || granted {
             // The editor follows symlinks when it writes: it gets the real
             // path that was judged, not the one the agent named. (A symlink
@@ -162,7 +163,9 @@ impl Bridge {
                 "it is the sandbox's own configuration, which no grant opens".to_owned()
             }
             Kind::Protected if !decision.promptable => format!("it is never allowed ({rule})"),
-            _ if self.refused_for_good(&real) => "you chose never to allow it".to_owned(),
+            _ if self.permissions.refused_for_good(&real) => {
+                "you chose never to allow it".to_owned()
+            }
             _ => match crate::policy::offerable::never_granted(&real, home.as_deref()) {
                 Some(never) => format!("{rule}, and zcode-acp never offers it: {never}"),
                 None => {

@@ -17,7 +17,7 @@ use serde_json::json;
 use tracing::{debug, error, info, warn};
 
 use super::lifecycle::{AfterCrash, Phase};
-use super::{Bridge, Origin};
+use super::Bridge;
 use crate::backend::{Generation, SpawnContext};
 use crate::relay::codes;
 use crate::relay::envelope::request;
@@ -109,10 +109,7 @@ impl Bridge {
     }
 
     fn editor_requests_in_flight(&self) -> usize {
-        self.at_backend
-            .values()
-            .filter(|r| matches!(r.origin, Origin::Editor { .. }))
-            .count()
+        self.routes.editor_requests_in_flight()
     }
 
     /// Drained: the old generation is stopped, and anything it still had
@@ -167,7 +164,7 @@ impl Bridge {
             .collect();
         roots.sort();
         roots.dedup();
-        let grants = self.grants.clone();
+        let grants = self.permissions.grants().to_vec();
         let ctx = SpawnContext {
             argv: &self.cfg.backend,
             roots: &roots,
@@ -221,7 +218,7 @@ impl Bridge {
     }
 
     fn answer_queue(&mut self, code: i64, message: &str) {
-        for frame in std::mem::take(&mut self.queue) {
+        for frame in self.routes.take_held() {
             if let crate::relay::Kind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, code, message);
             }
@@ -232,17 +229,10 @@ impl Bridge {
     /// its answer comes back through [`Bridge::on_bridge_answer`].
     fn call(&mut self, method: &str, params: &str) -> Option<u64> {
         let gen_id = self.generation.as_ref()?.id;
-        let bid = self.alloc_id();
+        let bid = self.routes.bridge_request(gen_id);
         if let Some(g) = &self.generation {
             g.send(request(bid, method, params));
         }
-        self.at_backend.insert(
-            bid,
-            super::AtBackend {
-                generation: gen_id,
-                origin: Origin::Bridge,
-            },
-        );
         Some(bid)
     }
 

@@ -173,7 +173,7 @@ impl Session {
 
 /// What the sandbox must not reach: the well-known servers that run what
 /// they are sent (`sockets::linux_known`), every other socket bound when the
-/// sandbox is armed but the few allowed (`sockets::LINUX_ALLOWED`), and
+/// sandbox is armed but the few allowed (`sockets::ALLOWED`), and
 /// `/dev/userfaultfd`. Directories first: a socket inside a covered
 /// directory needs nothing more.
 fn hidden_candidates(s: &Session, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {

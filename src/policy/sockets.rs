@@ -14,71 +14,92 @@
 
 use std::path::{Path, PathBuf};
 
+/// Where an entry applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Os {
+    Linux,
+    MacOs,
+}
+
 /// A socket (or directory of sockets) the sandbox may still reach, and why.
 pub struct Allowed {
+    pub on: Os,
     pub path: &'static str,
     /// The whole directory, not one socket.
     pub dir: bool,
     pub why: &'static str,
 }
 
-/// Services that answer questions or take logs, and act on nothing.
-pub const LINUX_ALLOWED: &[Allowed] = &[
+/// Services that answer questions or take logs, and act on nothing: the
+/// one list both platforms are generated from (Linux leaves them
+/// uncovered, Seatbelt allows their connects).
+pub const ALLOWED: &[Allowed] = &[
     Allowed {
+        on: Os::Linux,
         path: "/run/nscd/socket",
         dir: false,
         why: "the name service cache (user, group and host lookups)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/var/run/nscd/socket",
         dir: false,
         why: "the name service cache (user, group and host lookups)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/run/systemd/userdb",
         dir: true,
         why: "systemd's user and group lookups",
     },
     Allowed {
+        on: Os::Linux,
         path: "/run/systemd/resolve/io.systemd.Resolve",
         dir: false,
         why: "systemd-resolved's name lookups (DNS)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/run/systemd/journal/socket",
         dir: false,
         why: "the journal (log messages only)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/run/systemd/journal/stdout",
         dir: false,
         why: "the journal (log messages only)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/run/systemd/journal/dev-log",
         dir: false,
         why: "the journal's syslog socket (log messages only)",
     },
     Allowed {
+        on: Os::Linux,
         path: "/dev/log",
         dir: false,
         why: "syslog (log messages only)",
     },
-];
-
-/// macOS: DNS and the system log.
-pub const MACOS_ALLOWED: &[Allowed] = &[
     Allowed {
+        on: Os::MacOs,
         path: "/private/var/run/mDNSResponder",
         dir: false,
         why: "DNS (mDNSResponder): name lookups",
     },
     Allowed {
+        on: Os::MacOs,
         path: "/private/var/run/syslog",
         dir: false,
         why: "syslog (log messages only)",
     },
 ];
+
+/// The allowed services on `os`.
+pub fn allowed_on(os: Os) -> impl Iterator<Item = &'static Allowed> {
+    ALLOWED.iter().filter(move |a| a.on == os)
+}
 
 /// Well-known places of servers that run what they are sent, covered on
 /// Linux even when nothing listens there at arming (a directory) and named
@@ -169,8 +190,7 @@ pub const MACOS_DENIED: &[(&str, &str)] = &[
 
 /// Whether `path` is a socket the sandbox may still reach on Linux.
 pub fn linux_allowed(path: &Path) -> Option<&'static str> {
-    LINUX_ALLOWED
-        .iter()
+    allowed_on(Os::Linux)
         .find(|a| {
             if a.dir {
                 path.starts_with(a.path)

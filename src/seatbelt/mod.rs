@@ -183,13 +183,13 @@ pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String
 /// services and sockets beneath the workspace roots (its own servers), and
 /// never the servers named last, even beneath a root.
 fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
-    use crate::policy::sockets::{MACOS_ALLOWED, MACOS_DENIED};
+    use crate::policy::sockets::{allowed_on, Os, MACOS_DENIED};
     out.push_str("\n;; ---- unix sockets: a server outside runs what it is sent, so none is\n");
     out.push_str(";; reached but services that only answer questions or take logs, and the\n");
     out.push_str(";; agent's own beneath the workspace roots.\n");
     out.push_str("(deny network-outbound (remote unix-socket))\n");
     let mut allowed = Vec::new();
-    for a in MACOS_ALLOWED {
+    for a in allowed_on(Os::MacOs) {
         let path = quote::string(Path::new(a.path))?;
         allowed.push((
             a.why.to_owned(),

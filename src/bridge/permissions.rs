@@ -1,0 +1,276 @@
+//! What the user has said about writes, as a state machine of its own:
+//! open prompts (one per path; later denials of the path wait on it),
+//! grants for this bridge's lifetime, paths never to allow, refusals the
+//! user dismissed this turn, and projects whose hand edits were put to the
+//! user. It decides; the bridge sends the prompts, records answers in
+//! sandbox.json, re-arms and releases the held writes. Tests drive it
+//! directly.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use super::prompts::{self, Answer};
+use crate::config::project::List;
+use crate::relay::{Frame, RawId};
+
+/// Prompts about refused direct writes open at once, at most: an agent
+/// looping over many paths must not bury the editor in prompts.
+pub(super) const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
+
+/// A write held until the user answers.
+#[derive(Debug)]
+pub(super) struct HeldWrite {
+    pub generation: u64,
+    pub backend_id: RawId,
+    /// The request, its path already the real one that was judged.
+    pub frame: Frame,
+}
+
+/// An open prompt.
+#[derive(Debug)]
+pub(super) struct Prompt {
+    pub path: PathBuf,
+    pub session: String,
+    pub held: Vec<HeldWrite>,
+    /// For a write the agent made itself: granting it needs a re-arm.
+    pub direct: bool,
+}
+
+/// Why a refused direct write is not offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotOffered {
+    AlreadyGranted,
+    AlreadyAsked,
+    DismissedThisTurn,
+    EnoughOpen,
+}
+
+/// What an answer means, for the bridge to carry out.
+#[derive(Debug)]
+pub(super) struct Answered {
+    pub prompt: Prompt,
+    pub choice: Option<Answer>,
+    /// The held writes may go ahead.
+    pub allowed: bool,
+    /// Record the path in the project's sandbox.json.
+    pub record: Option<List>,
+    /// The agent writes it itself: only a re-armed generation can.
+    pub rearm: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Permissions {
+    open: HashMap<u64, Prompt>,
+    by_path: HashMap<PathBuf, u64>,
+    grants: Vec<PathBuf>,
+    never: Vec<PathBuf>,
+    dismissed: HashSet<PathBuf>,
+    config_asked: Vec<PathBuf>,
+}
+
+impl Permissions {
+    /// Whether a grant made in this bridge covers `path`.
+    pub fn granted(&self, path: &Path) -> bool {
+        self.grants.iter().any(|g| path.starts_with(g))
+    }
+
+    /// The grants made in this bridge, for the next generation's policy.
+    pub fn grants(&self) -> &[PathBuf] {
+        &self.grants
+    }
+
+    /// Whether the user said never for `path`.
+    pub fn refused_for_good(&self, path: &Path) -> bool {
+        self.never.iter().any(|n| path.starts_with(n))
+    }
+
+    /// A denied write of `path`: joins the prompt already open for it
+    /// (`None`), or is handed back for a new prompt.
+    pub fn join(&mut self, path: &Path, held: HeldWrite) -> Option<HeldWrite> {
+        match self
+            .by_path
+            .get(path)
+            .and_then(|bid| self.open.get_mut(bid))
+        {
+            Some(p) => {
+                p.held.push(held);
+                None
+            }
+            None => Some(held),
+        }
+    }
+
+    /// Whether a refused direct write of `grant` may be offered now.
+    pub fn may_offer_direct(&self, grant: &Path) -> Result<(), NotOffered> {
+        if self.granted(grant) {
+            return Err(NotOffered::AlreadyGranted);
+        }
+        if self.by_path.contains_key(grant) {
+            return Err(NotOffered::AlreadyAsked);
+        }
+        if self.dismissed.contains(grant) {
+            return Err(NotOffered::DismissedThisTurn);
+        }
+        if self.open.values().filter(|p| p.direct).count() >= MAX_OPEN_DIRECT_PROMPTS {
+            return Err(NotOffered::EnoughOpen);
+        }
+        Ok(())
+    }
+
+    /// A prompt was sent as the bridge's request `bid`.
+    pub fn opened(&mut self, bid: u64, prompt: Prompt) {
+        self.by_path.insert(prompt.path.clone(), bid);
+        self.open.insert(bid, prompt);
+    }
+
+    /// The user answered prompt `bid` with `choice` (`None`: dismissed,
+    /// cancelled or unreadable, which allows nothing). `None` when no such
+    /// prompt is open.
+    pub fn answered(&mut self, bid: u64, choice: Option<Answer>) -> Option<Answered> {
+        let prompt = self.open.remove(&bid)?;
+        self.by_path.remove(&prompt.path);
+        let (allowed, record) = match choice {
+            Some(prompts::ALLOW_ONCE) => (true, None),
+            Some(prompts::ALLOW_ALWAYS) => (true, Some(List::Allow)),
+            Some(prompts::REJECT_ALWAYS) => (false, Some(List::Deny)),
+            _ => (false, None),
+        };
+        if allowed {
+            self.grants.push(prompt.path.clone());
+        } else if record == Some(List::Deny) {
+            self.never.push(prompt.path.clone());
+        } else if prompt.direct {
+            // Not asked again this turn: the agent may retry many times.
+            self.dismissed.insert(prompt.path.clone());
+        }
+        let rearm = prompt.direct && allowed;
+        Some(Answered {
+            prompt,
+            choice,
+            allowed,
+            record,
+            rearm,
+        })
+    }
+
+    /// The editor sent a new prompt: refusals the user declined may be
+    /// asked again.
+    pub fn new_turn(&mut self) {
+        self.dismissed.clear();
+    }
+
+    /// Whether the hand edits of `root`'s sandbox.json should be put to
+    /// the user now (once per bridge and project).
+    pub fn ask_config_once(&mut self, root: &Path) -> bool {
+        if self.config_asked.iter().any(|r| r == root) {
+            return false;
+        }
+        self.config_asked.push(root.to_path_buf());
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(n: u64) -> HeldWrite {
+        HeldWrite {
+            generation: 1,
+            backend_id: RawId(n.to_string()),
+            frame: Frame::parse(
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"fs/write_text_file","params":{{}}}}"#
+                )
+                .into_bytes(),
+            )
+            .unwrap(),
+        }
+    }
+
+    fn prompt(path: &str, direct: bool, held: Vec<HeldWrite>) -> Prompt {
+        Prompt {
+            path: path.into(),
+            session: "s".into(),
+            held,
+            direct,
+        }
+    }
+
+    #[test]
+    fn one_prompt_per_path_and_its_writes_go_together() {
+        let mut p = Permissions::default();
+        let first = p.join(Path::new("/srv/x"), held(1)).unwrap();
+        p.opened(10, prompt("/srv/x", false, vec![first]));
+        assert!(p.join(Path::new("/srv/x"), held(2)).is_none());
+        assert!(p.join(Path::new("/srv/y"), held(3)).is_some());
+        let a = p.answered(10, Some(prompts::ALLOW_ONCE)).unwrap();
+        assert!(a.allowed && a.record.is_none() && !a.rearm);
+        assert_eq!(a.prompt.held.len(), 2);
+        assert!(p.granted(Path::new("/srv/x")));
+        assert!(p.granted(Path::new("/srv/x/deeper")));
+        assert!(!p.granted(Path::new("/srv/xy")));
+        // Answered once: a late second answer finds nothing.
+        assert!(p.answered(10, Some(prompts::ALLOW_ONCE)).is_none());
+    }
+
+    #[test]
+    fn each_answer_does_what_it_says() {
+        let mut p = Permissions::default();
+        p.opened(1, prompt("/a", false, vec![]));
+        let a = p.answered(1, Some(prompts::ALLOW_ALWAYS)).unwrap();
+        assert_eq!((a.allowed, a.record), (true, Some(List::Allow)));
+        p.opened(2, prompt("/b", false, vec![]));
+        let a = p.answered(2, Some(prompts::REJECT_ALWAYS)).unwrap();
+        assert_eq!((a.allowed, a.record), (false, Some(List::Deny)));
+        assert!(p.refused_for_good(Path::new("/b/c")));
+        p.opened(3, prompt("/c", false, vec![]));
+        let a = p.answered(3, Some(prompts::REJECT_ONCE)).unwrap();
+        assert_eq!((a.allowed, a.record), (false, None));
+        assert!(!p.refused_for_good(Path::new("/c")) && !p.granted(Path::new("/c")));
+        // A cancelled prompt allows nothing.
+        p.opened(4, prompt("/d", false, vec![]));
+        let a = p.answered(4, None).unwrap();
+        assert!(!a.allowed);
+        assert_eq!(p.grants(), [PathBuf::from("/a")]);
+    }
+
+    #[test]
+    fn refused_direct_writes_are_offered_a_few_at_a_time_and_once_a_turn() {
+        let mut p = Permissions::default();
+        for (bid, path) in [(1, "/p1"), (2, "/p2"), (3, "/p3")] {
+            assert_eq!(p.may_offer_direct(Path::new(path)), Ok(()));
+            p.opened(bid, prompt(path, true, vec![]));
+        }
+        assert_eq!(
+            p.may_offer_direct(Path::new("/p4")),
+            Err(NotOffered::EnoughOpen)
+        );
+        assert_eq!(
+            p.may_offer_direct(Path::new("/p1")),
+            Err(NotOffered::AlreadyAsked)
+        );
+        // Declined: not asked again this turn; allowed: re-arm.
+        assert!(!p.answered(1, Some(prompts::REJECT_ONCE)).unwrap().rearm);
+        assert_eq!(
+            p.may_offer_direct(Path::new("/p1")),
+            Err(NotOffered::DismissedThisTurn)
+        );
+        assert!(p.answered(2, Some(prompts::ALLOW_ONCE)).unwrap().rearm);
+        assert_eq!(
+            p.may_offer_direct(Path::new("/p2/f")),
+            Err(NotOffered::AlreadyGranted)
+        );
+        assert_eq!(p.may_offer_direct(Path::new("/p4")), Ok(()));
+        p.new_turn();
+        assert_eq!(p.may_offer_direct(Path::new("/p1")), Ok(()));
+    }
+
+    #[test]
+    fn hand_edits_are_put_to_the_user_once_per_project() {
+        let mut p = Permissions::default();
+        assert!(p.ask_config_once(Path::new("/w")));
+        assert!(!p.ask_config_once(Path::new("/w")));
+        assert!(p.ask_config_once(Path::new("/v")));
+    }
+}
