@@ -409,6 +409,46 @@ fn the_backend_can_come_from_the_environment_or_the_user_config() {
     }
 }
 
+/// What is announced is what is armed: a helper that finds it can arm
+/// less than the bridge probed (namespaces gone in between) refuses rather
+/// than run the agent at a lower level than the editor was told.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_sandbox_armed_at_less_than_announced_refuses() {
+    if !common::require_kernel_features() {
+        return;
+    }
+    // A home away from temp directories, so the system temp dir is one the
+    // agent could write at the lower level (shared there, private at the
+    // full one): it leaves its log there if it ever runs.
+    let base = tempfile::tempdir_in(common::scratch_base()).unwrap();
+    let home = std::fs::canonicalize(base.path()).unwrap();
+    let marks = tempfile::tempdir_in("/tmp").unwrap();
+    let state = marks.path().to_path_buf();
+    let mut opts = Options::new(fake_agent())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .env("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES", "1")
+        .env("FAKE_AGENT_DIR", state.to_str().unwrap());
+    opts.home_at = Some(home.clone());
+    let mut ed = Editor::start_with(opts);
+    // Each start is refused by the helper before anything of the agent's
+    // runs, until the bridge gives up.
+    let mut last = json!(null);
+    for _ in 0..5 {
+        let id = ed.request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        );
+        last = ed.response(&id);
+        if error_code(&last) == -32091 {
+            break;
+        }
+        assert_eq!(error_code(&last), -32090, "{last}");
+    }
+    assert_eq!(error_code(&last), -32091, "{last}");
+    assert!(!state.join("received.log").exists(), "the agent never ran");
+}
+
 #[test]
 fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfined() {
     // Globally requested where it cannot be armed: the agent never starts.
@@ -591,4 +631,39 @@ fn logs_go_to_stderr_and_the_log_file_never_to_stdout() {
         text.contains("agent backend started") && text.contains("restarting the agent backend"),
         "{text}"
     );
+}
+
+/// A generation that dies while `session/load` replays a session's
+/// history, followed by one that cannot restore it: the session's later
+/// updates (the editor's own load, its next prompts) reach the editor.
+#[test]
+fn a_crash_during_a_restore_never_hides_a_sessions_updates() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_LOAD", "1")
+            .env("FAKE_CRASH_LOAD_ONCE", "1")
+            .env("FAKE_REFUSE_AUTH_AFTER_CRASH", "1"),
+    );
+    ed.initialize();
+    let _ = ed.call("authenticate", json!({"methodId": "x"}));
+    let cwd = workspace(&ed, "w");
+    let sid = ed.new_session(&cwd);
+    sighup(ed.pid());
+    wait_until("the restored agent refused the login", || {
+        ed.home().join("refused_auth").exists()
+    });
+    // Lost: the editor loads it again itself, and sees the history.
+    let start = ed.seen.len();
+    let _ = ed.call(
+        "session/load",
+        json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+    );
+    assert!(
+        ed.seen[start..]
+            .iter()
+            .any(|l| l.raw.contains("REPLAYED HISTORY")),
+        "the editor's own load shows the history it asked for"
+    );
+    let (_, text) = ed.prompt(&sid, "notify 3");
+    assert_eq!(text, "0\n1\n2\n", "the session's updates reach the editor");
 }

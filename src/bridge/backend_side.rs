@@ -55,11 +55,14 @@ impl Bridge {
             Kind::Notification { method } => match method.as_str() {
                 "session/update" => {
                     // Only while a session is being loaded: most updates are chunks.
-                    if let Some(sid) = (!self.swallow_updates.is_empty())
+                    if let Some(sid) = self
+                        .setup
+                        .as_ref()
+                        .is_some_and(|s| s.loading().is_some())
                         .then(|| frame.session_id())
                         .flatten()
                     {
-                        if self.swallow_updates.contains(&sid) {
+                        if self.setup.as_ref().and_then(|s| s.loading()) == Some(sid.as_str()) {
                             return debug!(
                                 session = sid,
                                 "swallowed a history replay update of a restored session"
@@ -117,8 +120,21 @@ impl Bridge {
                                         track::restore_caps(frame.payload_raw().unwrap_or("null"));
                                     self.initialize = Some(params);
                                     if self.hook.confines() {
-                                        edited =
-                                            police::hide_mcp_over_acp(&frame, editor_id.as_str());
+                                        match police::hide_mcp_over_acp(&frame, editor_id.as_str())
+                                        {
+                                            Ok(e) => edited = e,
+                                            Err(e) => {
+                                                let message = format!("zcode-acp cannot pass on the agent's initialize answer: {e}; the agent's answer is ambiguous, so MCP over ACP could not be hidden while the sandbox is armed");
+                                                warn!("{message}");
+                                                edited =
+                                                    Some(crate::relay::envelope::error_response(
+                                                        &editor_id,
+                                                        codes::INTERNAL_ERROR,
+                                                        &message,
+                                                        None,
+                                                    ));
+                                            }
+                                        }
                                     }
                                 }
                                 track::Track::Authenticate { params } => {

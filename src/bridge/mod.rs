@@ -26,7 +26,6 @@ mod routing;
 pub mod track;
 mod watch;
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -112,9 +111,6 @@ pub struct Bridge {
     routes: Routes,
 
     sessions: SessionTable,
-    /// Sessions being restored with `session/load`: their replayed history
-    /// is not the editor's business.
-    swallow_updates: HashSet<String>,
     initialize: Option<String>,
     authenticate: Option<String>,
     caps: RestoreCaps,
@@ -210,7 +206,6 @@ impl Bridge {
             generations_started: 0,
             routes: Routes::default(),
             sessions: SessionTable::default(),
-            swallow_updates: HashSet::new(),
             initialize: None,
             authenticate: None,
             caps: RestoreCaps::default(),

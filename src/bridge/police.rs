@@ -206,13 +206,20 @@ fn rewrite_terminal(frame: &Frame, wrapped: &[String]) -> Result<Vec<u8>, splice
 
 /// Removes `agentCapabilities.mcpCapabilities.acp` from an `initialize`
 /// result: while armed, MCP over ACP is not offered.
-pub(super) fn hide_mcp_over_acp(frame: &Frame, editor_id: &str) -> Option<Vec<u8>> {
-    let bytes = splice::remove(
-        &frame.bytes,
-        &["result", "agentCapabilities", "mcpCapabilities", "acp"],
-    )
-    .ok()?;
-    splice::set(&bytes, &["id"], editor_id).ok()
+/// `Ok(None)` when there is nothing to hide; an error when the answer
+/// cannot be read unambiguously (a key twice on the way), which must not
+/// reach the editor as it is.
+pub(super) fn hide_mcp_over_acp(
+    frame: &Frame,
+    editor_id: &str,
+) -> Result<Option<Vec<u8>>, splice::SpliceError> {
+    use splice::SpliceError::{Missing, NotAnObject};
+    let path = ["result", "agentCapabilities", "mcpCapabilities", "acp"];
+    match splice::remove(&frame.bytes, &path) {
+        Ok(bytes) => splice::set(&bytes, &["id"], editor_id).map(Some),
+        Err(Missing(_) | NotAnObject(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -225,7 +232,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":7,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true,"mcpCapabilities":{"http":true,"acp":true,"_meta":{"x":1}}},"models":{"legacy":1}}}"#.to_vec(),
         )
         .unwrap();
-        let out = hide_mcp_over_acp(&f, "\"editor-3\"").unwrap();
+        let out = hide_mcp_over_acp(&f, "\"editor-3\"").unwrap().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["id"], "editor-3");
         assert_eq!(
@@ -240,7 +247,14 @@ mod tests {
         let g =
             Frame::parse(br#"{"jsonrpc":"2.0","id":7,"result":{"agentCapabilities":{}}}"#.to_vec())
                 .unwrap();
-        assert!(hide_mcp_over_acp(&g, "7").is_none());
+        assert!(hide_mcp_over_acp(&g, "7").unwrap().is_none());
+        // Said twice: refused, never passed on as it is.
+        let twice = Frame::parse(
+            br#"{"jsonrpc":"2.0","id":7,"result":{"agentCapabilities":{"mcpCapabilities":{"acp":true,"acp":true}}}}"#
+                .to_vec(),
+        )
+        .unwrap();
+        assert!(hide_mcp_over_acp(&twice, "7").is_err());
     }
 
     /// Every rewrite the bridge makes changes its value and no other byte:
@@ -277,7 +291,7 @@ mod tests {
         );
 
         let init = "{\"result\":{\"zeta\":0,\"agentCapabilities\":{\"mcpCapabilities\":{\"acp\":true, \"http\":true}},\"authMethods\":[]},\"id\":2,\"jsonrpc\":\"2.0\"}";
-        let out = hide_mcp_over_acp(&parse(init), "\"e-1\"").unwrap();
+        let out = hide_mcp_over_acp(&parse(init), "\"e-1\"").unwrap().unwrap();
         assert_eq!(
             text(out),
             init.replace("\"acp\":true, ", "")

@@ -78,6 +78,22 @@ enum Step {
     },
 }
 
+impl Setup {
+    /// The session whose history `session/load` is replaying now, if any:
+    /// the replay is not the editor's business. It ends with the step,
+    /// whatever ends the step.
+    pub(super) fn loading(&self) -> Option<&str> {
+        match &self.step {
+            Step::Restore {
+                session,
+                method: "session/load",
+                ..
+            } => Some(&session.id),
+            _ => None,
+        }
+    }
+}
+
 impl Bridge {
     /// Takes the step the lifecycle's phase calls for now, if any.
     pub(super) async fn advance(&mut self) -> Flow {
@@ -314,7 +330,6 @@ impl Bridge {
                 rest,
                 mut refusals,
             } => {
-                self.swallow_updates.remove(&session.id);
                 match outcome {
                     CallOutcome::Ok(_) => {
                         let calls = settings_calls(&session);
@@ -419,9 +434,6 @@ impl Bridge {
         });
         if !session.additional_directories.is_empty() {
             params["additionalDirectories"] = json!(session.additional_directories);
-        }
-        if method == "session/load" {
-            self.swallow_updates.insert(session.id.clone());
         }
         let step = Step::Restore {
             session,

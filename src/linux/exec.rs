@@ -265,6 +265,13 @@ pub struct LaunchSpec {
     /// supervisor decides each name with it.
     #[serde(default)]
     pub policy: Option<crate::policy::Policy>,
+    /// The level the caller decided and announced, and the Landlock ABI it
+    /// probed: the helper arms exactly that, or refuses. `None` (`zcode-acp
+    /// run`, where the helper is the caller): the helper decides itself.
+    #[serde(default)]
+    pub level: Option<Level>,
+    #[serde(default)]
+    pub landlock_abi: Option<i32>,
 }
 
 impl LaunchSpec {
@@ -284,7 +291,17 @@ impl LaunchSpec {
             env,
             cwd,
             policy,
+            level: None,
+            landlock_abi: None,
         }
+    }
+
+    /// The level decided (and announced) by the caller, with the Landlock
+    /// ABI it probed: the helper arms exactly that, or refuses.
+    pub fn armed_at(mut self, level: Level, landlock_abi: i32) -> LaunchSpec {
+        self.level = Some(level);
+        self.landlock_abi = Some(landlock_abi);
+        self
     }
 }
 
@@ -652,8 +669,8 @@ fn arm_mounts(
 
 /// Landlock: write rights only beneath the writable set and on the needed
 /// devices; signals and abstract sockets scoped to the sandbox.
-fn enforce_landlock(plan: &Plan) -> Result<String, LaunchError> {
-    let abi = ABI::from(sys::landlock_abi());
+fn enforce_landlock(plan: &Plan, abi: i32) -> Result<String, LaunchError> {
+    let abi = ABI::from(abi);
     if abi == ABI::Unsupported {
         return Err(LaunchError::Refused(
             "Landlock is not available in this kernel".into(),
@@ -711,7 +728,8 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     }
     let spec = &spec;
     check_island_links(&spec.plan)?;
-    let landlock = sys::landlock_abi() >= 1;
+    let abi = spec.landlock_abi.unwrap_or_else(sys::landlock_abi);
+    let landlock = abi >= 1 && spec.level != Some(Level::MountsOnly);
     let visible = needed_visible(spec);
     // The supervisor's handles on the host's mounts must be opened before
     // the mount namespace changes (see `supervise`).
@@ -727,8 +745,22 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         ),
         _ => None,
     };
-    let namespaces = match arm_mounts(&spec.plan, &visible, layer.as_ref()) {
+    // The test knob stands for a helper that finds less than the caller
+    // probed (a policy changed in between): it only ever takes away.
+    let lost_namespaces = std::env::var_os("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES").is_some();
+    let mounts = if spec.level == Some(Level::LandlockOnly) {
+        Err(LaunchError::Refused("no namespaces at this level".into()))
+    } else if lost_namespaces {
+        Err(LaunchError::Sys {
+            step: "unshare".into(),
+            errno: Errno::EPERM,
+        })
+    } else {
+        arm_mounts(&spec.plan, &visible, layer.as_ref())
+    };
+    let namespaces = match mounts {
         Ok(()) => true,
+        Err(_) if spec.level == Some(Level::LandlockOnly) => false,
         // Nothing was changed yet: decide on a lower level, and say so.
         Err(LaunchError::Sys { step, errno })
             if step == "unshare"
@@ -743,6 +775,14 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         Err(e) => return Err(e),
     };
     let level = choose_level(namespaces, landlock).map_err(LaunchError::Refused)?;
+    if let Some(announced) = spec.level.filter(|l| *l != level) {
+        // What the caller announced is what runs, or nothing does.
+        return Err(LaunchError::Refused(format!(
+            "the sandbox was to be armed at the level {}, but only {} is possible now",
+            announced.name(),
+            level.name()
+        )));
+    }
     if level != Level::Full {
         tracing::warn!("the sandbox is armed at a lower level: {}", level.name());
     }
@@ -932,7 +972,8 @@ fn confine(
         die("no_new_privs", e);
     }
     if landlock {
-        if let Err(e) = enforce_landlock(&spec.plan) {
+        let abi = spec.landlock_abi.unwrap_or_else(sys::landlock_abi);
+        if let Err(e) = enforce_landlock(&spec.plan, abi) {
             die("Landlock", e);
         }
     }

@@ -32,6 +32,7 @@ pub struct LinuxSandbox {
     /// Where the running generation's caches' layers live (its terminals
     /// take slots there too).
     layers: Option<PathBuf>,
+    landlock_abi: i32,
 }
 
 impl LinuxSandbox {
@@ -39,7 +40,10 @@ impl LinuxSandbox {
     pub fn new(managed: ManagedRoot, state: StateSettings) -> Result<LinuxSandbox, String> {
         // The test knob only ever takes capabilities away, never the sandbox.
         let no_test = |var: &str| std::env::var_os(var).is_none();
-        let landlock = super::landlock_abi() >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
+        // Probed once: every launch of this bridge carries the level and
+        // ABI decided here, so what is announced is what is armed.
+        let abi = super::landlock_abi();
+        let landlock = abi >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
         let namespaces =
             crate::linux::exec::namespaces_available() && no_test("ZCODE_ACP_TEST_NO_NAMESPACES");
         let level = crate::linux::exec::choose_level(namespaces, landlock)?;
@@ -53,6 +57,7 @@ impl LinuxSandbox {
             managed,
             state,
             level,
+            landlock_abi: abi,
             current: None,
             policy: None,
             layers: None,
@@ -81,7 +86,8 @@ impl SpawnHook for LinuxSandbox {
         for gap in &plan.gaps {
             tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
         }
-        let spec = LaunchSpec::new(plan, &policy, ctx.argv.to_vec(), Vec::new(), None);
+        let spec = LaunchSpec::new(plan, &policy, ctx.argv.to_vec(), Vec::new(), None)
+            .armed_at(self.level, self.landlock_abi);
         let text = serde_json::to_string(&spec).map_err(SpawnError::cannot_arm)?;
         let file = dir
             .write_file("launch.json", &text)
@@ -126,6 +132,7 @@ impl SpawnHook for LinuxSandbox {
             );
         };
         terminal_launch(
+            (self.level, self.landlock_abi),
             policy,
             dir,
             self.layers.clone(),
@@ -172,6 +179,7 @@ pub fn helper(
 /// read, and one the editor never started goes with the directory (when
 /// the next generation is prepared, or by the sweep after a crash).
 pub fn terminal_launch(
+    level: (crate::linux::exec::Level, i32),
     policy: &Policy,
     dir: &GenerationDir,
     layers: Option<PathBuf>,
@@ -184,7 +192,7 @@ pub fn terminal_launch(
         ..Session::current()
     };
     let plan = plan::build(policy, &RealFs, &session);
-    let spec = LaunchSpec::new(plan, policy, argv, env, cwd);
+    let spec = LaunchSpec::new(plan, policy, argv, env, cwd).armed_at(level.0, level.1);
     let text = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
     let name = format!(
         "terminal-{:016x}{:016x}.json",

@@ -36,24 +36,37 @@ pub fn opens_everything(path: &Path, home: Option<&Path>) -> bool {
     path == Path::new("/") || Some(path) == home
 }
 
-/// Why `path` (a real path) is never granted, if it is not. `home` is the
-/// user's real home directory, when there is one.
+/// Why `path` (a real path) is never granted, if it is not: it is one of
+/// the places below (or inside one), or it holds one (`~/.config` holds the
+/// autostart folder, `/home` the home directory).
 pub fn never_granted(path: &Path, home: Option<&Path>) -> Option<&'static str> {
     if path == Path::new("/") {
         return Some("it would make the whole tree writable");
     }
     let home = home?;
-    if path == home {
+    if home.starts_with(path) {
         return Some("it would make the whole home directory writable");
     }
-    if path.starts_with(home.join(".ssh")) {
-        return Some("ssh keys and configuration decide who can log in, and where");
-    }
-    if STARTUP.iter().any(|f| path.starts_with(home.join(f))) {
-        return Some("shell start-up files run in every new shell, outside the sandbox");
-    }
-    if AUTOSTART.iter().any(|d| path.starts_with(home.join(d))) {
-        return Some("programs there start at login, outside the sandbox");
+    let places = std::iter::once((
+        ".ssh",
+        "ssh keys and configuration decide who can log in, and where",
+    ))
+    .chain(STARTUP.iter().map(|f| {
+        (
+            *f,
+            "shell start-up files run in every new shell, outside the sandbox",
+        )
+    }))
+    .chain(
+        AUTOSTART
+            .iter()
+            .map(|d| (*d, "programs there start at login, outside the sandbox")),
+    );
+    for (place, why) in places {
+        let place = home.join(place);
+        if path.starts_with(&place) || place.starts_with(path) {
+            return Some(why);
+        }
     }
     None
 }
@@ -78,6 +91,11 @@ mod tests {
             "/home/u/.bashrc",
             "/home/u/.config/autostart/x.desktop",
             "/home/u/.config/fish/config.fish",
+            // Folders that hold one of them.
+            "/home",
+            "/home/u/.config",
+            "/home/u/Library",
+            "/home/u/.config/systemd",
         ] {
             assert!(never_granted(Path::new(p), Some(home)).is_some(), "{p}");
         }
@@ -86,6 +104,8 @@ mod tests {
             "/srv/data/x",
             "/home/u/.bashrc-notes/x",
             "/home/u/.sshfs/x",
+            "/home/u/.config/nvim",
+            "/home/u/.local/share/x",
         ] {
             assert!(never_granted(Path::new(p), Some(home)).is_none(), "{p}");
         }

@@ -7,6 +7,8 @@
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC's own: the bridge could not handle what it was given.
+pub const INTERNAL_ERROR: i64 = -32603;
 /// ACP's code for a request cancelled through `$/cancel_request`.
 pub const REQUEST_CANCELLED: i64 = -32800;
 /// ACP's code for "authentication required".
