@@ -259,7 +259,7 @@ fn repo_at_with(dir: &Path, hooks: bool) -> Option<Repo> {
     };
     let work_tree = resolve_real(dir).ok()?;
     let hooks_path = if hooks {
-        hooks_path(&work_tree, &git_dir)
+        hooks_path(&work_tree, &git_dir, &common_dir)
     } else {
         None
     };
@@ -275,10 +275,23 @@ fn repo_at_with(dir: &Path, hooks: bool) -> Option<Repo> {
 /// effective config: a global one counts too), made absolute: a relative
 /// value is relative to the work tree, where hooks run. Asked of git
 /// itself, without `git` on the PATH there is none to protect.
-fn hooks_path(work_tree: &Path, git_dir: &Path) -> Option<PathBuf> {
-    let configs = [git_dir.join("config"), git_dir.join("config.worktree")];
-    if !configs.iter().all(|c| super::git_cmd::readable_config(c)) {
+fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<PathBuf> {
+    let repo_configs = [
+        git_dir.join("config"),
+        git_dir.join("config.worktree"),
+        common_dir.join("config"),
+    ];
+    if !repo_configs
+        .iter()
+        .all(|c| super::git_cmd::readable_config(c))
+    {
         tracing::warn!(git_dir = %git_dir.display(), "a git config there is not a regular file; not asking git about it");
+        return None;
+    }
+    // Asking git costs a process per repository at every arming (every
+    // editor terminal too): only when some config git reads could name a
+    // hooks path, or include one that does.
+    if !may_name_hooks_path(&repo_configs) {
         return None;
     }
     // Once git stalled (a FIFO an include names), the repositories after
@@ -311,6 +324,43 @@ fn hooks_path(work_tree: &Path, git_dir: &Path) -> Option<PathBuf> {
         return None;
     }
     real_even_if_absent(&work_tree.join(value))
+}
+
+/// Whether any config git would read for this repository mentions
+/// `hookspath` or an include (which could): the repository's own files, the
+/// global and system ones, and config given in the environment.
+fn may_name_hooks_path(repo_configs: &[PathBuf]) -> bool {
+    if std::env::var_os("GIT_CONFIG_COUNT").is_some()
+        || std::env::var_os("GIT_CONFIG_PARAMETERS").is_some()
+    {
+        return true;
+    }
+    let env_path = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let home = env_path("HOME");
+    let mut files: Vec<PathBuf> = repo_configs.to_vec();
+    files.extend(env_path("GIT_CONFIG_GLOBAL"));
+    files.extend(home.as_ref().map(|h| h.join(".gitconfig")));
+    files.extend(
+        env_path("XDG_CONFIG_HOME")
+            .or_else(|| home.as_ref().map(|h| h.join(".config")))
+            .map(|x| x.join("git/config")),
+    );
+    files.push(env_path("GIT_CONFIG_SYSTEM").unwrap_or_else(|| "/etc/gitconfig".into()));
+    files.iter().any(|f| {
+        match crate::config::atomic::read_regular(f, true) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+                text.contains("hookspath") || text.contains("include")
+            }
+            // Absent: names nothing. Anything else (too large, not a
+            // regular file): let git be asked, within its time limit.
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        }
+    })
 }
 
 /// `path` as a real path; where it does not exist yet (a hooks directory

@@ -5,7 +5,7 @@
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest one git call may take before it is killed.
 pub const LIMIT: Duration = Duration::from_secs(3);
@@ -21,32 +21,34 @@ pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
         .spawn()
         .ok()?;
     let mut stdout = child.stdout.take()?;
-    // Read while waiting, so a large output never fills the pipe.
-    let reader = std::thread::spawn(move || {
+    let pid = child.id();
+    // Waited for on a thread of its own, so the answer is taken the moment
+    // git exits (no polling), and read meanwhile so a large output never
+    // fills the pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
         let mut out = Vec::new();
         let _ = stdout.read_to_end(&mut out);
-        out
+        let _ = tx.send((child.wait(), out));
     });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                tracing::warn!(command = ?cmd, "git did not answer within {} s (a FIFO or device in the repository?); stopped it", limit.as_secs());
-                // Our own child, by its handle.
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
+    match rx.recv_timeout(limit) {
+        Ok((Ok(status), stdout)) => Some(Output {
+            status,
+            stdout,
+            stderr: Vec::new(),
+        }),
+        Ok((Err(_), _)) => None,
+        Err(_) => {
+            tracing::warn!(command = ?cmd, "git did not answer within {} s (a FIFO or device in the repository?); stopped it", limit.as_secs());
+            // SAFETY: kill(2) of our own child, not reaped yet (the waiter
+            // reaps it once it dies), so the pid is still its.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
             }
+            let _ = waiter.join();
+            None
         }
-    };
-    let stdout = reader.join().unwrap_or_default();
-    Some(Output {
-        status: status?,
-        stdout,
-        stderr: Vec::new(),
-    })
+    }
 }
 
 /// Whether `path` is a regular file (symlinks followed, as git does), or
@@ -61,6 +63,8 @@ pub fn readable_config(path: &std::path::Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::time::Instant;
 
     #[test]
     fn a_fifo_config_never_blocks() {
