@@ -271,7 +271,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     let user = config::load_user_config()?;
-    let state = config::state_settings(&user, args.backend_profile.as_deref())
+    let state = zcode_acp::policy::backends::state_settings(&user, args.backend_profile.as_deref())
         .map_err(anyhow::Error::msg)?;
     let managed = config::managed::ManagedRoot::user_default()?;
     let hook: Box<dyn backend::SpawnHook> = match config::sandbox_requested_globally(&user) {

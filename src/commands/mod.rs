@@ -36,8 +36,8 @@ pub fn gather_as_user(
     inspect: bool,
 ) -> anyhow::Result<Gathered> {
     let user = crate::config::load_user_config()?;
-    let state =
-        crate::config::state_settings(&user, backend_profile).map_err(anyhow::Error::msg)?;
+    let state = crate::policy::backends::state_settings(&user, backend_profile)
+        .map_err(anyhow::Error::msg)?;
     let managed = crate::config::managed::ManagedRoot::user_default()?;
     let gathered = crate::policy::discover::gather(&crate::policy::discover::Sources {
         platform,

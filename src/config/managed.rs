@@ -22,7 +22,7 @@ impl ManagedRoot {
     /// reached through one (`/home` -> `var/home` on Fedora Atomic, a
     /// symlinked home, `..` in HOME) must be resolved first.
     pub fn for_home(home: &Path) -> ManagedRoot {
-        let home = crate::policy::resolve_real(home).unwrap_or_else(|_| home.to_path_buf());
+        let home = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_path_buf());
         ManagedRoot::new(home.join(".zcode-acp"))
     }
 

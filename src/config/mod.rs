@@ -47,33 +47,6 @@ pub struct SandboxSettings {
 /// user config; `--backend-profile` wins over both).
 pub const BACKEND_PROFILE_ENV: &str = "ZCODE_ACP_BACKEND_PROFILE";
 
-/// What the backend may write of its own: the explicit profile choice
-/// (`cli` first, then `ZCODE_ACP_BACKEND_PROFILE`, then
-/// `sandbox.backendProfile`) and `sandbox.statePaths`. An unknown profile
-/// name is an error that says which values exist.
-pub fn state_settings(
-    user: &UserConfig,
-    cli: Option<&str>,
-) -> Result<crate::policy::backends::StateSettings, String> {
-    use crate::policy::backends::Choice;
-    let env = std::env::var(BACKEND_PROFILE_ENV)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
-    let choice = if let Some(v) = cli {
-        Choice::parse(v, "--backend-profile")?
-    } else if let Some(v) = env {
-        Choice::parse(&v, BACKEND_PROFILE_ENV)?
-    } else if let Some(v) = &user.sandbox.backend_profile {
-        Choice::parse(v, "sandbox.backendProfile in the user config")?
-    } else {
-        Choice::Guess
-    };
-    Ok(crate::policy::backends::StateSettings {
-        choice,
-        extra: user.sandbox.state_paths.clone(),
-    })
-}
-
 /// Whether the user asked for the sandbox globally: `ZCODE_ACP_SANDBOX=1`
 /// (or `true`/`yes`) or `sandbox.enabled` in the user config.
 pub fn sandbox_requested_globally(user: &UserConfig) -> Option<String> {

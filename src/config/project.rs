@@ -20,8 +20,6 @@ use serde_json::{json, Value};
 use super::atomic::{create_real_dirs, plain_file, read_nofollow, write_atomic};
 use super::ledger::{Approved, Ledger};
 use super::managed::{project_key, ManagedRoot};
-use crate::policy::build::ProjectRules;
-use crate::policy::resolve_real;
 
 pub const CONFIG_DIR: [&str; 2] = [".zcode", "acp"];
 pub const CONFIG_FILE: &str = "sandbox.json";
@@ -218,11 +216,20 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// A project's approved entries, as written: plain values, which the
+/// policy resolves (and refuses where they may never be granted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entries {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    pub strict_git: bool,
+}
+
 /// What the bridge acts on: the file, minus what the user has not approved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Effective {
     pub armed: bool,
-    pub rules: ProjectRules,
+    pub rules: Entries,
     /// Each permissive difference from the ledger that was ignored, in
     /// words for the log and `doctor`.
     pub ignored: Vec<String>,
@@ -258,32 +265,18 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     ledger.allow.retain(|a| config.allow.contains(a));
 
     let mut allow = Vec::new();
-    let home = crate::policy::offerable::real_home();
     for entry in &config.allow {
-        if !approved.allow.contains(entry) {
+        if approved.allow.contains(entry) {
+            allow.push(entry.clone());
+        } else {
             ignored.push(format!("allow entry `{entry}` was not approved"));
-            continue;
-        }
-        match absolute_real(entry) {
-            Ok(p) => match crate::policy::offerable::never_granted(&p, home.as_deref()) {
-                Some(why) => ignored.push(format!("allow entry `{entry}` is never granted: {why}")),
-                None => allow.push(p),
-            },
-            Err(why) => ignored.push(format!("allow entry `{entry}`: {why}")),
-        }
-    }
-    let mut deny = Vec::new();
-    for entry in &config.deny {
-        match absolute_real(entry) {
-            Ok(p) => deny.push(p),
-            Err(why) => ignored.push(format!("deny entry `{entry}`: {why}")),
         }
     }
     Effective {
         armed,
-        rules: ProjectRules {
+        rules: Entries {
             allow,
-            deny,
+            deny: config.deny.clone(),
             strict_git,
         },
         ignored,
@@ -291,14 +284,6 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
         persist: read.persist,
         state: read.state.clone(),
     }
-}
-
-fn absolute_real(entry: &str) -> Result<PathBuf, String> {
-    let p = Path::new(entry);
-    if !p.is_absolute() {
-        return Err("not an absolute path".into());
-    }
-    resolve_real(p).map_err(|e| e.to_string())
 }
 
 /// Reads, applies the ledger and records what needs no approval.
@@ -600,10 +585,7 @@ mod tests {
         // The bridge's own append is approved in the same step.
         assert!(append_allow(&f.root, "/var", &f.managed));
         let e = load(&f.root, false, &f.managed);
-        assert_eq!(
-            e.rules.allow,
-            vec![resolve_real(Path::new("/var")).unwrap()]
-        );
+        assert_eq!(e.rules.allow, vec!["/var".to_owned()]);
         // An unapproved `enabled: false` keeps the sandbox armed.
         let text = file(&f.root).replace("\"enabled\": true", "\"enabled\": false");
         write(&f.root, &text);

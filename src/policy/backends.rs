@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use super::build::Grant;
 use super::discover::Env;
 use super::{resolve_real, Matcher};
+use crate::config::{UserConfig, BACKEND_PROFILE_ENV};
 
 /// A backend whose own state the sandbox knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +368,29 @@ pub fn home_spellings(home: &Path) -> Vec<PathBuf> {
     }
     out.dedup();
     out
+}
+
+/// What the backend may write of its own: the explicit profile choice
+/// (`cli` first, then `ZCODE_ACP_BACKEND_PROFILE`, then
+/// `sandbox.backendProfile`) and `sandbox.statePaths`. An unknown profile
+/// name is an error that says which values exist.
+pub fn state_settings(user: &UserConfig, cli: Option<&str>) -> Result<StateSettings, String> {
+    let env = std::env::var(BACKEND_PROFILE_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let choice = if let Some(v) = cli {
+        Choice::parse(v, "--backend-profile")?
+    } else if let Some(v) = env {
+        Choice::parse(&v, BACKEND_PROFILE_ENV)?
+    } else if let Some(v) = &user.sandbox.backend_profile {
+        Choice::parse(v, "sandbox.backendProfile in the user config")?
+    } else {
+        Choice::Guess
+    };
+    Ok(StateSettings {
+        choice,
+        extra: user.sandbox.state_paths.clone(),
+    })
 }
 
 #[cfg(test)]

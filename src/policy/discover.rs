@@ -41,14 +41,19 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
     let mut projects = Vec::new();
     for ws in src.workspaces {
         let path = resolve_real(ws)?;
-        let eff = if src.inspect {
+        let mut eff = if src.inspect {
             project::inspect(&path, src.managed)
         } else {
             project::load(&path, false, src.managed)
         };
+        let (rules, refused) = project_rules(&eff.rules, &home);
+        for why in &refused {
+            tracing::warn!(root = %path.display(), "{why}");
+        }
+        eff.ignored.extend(refused);
         roots.push(RootInput {
             path: path.clone(),
-            project: eff.rules.clone(),
+            project: rules,
             repos: find_repos(&path),
         });
         projects.push((path, eff));
@@ -79,6 +84,56 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
         projects,
         backend,
     })
+}
+
+/// A project's approved entries resolved to real paths, and what was
+/// refused, in words: an entry that is not an absolute path or cannot be
+/// resolved, and an allow entry for a place that is never granted.
+pub fn project_rules(
+    entries: &project::Entries,
+    home: &Path,
+) -> (super::build::ProjectRules, Vec<String>) {
+    let mut refused = Vec::new();
+    let mut real = |list: &str, entry: &str| {
+        let p = Path::new(entry);
+        let resolved = if p.is_absolute() {
+            resolve_real(p).map_err(|e| e.to_string())
+        } else {
+            Err("not an absolute path".to_owned())
+        };
+        resolved
+            .map_err(|why| refused.push(format!("{list} entry `{entry}`: {why}")))
+            .ok()
+    };
+    let allow: Vec<PathBuf> = entries
+        .allow
+        .iter()
+        .filter_map(|e| real("allow", e))
+        .collect();
+    let deny = entries
+        .deny
+        .iter()
+        .filter_map(|e| real("deny", e))
+        .collect();
+    let allow = allow
+        .into_iter()
+        .filter(|p| match super::offerable::never_granted(p, Some(home)) {
+            Some(why) => {
+                refused.push(format!(
+                    "allow entry `{}` is never granted: {why}",
+                    p.display()
+                ));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let rules = super::build::ProjectRules {
+        allow,
+        deny,
+        strict_git: entries.strict_git,
+    };
+    (rules, refused)
 }
 
 /// How far below a root repositories are looked for, and how many entries
@@ -659,6 +714,30 @@ mod tests {
         }
         // The settings file is the agent's to create, not ours.
         assert!(!home.join(".claude.json").exists());
+    }
+
+    #[test]
+    fn project_entries_are_resolved_and_never_granted_places_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(home.join(".ssh")).unwrap();
+        std::fs::create_dir_all(home.join("shared")).unwrap();
+        let entries = project::Entries {
+            allow: vec![
+                home.join("shared").display().to_string(),
+                home.join(".ssh").display().to_string(),
+                "relative/dir".into(),
+            ],
+            deny: vec![home.join("shared/secret").display().to_string()],
+            strict_git: true,
+        };
+        let (rules, refused) = project_rules(&entries, &home);
+        assert_eq!(rules.allow, vec![home.join("shared")]);
+        assert_eq!(rules.deny, vec![home.join("shared/secret")]);
+        assert!(rules.strict_git);
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(refused.iter().any(|r| r.contains(".ssh") && r.contains("never granted")));
+        assert!(refused.iter().any(|r| r.contains("relative/dir") && r.contains("absolute")));
     }
 
     #[test]
