@@ -629,6 +629,11 @@ fn arm_mounts(
         bind(&r.path)?;
         setattr(&r.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
     }
+    // Islands beneath a grant: read-only again, after it.
+    for r in &plan.readonly_again {
+        bind(&r.path)?;
+        setattr(&r.path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
+    }
     for h in &plan.hidden {
         let meta = std::fs::symlink_metadata(&h.path);
         if meta.is_err() && plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path)) {

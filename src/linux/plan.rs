@@ -70,6 +70,10 @@ pub struct Plan {
     /// the read-only binds.
     #[serde(default)]
     pub reopen: Vec<Step>,
+    /// Islands beneath a reopened grant: read-only again after it (a grant
+    /// never opens the sandbox's own configuration).
+    #[serde(default)]
+    pub readonly_again: Vec<Step>,
     /// Covered so nothing inside can be reached (sockets of services that
     /// would write for the caller).
     pub hidden: Vec<Step>,
@@ -379,7 +383,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     }
     plan.gaps.push(step(
         Path::new("/"),
-        "a .zcode/acp created later beneath a writable directory is not read-only on Linux; the approval ledger guards what it may say",
+        "a .zcode/acp deeper than a writable directory's top, or created later, is not read-only on Linux; the approval ledger guards what it may say",
     ));
 
     let (hide, unseen) = hidden_candidates(session, fs);
@@ -419,6 +423,20 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     plan.pins.sort_by_key(|s| depth(&s.path));
     plan.readonly.sort_by_key(|s| depth(&s.path));
     plan.reopen.sort_by_key(|s| depth(&s.path));
+    // A grant never reopens an island: none at or above one is kept, and
+    // islands beneath a kept one are made read-only again after it.
+    let island =
+        |p: &Path| policy.evaluate_resolved(p, crate::policy::Op::Write).kind == Kind::Island;
+    plan.reopen.retain(|r| !island(&r.path));
+    // Nor does any allow rule bind one writable (a workspace opened inside
+    // a `.zcode/acp`, a grant of the managed root).
+    plan.writable.retain(|w| !island(&w.path));
+    plan.readonly_again = plan
+        .readonly
+        .iter()
+        .filter(|s| island(&s.path) && plan.reopen.iter().any(|r| s.path.starts_with(&r.path)))
+        .cloned()
+        .collect();
     plan.landlock_dirs.dedup();
     plan.landlock_files.dedup();
     plan

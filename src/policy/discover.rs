@@ -371,7 +371,10 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
         if let Ok(mut s) = STALLED.lock() {
             *s = Some(std::time::Instant::now());
         }
-        return None;
+        // Git could not answer: what the repository's own config says is
+        // protected all the same.
+        let value = written_hooks_path(&repo_configs)?;
+        return real_even_if_absent(&work_tree.join(value));
     };
     let value = String::from_utf8(out.stdout).ok()?;
     let value = value.trim_end_matches('\n');
@@ -379,6 +382,30 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
         return None;
     }
     real_even_if_absent(&work_tree.join(value))
+}
+
+/// The last `hooksPath = VALUE` written in these config files, read
+/// plainly (no includes, no sections checked): the fallback when git itself
+/// cannot be asked.
+fn written_hooks_path(configs: &[PathBuf]) -> Option<String> {
+    let mut found = None;
+    for f in configs {
+        let Ok(bytes) = crate::config::atomic::read_regular(f, true) else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            if key.trim().eq_ignore_ascii_case("hookspath") {
+                let value = value.trim().trim_matches('"').trim();
+                if !value.is_empty() {
+                    found = Some(value.to_owned());
+                }
+            }
+        }
+    }
+    found
 }
 
 /// Whether any config git would read for this repository mentions
@@ -717,6 +744,17 @@ mod tests {
     }
 
     #[test]
+    fn a_written_hooks_path_is_read_when_git_cannot_be_asked() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("config"), t.path().join("config.worktree"));
+        std::fs::write(&a, "[core]\n\tbare = false\n\thooksPath = .husky\n").unwrap();
+        assert_eq!(written_hooks_path(std::slice::from_ref(&a)).as_deref(), Some(".husky"));
+        std::fs::write(&b, "[core]\n  HOOKSPATH = \"/srv/hooks\"\n").unwrap();
+        assert_eq!(written_hooks_path(&[a, b]).as_deref(), Some("/srv/hooks"));
+        assert_eq!(written_hooks_path(&[t.path().join("absent")]), None);
+    }
+
+    #[test]
     fn project_entries_are_resolved_and_never_granted_places_refused() {
         let t = tempfile::tempdir().unwrap();
         let home = std::fs::canonicalize(t.path()).unwrap();
@@ -736,8 +774,12 @@ mod tests {
         assert_eq!(rules.deny, vec![home.join("shared/secret")]);
         assert!(rules.strict_git);
         assert_eq!(refused.len(), 2, "{refused:?}");
-        assert!(refused.iter().any(|r| r.contains(".ssh") && r.contains("never granted")));
-        assert!(refused.iter().any(|r| r.contains("relative/dir") && r.contains("absolute")));
+        assert!(refused
+            .iter()
+            .any(|r| r.contains(".ssh") && r.contains("never granted")));
+        assert!(refused
+            .iter()
+            .any(|r| r.contains("relative/dir") && r.contains("absolute")));
     }
 
     #[test]

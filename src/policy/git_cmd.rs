@@ -14,12 +14,17 @@ pub const LIMIT: Duration = Duration::from_secs(3);
 /// output, or `None` when it could not start or took longer than `limit`
 /// (it is then killed and reaped).
 pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
+        .stderr(Stdio::null());
+    // A busy machine can refuse a fork for a moment (EAGAIN): once more.
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(_) => {
+            std::thread::sleep(Duration::from_millis(50));
+            cmd.spawn().ok()?
+        }
+    };
     let mut stdout = child.stdout.take()?;
     let pid = child.id();
     // Waited for on a thread of its own, so the answer is taken the moment

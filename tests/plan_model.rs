@@ -1,0 +1,358 @@
+//! The Linux plan decides writes as the policy does.
+//!
+//! A model of the executor (binds made writable in depth order, copy-on-
+//! write layers and private tmpfs writable, read-only binds, grants
+//! reopened, covered paths unreachable; Landlock allowing writes only
+//! beneath its directories and files) runs every plan built from random
+//! policies over a world where every path a rule names exists, and must
+//! agree with `Policy::evaluate_resolved` on every write, except where the
+//! plan itself names a gap. The executor's own order is tested on the real
+//! kernel in `tests/linux_sandbox.rs`; this checks the planner's choices.
+#![cfg(target_os = "linux")]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use zcode_acp::linux::plan::{self, Fs, Plan, Session};
+use zcode_acp::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+use zcode_acp::policy::{Matcher, Op, Policy};
+
+/// Every path a rule names exists (directories for subpaths, files for
+/// literals), with its parents.
+struct World {
+    dirs: BTreeSet<PathBuf>,
+    files: BTreeSet<PathBuf>,
+}
+
+impl World {
+    fn of(policy: &Policy) -> World {
+        let mut w = World {
+            dirs: BTreeSet::new(),
+            files: BTreeSet::new(),
+        };
+        for rule in &policy.rules {
+            match &rule.matcher {
+                Matcher::Subpath(p) => w.dir(p),
+                Matcher::Literal(p) => {
+                    if let Some(parent) = p.parent() {
+                        w.dir(parent);
+                    }
+                    if !w.dirs.contains(p) {
+                        w.files.insert(p.clone());
+                    }
+                }
+                Matcher::NamePrefix { dir, .. } => w.dir(dir),
+                // The bridge makes <root>/.zcode/acp before arming.
+                Matcher::ZcodeConfig { beneath } => w.dir(&beneath.join(".zcode/acp")),
+            }
+        }
+        w
+    }
+
+    fn dir(&mut self, p: &Path) {
+        for a in p.ancestors() {
+            self.files.remove(a);
+            self.dirs.insert(a.to_path_buf());
+        }
+    }
+}
+
+impl Fs for World {
+    fn is_dir(&self, p: &Path) -> bool {
+        self.dirs.contains(p)
+    }
+    fn exists(&self, p: &Path) -> bool {
+        self.dirs.contains(p) || self.files.contains(p)
+    }
+    fn list(&self, p: &Path) -> Vec<String> {
+        self.dirs
+            .iter()
+            .chain(&self.files)
+            .filter(|c| c.parent() == Some(p))
+            .filter_map(|c| c.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect()
+    }
+    fn is_socket(&self, _p: &Path) -> bool {
+        false
+    }
+}
+
+/// Whether the executor's mounts plus Landlock leave `path` writable.
+fn writable(plan: &Plan, path: &Path) -> bool {
+    let under = |steps: &[plan::Step]| steps.iter().any(|s| path.starts_with(&s.path));
+    let mut rw = false;
+    if under(&plan.writable) || under(&plan.layered) || under(&plan.tmpfs) {
+        rw = true;
+    }
+    if under(&plan.readonly) {
+        rw = false;
+    }
+    // A grant reopens everything beneath it (the executor clears
+    // read-only recursively there); islands beneath it are made read-only
+    // again after it.
+    if under(&plan.reopen) {
+        rw = true;
+    }
+    if under(&plan.readonly_again) {
+        rw = false;
+    }
+    if under(&plan.hidden) {
+        rw = false;
+    }
+    // Writing a device node is no write to its filesystem: a read-only
+    // mount does not stop it, Landlock does.
+    let device = path.starts_with("/dev");
+    let landlock = plan.landlock_dirs.iter().any(|d| path.starts_with(d))
+        || plan.landlock_files.iter().any(|f| f == path);
+    (rw || device) && landlock
+}
+
+/// Whether the plan says it cannot enforce what the policy says at `path`.
+fn in_a_gap(plan: &Plan, path: &Path) -> bool {
+    plan.gaps.iter().any(|g| {
+        let text = g.path.to_string_lossy();
+        match text.strip_suffix('*') {
+            // `dir/prefix*`: every entry of the granted prefix, and below.
+            Some(prefix) => {
+                let prefix = Path::new(prefix);
+                let (Some(dir), Some(name)) = (prefix.parent(), prefix.file_name()) else {
+                    return false;
+                };
+                path.strip_prefix(dir)
+                    .ok()
+                    .and_then(|rest| rest.components().next())
+                    .is_some_and(|first| {
+                        first
+                            .as_os_str()
+                            .to_string_lossy()
+                            .starts_with(&*name.to_string_lossy())
+                    })
+            }
+            None => g.path != Path::new("/") && path.starts_with(&g.path),
+        }
+    })
+}
+
+const NAMES: &[&str] = &[
+    "a", "b", ".git", "hooks", "config", ".zcode", "acp", ".vscode", ".envrc",
+];
+
+fn path_under(base: &'static str) -> impl Strategy<Value = PathBuf> {
+    prop::collection::vec(prop::sample::select(NAMES), 0..5).prop_map(move |parts| {
+        let mut p = PathBuf::from(base);
+        for part in parts {
+            p.push(part);
+        }
+        p
+    })
+}
+
+fn any_path() -> impl Strategy<Value = PathBuf> {
+    prop_oneof![
+        path_under("/w"),
+        path_under("/h"),
+        path_under("/h/.zcode-acp")
+    ]
+}
+
+fn input() -> impl Strategy<Value = PolicyInput> {
+    let root = (
+        path_under("/h/src"),
+        prop::collection::vec(any_path(), 0..2),
+        prop::collection::vec(any_path(), 0..2),
+        any::<bool>(),
+        prop::collection::vec(prop::sample::select(&["", "a", "b/a"][..]), 0..3),
+    )
+        .prop_map(|(path, allow, deny, strict_git, repo_dirs)| {
+            let repos = repo_dirs
+                .into_iter()
+                .map(|d| {
+                    let tree = if d.is_empty() {
+                        path.clone()
+                    } else {
+                        path.join(d)
+                    };
+                    Repo {
+                        git_dir: tree.join(".git"),
+                        common_dir: tree.join(".git"),
+                        hooks_path: Some(tree.join(".husky")),
+                        work_tree: tree,
+                    }
+                })
+                .collect();
+            RootInput {
+                path,
+                project: ProjectRules {
+                    allow,
+                    deny,
+                    strict_git,
+                },
+                repos,
+            }
+        });
+    (
+        prop::collection::vec(root, 1..3),
+        prop::collection::vec(any_path(), 0..2),
+        prop::collection::vec(any_path(), 0..2),
+    )
+        .prop_map(|(roots, temps, once)| PolicyInput {
+            platform: Platform::Linux,
+            home: "/h".into(),
+            roots,
+            backend_state: vec![],
+            temp_and_caches: temps
+                .into_iter()
+                .map(|t| Grant {
+                    matcher: Matcher::Subpath(t),
+                    why: "temp".into(),
+                    layered: false,
+                })
+                .collect(),
+            once_allows: once,
+            profile_dir: Some("/h/.zcode-acp/sandbox/gen".into()),
+            managed_root: "/h/.zcode-acp".into(),
+        })
+}
+
+/// Paths worth asking about: around every rule's anchor.
+fn probes(policy: &Policy) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for rule in &policy.rules {
+        let anchor = match &rule.matcher {
+            Matcher::Subpath(p) | Matcher::Literal(p) => p.clone(),
+            Matcher::NamePrefix { dir, prefix } => dir.join(prefix),
+            Matcher::ZcodeConfig { beneath } => beneath.clone(),
+        };
+        for extra in ["", "child", ".zcode/acp/sandbox.json", "new/deeper/file"] {
+            out.push(if extra.is_empty() {
+                anchor.clone()
+            } else {
+                anchor.join(extra)
+            });
+        }
+        if let Some(parent) = anchor.parent() {
+            out.push(parent.to_path_buf());
+        }
+    }
+    out
+}
+
+fn session() -> Session {
+    Session {
+        uid: 1000,
+        ssh_auth_sock: None,
+        xdg_runtime_dir: None,
+        home: Some(("/h".into(), "/h".into())),
+        supervise: true,
+        bound_sockets: vec![],
+        layers: None,
+    }
+}
+
+fn disagreements(policy: &Policy, world: &World, plan: &Plan, paths: &[PathBuf]) -> Vec<String> {
+    let mut out = Vec::new();
+    for path in paths {
+        if in_a_gap(plan, path) {
+            continue;
+        }
+        // Nothing can be made beneath a file.
+        if path.ancestors().skip(1).any(|a| world.files.contains(a)) {
+            continue;
+        }
+        let expected = policy.evaluate_resolved(path, Op::Write);
+        // The plan's gap at `/`: a `.zcode/acp` below a writable
+        // directory's top, or made after arming, is not read-only (the
+        // approval ledger guards what it may say).
+        let made_later = path.ancestors().any(|a| {
+            a.file_name().is_some_and(|n| n == ".zcode")
+                && !plan.readonly.iter().any(|r| r.path == a.join("acp"))
+        });
+        if made_later {
+            continue;
+        }
+        // A directory named `.zcode` is itself an island in the policy, so
+        // that none can be renamed into place or away; the plan makes an
+        // existing one a mountpoint (a pin, or a writable bind of a grant),
+        // which no rename moves, while the directory's own attributes
+        // follow that mount: a mount's root cannot be read-only while what
+        // is beneath it is writable.
+        if path.file_name().is_some_and(|n| n == ".zcode")
+            && plan
+                .writable
+                .iter()
+                .chain(&plan.pins)
+                .any(|w| w.path == *path)
+        {
+            continue;
+        }
+        let got = writable(plan, path);
+        // A protected file name that is a directory here (a root named
+        // `.envrc`) is made read-only whole: more than the policy asks,
+        // never less.
+        let literal_dir_above = || {
+            policy.rules.iter().any(|r| {
+                matches!(&r.matcher, Matcher::Literal(l) if world.dirs.contains(l) && path.starts_with(l) && path != l)
+            })
+        };
+        if got != expected.allowed && !(expected.allowed && literal_dir_above()) {
+            out.push(format!(
+                "{}: plan says {got}, policy says {expected:?}",
+                path.display()
+            ));
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn the_plan_decides_writes_as_the_policy_does(input in input(), extra in prop::collection::vec(any_path(), 0..20)) {
+        let policy = Policy::build(&input);
+        let world = World::of(&policy);
+        let plan = plan::build(&policy, &world, &session());
+        let mut paths = probes(&policy);
+        paths.extend(extra);
+        let wrong = disagreements(&policy, &world, &plan, &paths);
+        prop_assert!(wrong.is_empty(), "{:#?}\nplan: {:#?}", wrong, plan);
+    }
+}
+
+/// The model can disagree: a plan without the read-only bind of a
+/// protected path, or that binds an island writable, is caught.
+#[test]
+fn the_model_itself_can_disagree() {
+    let input = PolicyInput {
+        platform: Platform::Linux,
+        home: "/h".into(),
+        roots: vec![RootInput {
+            path: "/h/src/w".into(),
+            project: ProjectRules::default(),
+            repos: vec![],
+        }],
+        backend_state: vec![],
+        temp_and_caches: vec![],
+        once_allows: vec![],
+        profile_dir: None,
+        managed_root: "/h/.zcode-acp".into(),
+    };
+    let policy = Policy::build(&input);
+    let world = World::of(&policy);
+    let plan = plan::build(&policy, &world, &session());
+    let tasks = PathBuf::from("/h/src/w/.vscode/tasks.json");
+    let island = PathBuf::from("/h/src/w/.zcode/acp/sandbox.json");
+    let probes = [tasks.clone(), island.clone()];
+    assert!(disagreements(&policy, &world, &plan, &probes).is_empty());
+    let mut open_vscode = plan.clone();
+    open_vscode
+        .readonly
+        .retain(|r| !r.path.ends_with(".vscode"));
+    assert!(!disagreements(&policy, &world, &open_vscode, &[tasks]).is_empty());
+    let mut open_island = plan.clone();
+    open_island.reopen.push(plan::Step {
+        path: "/h/src/w/.zcode/acp".into(),
+        why: "a broken planner".into(),
+    });
+    assert!(!disagreements(&policy, &world, &open_island, &[island]).is_empty());
+}
