@@ -719,11 +719,28 @@ fn die(what: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(126);
 }
 
+/// The number of threads of this process.
+fn threads() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Arms the sandbox and runs the command; returns the exit code to use.
 /// Must be called from a single-threaded process.
 pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     if spec.argv.is_empty() {
         return Err(LaunchError::Refused("no command to run".into()));
+    }
+    // A user namespace cannot be entered by a process with threads (the
+    // kernel says EINVAL), which must never read as "no namespaces here"
+    // and quietly arm less.
+    if threads() != Some(1) {
+        return Err(LaunchError::Refused(
+            "the launcher has more than one thread, so it cannot set the sandbox up (a bug in zcode-acp: please report it)".into(),
+        ));
     }
     // The working directory is re-entered by path once the mounts are in
     // place: the old handle still points into the read-only tree beneath.

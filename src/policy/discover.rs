@@ -748,7 +748,10 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let (a, b) = (t.path().join("config"), t.path().join("config.worktree"));
         std::fs::write(&a, "[core]\n\tbare = false\n\thooksPath = .husky\n").unwrap();
-        assert_eq!(written_hooks_path(std::slice::from_ref(&a)).as_deref(), Some(".husky"));
+        assert_eq!(
+            written_hooks_path(std::slice::from_ref(&a)).as_deref(),
+            Some(".husky")
+        );
         std::fs::write(&b, "[core]\n  HOOKSPATH = \"/srv/hooks\"\n").unwrap();
         assert_eq!(written_hooks_path(&[a, b]).as_deref(), Some("/srv/hooks"));
         assert_eq!(written_hooks_path(&[t.path().join("absent")]), None);

@@ -5,15 +5,18 @@
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest one git call may take before it is killed.
 pub const LIMIT: Duration = Duration::from_secs(3);
 
 /// Runs `cmd` (a git command) with no stdin and stderr discarded; its
 /// output, or `None` when it could not start or took longer than `limit`
-/// (it is then killed and reaped).
+/// (it is then killed and reaped). No thread is started: the launcher that
+/// calls this must stay single-threaded, or it could not unshare a user
+/// namespace afterwards.
 pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
+    use std::os::fd::AsFd;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
@@ -25,32 +28,55 @@ pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
             cmd.spawn().ok()?
         }
     };
+    let deadline = Instant::now() + limit;
     let mut stdout = child.stdout.take()?;
-    let pid = child.id();
-    // Waited for on a thread of its own, so the answer is taken the moment
-    // git exits (no polling), and read meanwhile so a large output never
-    // fills the pipe.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let _ = stdout.read_to_end(&mut out);
-        let _ = tx.send((child.wait(), out));
-    });
-    match rx.recv_timeout(limit) {
-        Ok((Ok(status), stdout)) => Some(Output {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let finished = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [nix::poll::PollFd::new(
+            stdout.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(0) if left.is_zero() => break false,
+            Ok(0) => continue,
+            Ok(_) => match stdout.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break false,
+        }
+    };
+    // Its output is complete; it exits at once (a little grace for that).
+    let status = if finished {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                _ => break None,
+            }
+        }
+    } else {
+        None
+    };
+    match status {
+        Some(status) => Some(Output {
             status,
-            stdout,
+            stdout: out,
             stderr: Vec::new(),
         }),
-        Ok((Err(_), _)) => None,
-        Err(_) => {
+        None => {
             tracing::warn!(command = ?cmd, "git did not answer within {} s (a FIFO or device in the repository?); stopped it", limit.as_secs());
-            // SAFETY: kill(2) of our own child, not reaped yet (the waiter
-            // reaps it once it dies), so the pid is still its.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-            let _ = waiter.join();
+            // Our own child, by its handle.
+            let _ = child.kill();
+            let _ = child.wait();
             None
         }
     }
@@ -68,8 +94,6 @@ pub fn readable_config(path: &std::path::Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::time::Instant;
 
     #[test]
     fn a_fifo_config_never_blocks() {
