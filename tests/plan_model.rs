@@ -356,3 +356,43 @@ fn the_model_itself_can_disagree() {
     });
     assert!(!disagreements(&policy, &world, &open_island, &[island]).is_empty());
 }
+
+/// An island is never granted, at any level: not bound writable, not
+/// reopened, and not given Landlock write rights (the only guard at the
+/// landlock-only level), even when an approved entry names it.
+#[test]
+fn an_island_named_by_a_grant_gets_no_write_rights() {
+    let input = PolicyInput {
+        platform: Platform::Linux,
+        home: "/h".into(),
+        roots: vec![RootInput {
+            path: "/h/src/w".into(),
+            project: ProjectRules {
+                allow: vec!["/h/.zcode-acp/layers".into()],
+                deny: vec!["/h/.zcode-acp".into()],
+                strict_git: false,
+            },
+            repos: vec![],
+        }],
+        backend_state: vec![],
+        temp_and_caches: vec![],
+        once_allows: vec!["/h/.zcode-acp".into()],
+        profile_dir: None,
+        managed_root: "/h/.zcode-acp".into(),
+    };
+    let policy = Policy::build(&input);
+    let plan = plan::build(&policy, &World::of(&policy), &session());
+    for managed in ["/h/.zcode-acp", "/h/.zcode-acp/layers"] {
+        let managed = Path::new(managed);
+        assert!(
+            !plan.writable.iter().any(|s| s.path == managed),
+            "{plan:#?}"
+        );
+        assert!(!plan.reopen.iter().any(|s| s.path == managed), "{plan:#?}");
+        assert!(
+            !plan.landlock_dirs.iter().any(|d| d == managed),
+            "{plan:#?}"
+        );
+    }
+    assert!(!writable(&plan, Path::new("/h/.zcode-acp/ledger/x")));
+}

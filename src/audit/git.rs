@@ -64,7 +64,7 @@ pub fn running_entries(config: &Path) -> Vec<(String, String)> {
     cmd.args(["config", "--no-includes", "--file"])
         .arg(config)
         .args(["--list", "-z"]);
-    let Some(out) = git_cmd::output(cmd, git_cmd::LIMIT) else {
+    let Ok(out) = git_cmd::output(cmd, git_cmd::LIMIT) else {
         return Vec::new();
     };
     String::from_utf8_lossy(&out.stdout)

@@ -116,24 +116,30 @@ impl Bridge {
                                 track::apply_success(track.clone(), &frame, &mut self.sessions);
                             match track {
                                 track::Track::Initialize { params } => {
-                                    self.caps =
-                                        track::restore_caps(frame.payload_raw().unwrap_or("null"));
-                                    self.initialize = Some(params);
-                                    if self.hook.confines() {
-                                        match police::hide_mcp_over_acp(&frame, editor_id.as_str())
-                                        {
-                                            Ok(e) => edited = e,
-                                            Err(e) => {
-                                                let message = format!("zcode-acp cannot pass on the agent's initialize answer: {e}; the agent's answer is ambiguous, so MCP over ACP could not be hidden while the sandbox is armed");
-                                                warn!("{message}");
-                                                edited =
-                                                    Some(crate::relay::envelope::error_response(
-                                                        &editor_id,
-                                                        codes::INTERNAL_ERROR,
-                                                        &message,
-                                                        None,
-                                                    ));
-                                            }
+                                    let hidden = if self.hook.confines() {
+                                        police::hide_mcp_over_acp(&frame, editor_id.as_str())
+                                    } else {
+                                        Ok(None)
+                                    };
+                                    match hidden {
+                                        // Only an answer the editor gets is
+                                        // replayed to later generations.
+                                        Ok(e) => {
+                                            edited = e;
+                                            self.caps = track::restore_caps(
+                                                frame.payload_raw().unwrap_or("null"),
+                                            );
+                                            self.initialize = Some(params);
+                                        }
+                                        Err(e) => {
+                                            let message = format!("zcode-acp cannot pass on the agent's initialize answer: {e}; the agent's answer is ambiguous, so MCP over ACP could not be hidden while the sandbox is armed");
+                                            warn!("{message}");
+                                            edited = Some(crate::relay::envelope::error_response(
+                                                &editor_id,
+                                                codes::INTERNAL_ERROR,
+                                                &message,
+                                                None,
+                                            ));
                                         }
                                     }
                                 }

@@ -53,9 +53,13 @@ impl Slot {
             };
             let dir = base.join(n.to_string());
             crate::config::atomic::create_real_dir_path(&dir, 0o700).map_err(|e| e.to_string())?;
-            if due_for_measuring(base, n) && grown_past(&dir, CAP) {
-                tracing::warn!(slot = %dir.display(), "the caches' layer grew past {} GiB; it starts empty", CAP >> 30);
-                empty(&dir).map_err(|e| e.to_string())?;
+            if due_for_measuring(base, n) {
+                if grown_past(&dir, CAP) {
+                    tracing::warn!(slot = %dir.display(), "the caches' layer grew past {} GiB; it starts empty", CAP >> 30);
+                    empty(&dir).map_err(|e| e.to_string())?;
+                }
+                // Stamped once measured (and emptied where it had to be).
+                stamp_measured(base, n);
             }
             let slot = Slot { dir, _lock: lock };
             for l in layered {
@@ -80,24 +84,23 @@ impl Slot {
     }
 }
 
-/// Whether the tree at `dir` holds more than `cap` bytes (walked only as
-/// far as needed to tell).
 /// Measuring a slot walks all of it (tens of thousands of files after a
 /// few builds), which every launch, editor terminals included, would pay:
 /// a slot is measured at most every ten minutes, stamped beside its lock.
 fn due_for_measuring(base: &Path, n: usize) -> bool {
-    let stamp = base.join(format!("{n}.measured"));
-    let recent = std::fs::symlink_metadata(&stamp)
+    let recent = std::fs::symlink_metadata(base.join(format!("{n}.measured")))
         .ok()
         .filter(|m| m.file_type().is_file())
         .and_then(|m| m.modified().ok())
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age < std::time::Duration::from_secs(600));
-    if recent {
-        return false;
-    }
-    // Made anew (never through a symlink): its mtime is the stamp.
+    !recent
+}
+
+/// Made anew (never through a symlink): its mtime is the stamp.
+fn stamp_measured(base: &Path, n: usize) {
     use std::os::unix::fs::OpenOptionsExt;
+    let stamp = base.join(format!("{n}.measured"));
     let _ = std::fs::remove_file(&stamp);
     let _ = std::fs::OpenOptions::new()
         .write(true)
@@ -105,9 +108,10 @@ fn due_for_measuring(base: &Path, n: usize) -> bool {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&stamp);
-    true
 }
 
+/// Whether the tree at `dir` holds more than `cap` bytes (walked only as
+/// far as needed to tell).
 fn grown_past(dir: &Path, cap: u64) -> bool {
     let mut total = 0u64;
     let mut stack = vec![dir.to_path_buf()];
@@ -198,6 +202,7 @@ mod tests {
     fn a_slot_is_measured_at_most_every_ten_minutes() {
         let t = tempfile::tempdir().unwrap();
         assert!(due_for_measuring(t.path(), 0));
+        stamp_measured(t.path(), 0);
         assert!(!due_for_measuring(t.path(), 0));
         assert!(
             due_for_measuring(t.path(), 1),

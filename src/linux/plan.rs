@@ -431,6 +431,9 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     // Nor does any allow rule bind one writable (a workspace opened inside
     // a `.zcode/acp`, a grant of the managed root).
     plan.writable.retain(|w| !island(&w.path));
+    // And Landlock, the only guard at the landlock-only level, grants none.
+    plan.landlock_dirs.retain(|d| !island(d));
+    plan.landlock_files.retain(|f| !island(f));
     plan.readonly_again = plan
         .readonly
         .iter()

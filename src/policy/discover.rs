@@ -354,12 +354,17 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
     // minutes of arming. The enclosing repository is asked first.
     static STALLED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
     let recently = |t: &std::time::Instant| t.elapsed() < std::time::Duration::from_secs(30);
+    // What the repository's own config says is protected when git cannot
+    // be asked.
+    let written = || {
+        written_hooks_path(&repo_configs).and_then(|v| real_even_if_absent(&expand(work_tree, &v)))
+    };
     if STALLED
         .lock()
         .is_ok_and(|s| s.as_ref().is_some_and(recently))
     {
         tracing::warn!(git_dir = %git_dir.display(), "not asking git for core.hooksPath: it stalled on another repository moments ago");
-        return None;
+        return written();
     }
     let mut cmd = std::process::Command::new("git");
     cmd.arg("--git-dir")
@@ -367,14 +372,16 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
         .arg("--work-tree")
         .arg(work_tree)
         .args(["config", "--type=path", "--get", "core.hooksPath"]);
-    let Some(out) = super::git_cmd::output(cmd, super::git_cmd::LIMIT) else {
-        if let Ok(mut s) = STALLED.lock() {
-            *s = Some(std::time::Instant::now());
+    let out = match super::git_cmd::output(cmd, super::git_cmd::LIMIT) {
+        Ok(out) => out,
+        Err(why) => {
+            if why == super::git_cmd::NoAnswer::TimedOut {
+                if let Ok(mut s) = STALLED.lock() {
+                    *s = Some(std::time::Instant::now());
+                }
+            }
+            return written();
         }
-        // Git could not answer: what the repository's own config says is
-        // protected all the same.
-        let value = written_hooks_path(&repo_configs)?;
-        return real_even_if_absent(&work_tree.join(value));
     };
     let value = String::from_utf8(out.stdout).ok()?;
     let value = value.trim_end_matches('\n');
@@ -385,8 +392,9 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
 }
 
 /// The last `hooksPath = VALUE` written in these config files, read
-/// plainly (no includes, no sections checked): the fallback when git itself
-/// cannot be asked.
+/// plainly (no includes, no sections checked; a `[core]` header on the same
+/// line, quotes and trailing `;`/`#` comments handled): the fallback when
+/// git itself cannot be asked.
 fn written_hooks_path(configs: &[PathBuf]) -> Option<String> {
     let mut found = None;
     for f in configs {
@@ -394,18 +402,36 @@ fn written_hooks_path(configs: &[PathBuf]) -> Option<String> {
             continue;
         };
         for line in String::from_utf8_lossy(&bytes).lines() {
+            let mut line = line.trim_start();
+            if line.starts_with('[') {
+                line = line.split_once(']').map_or("", |(_, rest)| rest);
+            }
             let Some((key, value)) = line.split_once('=') else {
                 continue;
             };
-            if key.trim().eq_ignore_ascii_case("hookspath") {
-                let value = value.trim().trim_matches('"').trim();
-                if !value.is_empty() {
-                    found = Some(value.to_owned());
-                }
+            if !key.trim().eq_ignore_ascii_case("hookspath") {
+                continue;
+            }
+            let value = value.trim();
+            let value = match value.strip_prefix('"') {
+                Some(quoted) => quoted.split('"').next().unwrap_or(""),
+                None => value.split([';', '#']).next().unwrap_or("").trim(),
+            };
+            if !value.is_empty() {
+                found = Some(value.to_owned());
             }
         }
     }
     found
+}
+
+/// A config path value as git reads it (`--type=path`): `~/` is the home
+/// directory, a relative one is relative to the work tree.
+fn expand(work_tree: &Path, value: &str) -> PathBuf {
+    match (value.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => work_tree.join(value),
+    }
 }
 
 /// Whether any config git would read for this repository mentions
@@ -431,7 +457,16 @@ fn may_name_hooks_path(repo_configs: &[PathBuf]) -> bool {
             .or_else(|| home.as_ref().map(|h| h.join(".config")))
             .map(|x| x.join("git/config")),
     );
-    files.push(env_path("GIT_CONFIG_SYSTEM").unwrap_or_else(|| "/etc/gitconfig".into()));
+    // The system file is wherever git was built to look: /etc for a
+    // distribution's git, `<prefix>/etc` for one built from source or by
+    // Homebrew (/usr/local, /opt/homebrew); both are read.
+    match env_path("GIT_CONFIG_SYSTEM") {
+        Some(f) => files.push(f),
+        None => {
+            files.push("/etc/gitconfig".into());
+            files.extend(git_prefix().map(|p| p.join("etc/gitconfig")));
+        }
+    }
     files.iter().any(|f| {
         match crate::config::atomic::read_regular(f, true) {
             Ok(bytes) => {
@@ -443,6 +478,22 @@ fn may_name_hooks_path(repo_configs: &[PathBuf]) -> bool {
             Err(e) => e.kind() != std::io::ErrorKind::NotFound,
         }
     })
+}
+
+/// The install prefix of the `git` found on PATH (`/usr/local` for
+/// `/usr/local/bin/git`), looked up once.
+fn git_prefix() -> Option<PathBuf> {
+    static PREFIX: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PREFIX
+        .get_or_init(|| {
+            let path = std::env::var_os("PATH")?;
+            let git = std::env::split_paths(&path)
+                .map(|d| d.join("git"))
+                .find(|g| g.is_file())?;
+            let real = std::fs::canonicalize(git).ok()?;
+            Some(real.parent()?.parent()?.to_path_buf())
+        })
+        .clone()
 }
 
 /// `path` as a real path; where it does not exist yet (a hooks directory
@@ -753,7 +804,15 @@ mod tests {
             Some(".husky")
         );
         std::fs::write(&b, "[core]\n  HOOKSPATH = \"/srv/hooks\"\n").unwrap();
-        assert_eq!(written_hooks_path(&[a, b]).as_deref(), Some("/srv/hooks"));
+        assert_eq!(
+            written_hooks_path(&[a.clone(), b.clone()]).as_deref(),
+            Some("/srv/hooks")
+        );
+        std::fs::write(&b, "[core] hooksPath = .githooks ; set by the team\n").unwrap();
+        assert_eq!(
+            written_hooks_path(std::slice::from_ref(&b)).as_deref(),
+            Some(".githooks")
+        );
         assert_eq!(written_hooks_path(&[t.path().join("absent")]), None);
     }
 

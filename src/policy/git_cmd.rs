@@ -11,11 +11,20 @@ use std::time::{Duration, Instant};
 pub const LIMIT: Duration = Duration::from_secs(3);
 
 /// Runs `cmd` (a git command) with no stdin and stderr discarded; its
-/// output, or `None` when it could not start or took longer than `limit`
-/// (it is then killed and reaped). No thread is started: the launcher that
+/// output, or why there is none: it could not start, or took longer than
+/// `limit` (it is then killed and reaped). No thread is started: the launcher that
 /// calls this must stay single-threaded, or it could not unshare a user
 /// namespace afterwards.
-pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
+/// Why git gave no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// It could not be started (not installed, not on PATH).
+    Unavailable,
+    /// It took longer than the limit (a FIFO or device in the repository).
+    TimedOut,
+}
+
+pub fn output(mut cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
     use std::os::fd::AsFd;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -23,13 +32,14 @@ pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
     // A busy machine can refuse a fork for a moment (EAGAIN): once more.
     let mut child = match cmd.spawn() {
         Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(NoAnswer::Unavailable),
         Err(_) => {
             std::thread::sleep(Duration::from_millis(50));
-            cmd.spawn().ok()?
+            cmd.spawn().map_err(|_| NoAnswer::Unavailable)?
         }
     };
     let deadline = Instant::now() + limit;
-    let mut stdout = child.stdout.take()?;
+    let mut stdout = child.stdout.take().ok_or(NoAnswer::Unavailable)?;
     let mut out = Vec::new();
     let mut chunk = [0u8; 8192];
     let finished = loop {
@@ -67,7 +77,7 @@ pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
         None
     };
     match status {
-        Some(status) => Some(Output {
+        Some(status) => Ok(Output {
             status,
             stdout: out,
             stderr: Vec::new(),
@@ -77,7 +87,7 @@ pub fn output(mut cmd: Command, limit: Duration) -> Option<Output> {
             // Our own child, by its handle.
             let _ = child.kill();
             let _ = child.wait();
-            None
+            Err(NoAnswer::TimedOut)
         }
     }
 }
@@ -109,7 +119,14 @@ mod tests {
         let mut cmd = Command::new("git");
         cmd.args(["config", "--file"]).arg(&fifo).arg("--list");
         let started = Instant::now();
-        assert!(output(cmd, Duration::from_millis(300)).is_none());
+        assert_eq!(
+            output(cmd, Duration::from_millis(300)).unwrap_err(),
+            NoAnswer::TimedOut
+        );
+        assert_eq!(
+            output(Command::new("/nonexistent/git"), LIMIT).unwrap_err(),
+            NoAnswer::Unavailable
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
         let mut cmd = Command::new("git");
         cmd.arg("--version");
