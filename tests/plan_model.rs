@@ -10,12 +10,16 @@
 //! kernel in `tests/linux_sandbox.rs`; this checks the planner's choices.
 #![cfg(target_os = "linux")]
 
+#[path = "support/policies.rs"]
+mod policies;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use policies::{any_path, linux_projects, probes};
 use proptest::prelude::*;
 use zcode_acp::linux::plan::{self, Fs, Plan, Session};
-use zcode_acp::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
 use zcode_acp::policy::{Matcher, Op, Policy};
 
 /// Every path a rule names exists (directories for subpaths, files for
@@ -134,110 +138,6 @@ fn in_a_gap(plan: &Plan, path: &Path) -> bool {
     })
 }
 
-const NAMES: &[&str] = &[
-    "a", "b", ".git", "hooks", "config", ".zcode", "acp", ".vscode", ".envrc",
-];
-
-fn path_under(base: &'static str) -> impl Strategy<Value = PathBuf> {
-    prop::collection::vec(prop::sample::select(NAMES), 0..5).prop_map(move |parts| {
-        let mut p = PathBuf::from(base);
-        for part in parts {
-            p.push(part);
-        }
-        p
-    })
-}
-
-fn any_path() -> impl Strategy<Value = PathBuf> {
-    prop_oneof![
-        path_under("/w"),
-        path_under("/h"),
-        path_under("/h/.zcode-acp")
-    ]
-}
-
-fn input() -> impl Strategy<Value = PolicyInput> {
-    let root = (
-        path_under("/h/src"),
-        prop::collection::vec(any_path(), 0..2),
-        prop::collection::vec(any_path(), 0..2),
-        any::<bool>(),
-        prop::collection::vec(prop::sample::select(&["", "a", "b/a"][..]), 0..3),
-    )
-        .prop_map(|(path, allow, deny, strict_git, repo_dirs)| {
-            let repos = repo_dirs
-                .into_iter()
-                .map(|d| {
-                    let tree = if d.is_empty() {
-                        path.clone()
-                    } else {
-                        path.join(d)
-                    };
-                    Repo {
-                        git_dir: tree.join(".git"),
-                        common_dir: tree.join(".git"),
-                        hooks_path: Some(tree.join(".husky")),
-                        work_tree: tree,
-                    }
-                })
-                .collect();
-            RootInput {
-                path,
-                project: ProjectRules {
-                    allow,
-                    deny,
-                    strict_git,
-                },
-                repos,
-            }
-        });
-    (
-        prop::collection::vec(root, 1..3),
-        prop::collection::vec(any_path(), 0..2),
-        prop::collection::vec(any_path(), 0..2),
-    )
-        .prop_map(|(roots, temps, once)| PolicyInput {
-            platform: Platform::Linux,
-            home: "/h".into(),
-            roots,
-            backend_state: vec![],
-            temp_and_caches: temps
-                .into_iter()
-                .map(|t| Grant {
-                    matcher: Matcher::Subpath(t),
-                    why: "temp".into(),
-                    layered: false,
-                })
-                .collect(),
-            once_allows: once,
-            profile_dir: Some("/h/.zcode-acp/sandbox/gen".into()),
-            managed_root: "/h/.zcode-acp".into(),
-        })
-}
-
-/// Paths worth asking about: around every rule's anchor.
-fn probes(policy: &Policy) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for rule in &policy.rules {
-        let anchor = match &rule.matcher {
-            Matcher::Subpath(p) | Matcher::Literal(p) => p.clone(),
-            Matcher::NamePrefix { dir, prefix } => dir.join(prefix),
-            Matcher::ZcodeConfig { beneath } => beneath.clone(),
-        };
-        for extra in ["", "child", ".zcode/acp/sandbox.json", "new/deeper/file"] {
-            out.push(if extra.is_empty() {
-                anchor.clone()
-            } else {
-                anchor.join(extra)
-            });
-        }
-        if let Some(parent) = anchor.parent() {
-            out.push(parent.to_path_buf());
-        }
-    }
-    out
-}
-
 fn session() -> Session {
     Session {
         uid: 1000,
@@ -308,7 +208,7 @@ fn disagreements(policy: &Policy, world: &World, plan: &Plan, paths: &[PathBuf])
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
-    fn the_plan_decides_writes_as_the_policy_does(input in input(), extra in prop::collection::vec(any_path(), 0..20)) {
+    fn the_plan_decides_writes_as_the_policy_does(input in linux_projects(), extra in prop::collection::vec(any_path(), 0..20)) {
         let policy = Policy::build(&input);
         let world = World::of(&policy);
         let plan = plan::build(&policy, &world, &session());

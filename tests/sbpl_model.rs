@@ -7,11 +7,15 @@
 //! `Policy::evaluate_resolved` on every decision. This runs on every
 //! platform; the macOS tests check that sandbox-exec itself agrees.
 
-use std::path::{Path, PathBuf};
+#[path = "support/policies.rs"]
+mod policies;
 
+use std::path::Path;
+
+use policies::{any_path, input, probes};
 use proptest::prelude::*;
-use zcode_acp::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
-use zcode_acp::policy::{Matcher, Op, Ops, Policy};
+use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
+use zcode_acp::policy::{Op, Policy};
 use zcode_acp::seatbelt::{build_profile, build_profile_tagged};
 
 #[derive(Debug, Clone)]
@@ -179,145 +183,10 @@ fn interpret(rules: &[Rule], op: Op, path: &Path) -> bool {
         .unwrap_or(true)
 }
 
-const NAMES: &[&str] = &[
-    "a", "b", ".git", "hooks", "config", ".zcode", "acp", ".vscode", ".envrc", "x y", "q\"r",
-];
-
-fn path_under(base: &'static str) -> impl Strategy<Value = PathBuf> {
-    prop::collection::vec(prop::sample::select(NAMES), 0..5).prop_map(move |parts| {
-        let mut p = PathBuf::from(base);
-        for part in parts {
-            p.push(part);
-        }
-        p
-    })
-}
-
-fn any_path() -> impl Strategy<Value = PathBuf> {
-    prop_oneof![
-        path_under("/"),
-        path_under("/h"),
-        path_under("/h/.zcode-acp")
-    ]
-}
-
-fn input() -> impl Strategy<Value = PolicyInput> {
-    let root = (
-        any_path(),
-        prop::collection::vec(any_path(), 0..2),
-        prop::collection::vec(any_path(), 0..2),
-        any::<bool>(),
-        prop::collection::vec(prop::sample::select(&["", "a", "b/a"][..]), 0..3),
-    )
-        .prop_map(|(path, allow, deny, strict_git, repo_dirs)| {
-            let repos = repo_dirs
-                .into_iter()
-                .map(|d| {
-                    let tree = if d.is_empty() {
-                        path.clone()
-                    } else {
-                        path.join(d)
-                    };
-                    Repo {
-                        git_dir: tree.join(".git"),
-                        common_dir: tree.join(".git"),
-                        // husky's layout: hooks run from the work tree.
-                        hooks_path: Some(tree.join(".husky")),
-                        work_tree: tree,
-                    }
-                })
-                .collect();
-            RootInput {
-                path,
-                project: ProjectRules {
-                    allow,
-                    deny,
-                    strict_git,
-                },
-                repos,
-            }
-        });
-    (
-        prop::collection::vec(root, 1..3),
-        any::<bool>(),
-        prop::collection::vec(any_path(), 0..2),
-        prop::collection::vec(any_path(), 0..2),
-        any::<bool>(),
-    )
-        .prop_map(|(roots, zcode, temps, once, mac)| {
-            let mut backend_state = vec![];
-            if zcode {
-                backend_state.push(Grant {
-                    matcher: Matcher::NamePrefix {
-                        dir: "/h".into(),
-                        prefix: ".zcode".into(),
-                    },
-                    why: "zcode".into(),
-                    layered: false,
-                });
-            }
-            PolicyInput {
-                platform: if mac {
-                    Platform::Macos
-                } else {
-                    Platform::Linux
-                },
-                home: "/h".into(),
-                roots,
-                backend_state,
-                temp_and_caches: temps
-                    .into_iter()
-                    .map(|t| Grant {
-                        matcher: Matcher::Subpath(t),
-                        why: "temp".into(),
-                        layered: false,
-                    })
-                    .collect(),
-                once_allows: once,
-                profile_dir: Some("/h/.zcode-acp/sandbox/gen".into()),
-                managed_root: "/h/.zcode-acp".into(),
-            }
-        })
-}
-
-/// Paths worth asking about for a policy: around every rule's anchor.
-fn probes(policy: &Policy) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for rule in &policy.rules {
-        let anchor = match &rule.matcher {
-            Matcher::Subpath(p) | Matcher::Literal(p) => p.clone(),
-            Matcher::NamePrefix { dir, prefix } => dir.join(prefix),
-            Matcher::ZcodeConfig { beneath } => beneath.clone(),
-        };
-        for extra in [
-            "",
-            "child",
-            ".zcode",
-            ".zcode/acp",
-            ".zcode/acp/sandbox.json",
-            ".zcode/other",
-            "new/deeper/file",
-        ] {
-            out.push(if extra.is_empty() {
-                anchor.clone()
-            } else {
-                anchor.join(extra)
-            });
-        }
-        if let Some(parent) = anchor.parent() {
-            out.push(parent.to_path_buf());
-        }
-        if rule.ops == Ops::RemoveOnly {
-            out.push(anchor.join("x"));
-        }
-    }
-    out
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
-    fn the_profile_decides_as_the_policy_does(input in input(), extra in prop::collection::vec(any_path(), 0..20)) {
+    fn the_profile_decides_as_the_policy_does(input in input(true), extra in prop::collection::vec(any_path(), 0..20)) {
         let policy = Policy::build(&input);
         let profile = build_profile_tagged(&policy, Some("zcode-acp-model"))
             .expect("the alphabet is quotable");

@@ -237,6 +237,19 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     };
 
     for rule in policy.rules.iter().filter(|r| r.kind == Kind::Allow) {
+        // An allow rule a later rule takes back entirely (a project's deny
+        // entry holding a device) grants nothing: a read-only mount would
+        // not stop a device write, Landlock must not allow it.
+        let taken_back = |p: &Path| {
+            !policy
+                .evaluate_resolved(p, crate::policy::Op::Write)
+                .allowed
+        };
+        if let Matcher::Subpath(p) | Matcher::Literal(p) = &rule.matcher {
+            if p.starts_with("/dev") && taken_back(p) {
+                continue;
+            }
+        }
         if rule.reopens {
             if let Matcher::Subpath(p) | Matcher::Literal(p) = &rule.matcher {
                 if fs.exists(p) {
