@@ -1,8 +1,9 @@
 //! Telling the user, in the editor, what the sandbox is doing.
 //!
-//! The state is shown as a bridge-made `tool_call` update (kind `other`,
-//! status completed), never as text in the agent's voice: at the first
-//! session of each bridge and after every restart of the backend.
+//! The state is shown as a bridge-made `tool_call` update (kind `other`, the
+//! schema's default, left out on the wire; status completed), never as text
+//! in the agent's voice: at the first session of each bridge and after every
+//! restart of the backend.
 
 use super::Bridge;
 use crate::relay::envelope::notification;
