@@ -436,16 +436,19 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
     plan.pins.sort_by_key(|s| depth(&s.path));
     plan.readonly.sort_by_key(|s| depth(&s.path));
     plan.reopen.sort_by_key(|s| depth(&s.path));
-    // A grant never reopens an island: none at or above one is kept, and
-    // islands beneath a kept one are made read-only again after it.
+    // A grant never reopens an island: none that is one whole is kept, and
+    // islands beneath a kept one are made read-only again after it. (A
+    // `.zcode` entry is an island by its name only, what is in it is not:
+    // its mount root follows the grant, and its `acp` is read-only again.)
     let island =
         |p: &Path| policy.evaluate_resolved(p, crate::policy::Op::Write).kind == Kind::Island;
-    plan.reopen.retain(|r| !island(&r.path));
+    let island_tree = |p: &Path| island(p) && island(&p.join("any"));
+    plan.reopen.retain(|r| !island_tree(&r.path));
     // Nor does any allow rule bind one writable (a workspace opened inside
     // a `.zcode/acp`, a grant of the managed root).
-    plan.writable.retain(|w| !island(&w.path));
+    plan.writable.retain(|w| !island_tree(&w.path));
     // And Landlock, the only guard at the landlock-only level, grants none.
-    plan.landlock_dirs.retain(|d| !island(d));
+    plan.landlock_dirs.retain(|d| !island_tree(d));
     plan.landlock_files.retain(|f| !island(f));
     plan.readonly_again = plan
         .readonly

@@ -32,19 +32,28 @@ pub fn any_path() -> impl Strategy<Value = PathBuf> {
     ]
 }
 
-/// Policies with roots anywhere (`/` and the home directory included),
-/// for Linux and, with `mac_too`, macOS.
+/// Policies with roots and grants anywhere (`/` and the home directory
+/// included), for Linux and, with `mac_too`, macOS.
 pub fn input(mac_too: bool) -> impl Strategy<Value = PolicyInput> {
-    input_with(any_path().boxed(), mac_too)
+    input_with(any_path().boxed(), any_path().boxed(), mac_too)
 }
 
-/// Linux policies whose roots are projects below `/h/src` (a root of `/`
-/// or of the whole home is refused or warned about before any plan).
+/// Linux policies whose roots are projects below `/h/src` and whose temp
+/// and bridge grants lie in the home directory: `/` is never a root or a
+/// grant there (refused or warned about before any plan is made).
 pub fn linux_projects() -> impl Strategy<Value = PolicyInput> {
-    input_with(path_under("/h/src").boxed(), false)
+    input_with(
+        path_under("/h/src").boxed(),
+        path_under("/h").boxed(),
+        false,
+    )
 }
 
-fn input_with(roots: BoxedStrategy<PathBuf>, mac_too: bool) -> impl Strategy<Value = PolicyInput> {
+fn input_with(
+    roots: BoxedStrategy<PathBuf>,
+    grants: BoxedStrategy<PathBuf>,
+    mac_too: bool,
+) -> impl Strategy<Value = PolicyInput> {
     let root = (
         roots,
         prop::collection::vec(any_path(), 0..2),
@@ -83,8 +92,8 @@ fn input_with(roots: BoxedStrategy<PathBuf>, mac_too: bool) -> impl Strategy<Val
     (
         prop::collection::vec(root, 1..3),
         any::<bool>(),
-        prop::collection::vec(any_path(), 0..2),
-        prop::collection::vec(any_path(), 0..2),
+        prop::collection::vec(grants.clone(), 0..2),
+        prop::collection::vec(grants, 0..2),
         any::<bool>(),
     )
         .prop_map(move |(roots, zcode, temps, once, mac)| {
