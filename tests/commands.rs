@@ -258,15 +258,7 @@ fn a_fifo_or_device_as_sandbox_json_fails_closed_without_hanging() {
 /// A home where a user's is (never a temp directory, whose writes are
 /// allowed by design and would hide a grant).
 fn home_like_a_user() -> Home {
-    let base = if Path::new("/home").is_dir() {
-        PathBuf::from("/home")
-    } else {
-        common::scratch_base()
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("zcode-commands-")
-        .tempdir_in(&base)
-        .unwrap();
+    let dir = common::home_like_a_users("zcode-commands-");
     let ws = std::fs::canonicalize(dir.path()).unwrap().join("src/ws");
     std::fs::create_dir_all(&ws).unwrap();
     Home { dir, ws }

@@ -16,10 +16,10 @@ mod policies;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use policies::{any_path, linux_projects, probes};
+use policies::{any_path, linux_projects, one_root, probes};
 use proptest::prelude::*;
 use zcode_acp::linux::plan::{self, Fs, Plan, Session};
-use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
+use zcode_acp::policy::build::ProjectRules;
 use zcode_acp::policy::{Matcher, Op, Policy};
 
 /// Every path a rule names exists (directories for subpaths, files for
@@ -223,20 +223,7 @@ proptest! {
 /// protected path, or that binds an island writable, is caught.
 #[test]
 fn the_model_itself_can_disagree() {
-    let input = PolicyInput {
-        platform: Platform::Linux,
-        home: "/h".into(),
-        roots: vec![RootInput {
-            path: "/h/src/w".into(),
-            project: ProjectRules::default(),
-            repos: vec![],
-        }],
-        backend_state: vec![],
-        temp_and_caches: vec![],
-        once_allows: vec![],
-        profile_dir: None,
-        managed_root: "/h/.zcode-acp".into(),
-    };
+    let input = one_root("/h/src/w");
     let policy = Policy::build(&input);
     let world = World::of(&policy);
     let plan = plan::build(&policy, &world, &session());
@@ -262,24 +249,13 @@ fn the_model_itself_can_disagree() {
 /// landlock-only level), even when an approved entry names it.
 #[test]
 fn an_island_named_by_a_grant_gets_no_write_rights() {
-    let input = PolicyInput {
-        platform: Platform::Linux,
-        home: "/h".into(),
-        roots: vec![RootInput {
-            path: "/h/src/w".into(),
-            project: ProjectRules {
-                allow: vec!["/h/.zcode-acp/layers".into()],
-                deny: vec!["/h/.zcode-acp".into()],
-                strict_git: false,
-            },
-            repos: vec![],
-        }],
-        backend_state: vec![],
-        temp_and_caches: vec![],
-        once_allows: vec!["/h/.zcode-acp".into()],
-        profile_dir: None,
-        managed_root: "/h/.zcode-acp".into(),
+    let mut input = one_root("/h/src/w");
+    input.roots[0].project = ProjectRules {
+        allow: vec!["/h/.zcode-acp/layers".into()],
+        deny: vec!["/h/.zcode-acp".into()],
+        strict_git: false,
     };
+    input.once_allows = vec!["/h/.zcode-acp".into()];
     let policy = Policy::build(&input);
     let plan = plan::build(&policy, &World::of(&policy), &session());
     for managed in ["/h/.zcode-acp", "/h/.zcode-acp/layers"] {

@@ -104,15 +104,7 @@ impl World {
     fn new() -> World {
         // A user's home is not a temp directory: temp is writable by
         // design, so an "outside" there would prove nothing.
-        let base = if Path::new("/home").is_dir() {
-            PathBuf::from("/home")
-        } else {
-            common::scratch_base()
-        };
-        let dir = tempfile::Builder::new()
-            .prefix("zcode-agents-")
-            .tempdir_in(&base)
-            .unwrap();
+        let dir = common::home_like_a_users("zcode-agents-");
         let home = std::fs::canonicalize(dir.path()).unwrap();
         assert!(!home.starts_with("/tmp") && !home.starts_with("/var/tmp"));
         let ws = home.join("src/project");

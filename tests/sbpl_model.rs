@@ -14,7 +14,6 @@ use std::path::Path;
 
 use policies::{any_path, input, probes};
 use proptest::prelude::*;
-use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
 use zcode_acp::policy::{Op, Policy};
 use zcode_acp::seatbelt::{build_profile, build_profile_tagged};
 
@@ -207,20 +206,7 @@ proptest! {
 fn the_interpreter_itself_can_disagree() {
     // Guard against an interpreter that agrees with everything: a profile
     // with its islands removed must disagree with the policy somewhere.
-    let input = PolicyInput {
-        platform: Platform::Linux,
-        home: "/h".into(),
-        roots: vec![RootInput {
-            path: "/h/w".into(),
-            project: ProjectRules::default(),
-            repos: vec![],
-        }],
-        backend_state: vec![],
-        temp_and_caches: vec![],
-        once_allows: vec![],
-        profile_dir: None,
-        managed_root: "/h/.zcode-acp".into(),
-    };
+    let input = policies::one_root("/h/w");
     let policy = Policy::build(&input);
     let profile = build_profile(&policy).unwrap();
     let rules_full = rules(&profile);

@@ -19,9 +19,7 @@ impl Bridge {
         let Some(policy) = self.hook.policy() else {
             return;
         };
-        let home = dirs::home_dir()
-            .and_then(|h| crate::policy::resolve_real(&h).ok())
-            .unwrap_or_else(|| "/".into());
+        let home = crate::policy::offerable::real_home().unwrap_or_else(|| "/".into());
         let settings = audit::settings_files(
             &self.armed_roots,
             &home,

@@ -748,9 +748,10 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     if spec.cwd.is_none() {
         spec.cwd = std::env::current_dir().ok();
     }
+    // Probed here when the caller did not; every later step reads it.
+    let abi = *spec.landlock_abi.get_or_insert_with(sys::landlock_abi);
     let spec = &spec;
     check_island_links(&spec.plan)?;
-    let abi = spec.landlock_abi.unwrap_or_else(sys::landlock_abi);
     let landlock = abi >= 1 && spec.level != Some(Level::MountsOnly);
     let visible = needed_visible(spec);
     // The supervisor's handles on the host's mounts must be opened before
@@ -994,8 +995,7 @@ fn confine(
         die("no_new_privs", e);
     }
     if landlock {
-        let abi = spec.landlock_abi.unwrap_or_else(sys::landlock_abi);
-        if let Err(e) = enforce_landlock(&spec.plan, abi) {
+        if let Err(e) = enforce_landlock(&spec.plan, spec.landlock_abi.unwrap_or(0)) {
             die("Landlock", e);
         }
     }

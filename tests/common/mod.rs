@@ -483,6 +483,21 @@ pub fn sighup(pid: i32) {
     }
 }
 
+/// A home where a user's is, under `/home` (or the scratch base where
+/// there is none): never a temp directory, which is writable by design
+/// and would hide what the sandbox refuses.
+pub fn home_like_a_users(prefix: &str) -> tempfile::TempDir {
+    let base = if Path::new("/home").is_dir() {
+        PathBuf::from("/home")
+    } else {
+        scratch_base()
+    };
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .unwrap()
+}
+
 /// A directory for scratch files that the sandbox sees as they are on disk:
 /// not under /tmp or /var/tmp (the sandbox's are private), wherever the
 /// repository happens to be cloned.

@@ -32,6 +32,24 @@ pub fn any_path() -> impl Strategy<Value = PathBuf> {
     ]
 }
 
+/// A Linux policy with one root and nothing else, home `/h`.
+pub fn one_root(root: &str) -> PolicyInput {
+    PolicyInput {
+        platform: Platform::Linux,
+        home: "/h".into(),
+        roots: vec![RootInput {
+            path: root.into(),
+            project: ProjectRules::default(),
+            repos: vec![],
+        }],
+        backend_state: vec![],
+        temp_and_caches: vec![],
+        once_allows: vec![],
+        profile_dir: None,
+        managed_root: "/h/.zcode-acp".into(),
+    }
+}
+
 /// Policies with roots and grants anywhere (`/` and the home directory
 /// included), for Linux and, with `mac_too`, macOS.
 pub fn input(mac_too: bool) -> impl Strategy<Value = PolicyInput> {
