@@ -237,7 +237,7 @@ fn zcode_acp_sandbox_available() -> Result<(), String> {
         return Err("this kernel has no Landlock".into());
     }
     #[cfg(target_os = "macos")]
-    if !Path::new(crate::seatbelt::arm::SANDBOX_EXEC).is_file() {
+    if !Path::new(crate::seatbelt::enforce::SANDBOX_EXEC).is_file() {
         return Err("this system has no /usr/bin/sandbox-exec".into());
     }
     #[cfg(not(any(target_os = "linux", target_os = "macos")))]

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bridge;
 pub mod commands;
 pub mod config;
+pub mod confine;
 pub mod demo;
 #[cfg(target_os = "linux")]
 pub mod linux;

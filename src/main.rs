@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use zcode_acp::policy::backends::StateSettings;
-use zcode_acp::{backend, bridge, config, demo, logging, relay, shell_agent};
+use zcode_acp::confine::Sandbox;
+use zcode_acp::{bridge, config, demo, logging, relay, shell_agent};
 
 const USAGE_HINT: &str = r#"zcode-acp needs an agent backend to run.
 
@@ -152,7 +152,7 @@ fn main() -> ExitCode {
             consume,
             die_with_parent,
         }) => {
-            return match zcode_acp::linux::hook::helper(&spec, consume, die_with_parent) {
+            return match zcode_acp::linux::helper::helper(&spec, consume, die_with_parent) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     eprintln!("zcode-acp: {e}");
@@ -225,46 +225,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The sandbox this platform arms, or why it cannot.
-fn platform_hook(
-    managed: &config::managed::ManagedRoot,
-    state: &StateSettings,
-) -> Result<Box<dyn backend::SpawnHook>, String> {
-    #[cfg(target_os = "linux")]
-    return zcode_acp::linux::hook::LinuxSandbox::new(managed.clone(), state.clone())
-        .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
-    #[cfg(target_os = "macos")]
-    return zcode_acp::seatbelt::hook::SeatbeltSandbox::new(managed.clone(), state.clone())
-        .map(|h| Box::new(h) as Box<dyn backend::SpawnHook>);
-    #[allow(unreachable_code)]
-    {
-        let _ = (managed, state);
-        Err("zcode-acp cannot arm a sandbox on this operating system".into())
-    }
-}
-
-/// The hook that arms every generation, or one that refuses to start the
-/// backend when this platform cannot arm it.
-fn sandbox_hook(
-    managed: &config::managed::ManagedRoot,
-    state: &StateSettings,
-    requested_by: String,
-) -> Box<dyn backend::SpawnHook> {
-    match platform_hook(managed, state) {
-        Ok(hook) => {
-            let swept = config::generation::sweep_dead(managed);
-            if swept > 0 {
-                tracing::debug!(swept, "removed the sandbox directories of dead generations");
-            }
-            hook
-        }
-        Err(reason) => Box::new(backend::RefuseUnsandboxed {
-            requested_by,
-            reason,
-        }),
-    }
-}
-
 async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
     let Some(backend) = config::resolve_backend(&args.backend)? else {
         eprint!("{USAGE_HINT}");
@@ -274,15 +234,24 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
     let state = zcode_acp::policy::backends::state_settings(&user, args.backend_profile.as_deref())
         .map_err(anyhow::Error::msg)?;
     let managed = config::managed::ManagedRoot::user_default()?;
-    let hook: Box<dyn backend::SpawnHook> = match config::sandbox_requested_globally(&user) {
-        Some(requested_by) if !args.no_sandbox => sandbox_hook(&managed, &state, requested_by),
+    let sandbox = match config::sandbox_requested_globally(&user) {
+        Some(requested_by) if !args.no_sandbox => {
+            let sandbox = Sandbox::detect(requested_by);
+            if sandbox.arms() {
+                let swept = config::generation::sweep_dead(&managed);
+                if swept > 0 {
+                    tracing::debug!(swept, "removed the sandbox directories of dead generations");
+                }
+            }
+            sandbox
+        }
         Some(requested_by) => {
             tracing::warn!("the sandbox is requested ({requested_by}) but --no-sandbox was given: the agent runs UNCONFINED");
-            Box::new(backend::Unconfined)
+            Sandbox::Off
         }
-        None => Box::new(backend::Unconfined),
+        // A project may still turn it on (see `honor_project_switch`).
+        None => Sandbox::Off,
     };
-    let managed_for_arm = managed.clone();
     let cfg = bridge::BridgeConfig {
         backend,
         max_frame_bytes: args.max_frame_bytes,
@@ -291,10 +260,8 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         crash_window: Duration::from_secs(30),
         honor_project_switch: !args.no_sandbox,
         managed,
+        state,
     };
-    // A project may turn the sandbox on in a bridge started without it.
-    let arm: Option<bridge::ArmFactory> =
-        Some(Box::new(move || platform_hook(&managed_for_arm, &state)));
-    bridge::Bridge::run(cfg, hook, arm).await?;
+    bridge::Bridge::run(cfg, sandbox).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use policies::{any_path, linux_projects, one_root, probes};
 use proptest::prelude::*;
-use zcode_acp::linux::plan::{self, Fs, Plan, Session};
+use zcode_acp::linux::plan::{self, Fs, Plan, UserFacts};
 use zcode_acp::policy::build::ProjectRules;
 use zcode_acp::policy::{Matcher, Op, Policy};
 
@@ -138,8 +138,8 @@ fn in_a_gap(plan: &Plan, path: &Path) -> bool {
     })
 }
 
-fn session() -> Session {
-    Session {
+fn facts() -> UserFacts {
+    UserFacts {
         uid: 1000,
         ssh_auth_sock: None,
         xdg_runtime_dir: None,
@@ -211,7 +211,7 @@ proptest! {
     fn the_plan_decides_writes_as_the_policy_does(input in linux_projects(), extra in prop::collection::vec(any_path(), 0..20)) {
         let policy = Policy::build(&input);
         let world = World::of(&policy);
-        let plan = plan::build(&policy, &world, &session());
+        let plan = plan::build(&policy, &world, &facts());
         let mut paths = probes(&policy);
         paths.extend(extra);
         let wrong = disagreements(&policy, &world, &plan, &paths);
@@ -226,7 +226,7 @@ fn the_model_itself_can_disagree() {
     let input = one_root("/h/src/w");
     let policy = Policy::build(&input);
     let world = World::of(&policy);
-    let plan = plan::build(&policy, &world, &session());
+    let plan = plan::build(&policy, &world, &facts());
     let tasks = PathBuf::from("/h/src/w/.vscode/tasks.json");
     let island = PathBuf::from("/h/src/w/.zcode/acp/sandbox.json");
     let probes = [tasks.clone(), island.clone()];
@@ -257,7 +257,7 @@ fn an_island_named_by_a_grant_gets_no_write_rights() {
     };
     input.once_allows = vec!["/h/.zcode-acp".into()];
     let policy = Policy::build(&input);
-    let plan = plan::build(&policy, &World::of(&policy), &session());
+    let plan = plan::build(&policy, &World::of(&policy), &facts());
     for managed in ["/h/.zcode-acp", "/h/.zcode-acp/layers"] {
         let managed = Path::new(managed);
         assert!(

@@ -7,16 +7,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use zcode_acp::config::managed::ManagedRoot;
+use zcode_acp::confine::{Confinement, Launch, Sandbox, Starter};
 use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput};
 use zcode_acp::policy::resolve_real;
-use zcode_acp::seatbelt::arm::arm_argv;
+use zcode_acp::seatbelt::enforce::SeatbeltEnforcer;
 
 struct Setup {
     _base: tempfile::TempDir,
     ws: PathBuf,
     outside: PathBuf,
     argv_prefix: Vec<String>,
-    _armed: zcode_acp::seatbelt::arm::Armed,
+    _armed: Confinement,
 }
 
 fn setup() -> Setup {
@@ -65,12 +66,24 @@ fn setup() -> Setup {
         profile_dir: None,
         managed_root: managed.path.clone(),
     };
-    let armed = arm_argv(&[], &input, &managed, Some("zcode-acp-test")).unwrap();
+    let sandbox = Sandbox::Ready(std::sync::Arc::new(SeatbeltEnforcer::new().unwrap()));
+    let armed = sandbox.arm(input, &managed, "none".into(), Starter::Spawned);
+    assert!(
+        matches!(armed, Confinement::Armed(_)),
+        "the profile did not arm"
+    );
+    // A placeholder command: the tests append their own after `--`.
+    let command = zcode_acp::confine::Command {
+        argv: vec!["true".into()],
+        ..Default::default()
+    };
+    let mut argv_prefix = armed.wrap(&command, Launch::Backend).unwrap();
+    argv_prefix.pop();
     Setup {
         _base: base,
         ws,
         outside,
-        argv_prefix: armed.argv.clone(),
+        argv_prefix,
         _armed: armed,
     }
 }

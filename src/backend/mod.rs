@@ -5,7 +5,7 @@ pub mod procs;
 pub mod spawn;
 
 pub use generation::{BackendEvent, EventSender, Generation};
-pub use spawn::{RefuseUnsandboxed, SpawnContext, SpawnError, SpawnHook, Unconfined};
+pub use spawn::{PreparedCommand, SpawnError};
 
 /// Makes this process a child subreaper (Linux), so processes an old
 /// generation double-forked or `setsid`-ed away are re-parented to the

@@ -151,7 +151,7 @@ fn collect_strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
 impl Bridge {
     /// A cheap first look: could this update report a refused write?
     pub(super) fn may_show_denial(&self, frame: &Frame) -> bool {
-        self.hook.confines()
+        self.sandbox.arms()
             && frame
                 .params_raw()
                 .is_some_and(|raw| raw.contains("tool_call") && super::refusals::may_contain(raw))
@@ -178,7 +178,7 @@ impl Bridge {
         let mut asked = 0;
         for text in texts.iter().filter(|t| super::refusals::may_contain(t)) {
             for candidate in super::refusals::refused_paths(text) {
-                if asked >= 3 {
+                if asked >= super::permissions::MAX_OPEN_DIRECT_PROMPTS {
                     return;
                 }
                 if self.offer_direct_grant(&session, &candidate, home.as_deref()) {
@@ -191,7 +191,7 @@ impl Bridge {
     /// A write the sandbox refused, read from the system log: offered on
     /// the session whose turn is running (the latest, when several are).
     pub(super) fn on_refused_in_log(&mut self, v: crate::seatbelt::violations::Violation) {
-        if !self.hook.confines() {
+        if !self.sandbox.arms() {
             return;
         }
         let Some(session) = self.routes.latest_turn().map(str::to_owned) else {
@@ -207,7 +207,7 @@ impl Bridge {
     /// prompt was opened. Tools save by writing a temporary file beside
     /// the target and renaming it over: the folder is granted when safe.
     fn offer_direct_grant(&mut self, session: &str, candidate: &Path, home: Option<&Path>) -> bool {
-        let Some(policy) = self.hook.policy() else {
+        let Some(policy) = self.confinement.policy() else {
             return false;
         };
         let Ok((real, decision)) = policy.evaluate(candidate, crate::policy::Op::Write) else {
@@ -270,7 +270,7 @@ impl Bridge {
     /// allow entry, `enabled: false`, `strictGit: false`): until accepted it
     /// is ignored. Put it to the user once per project and bridge.
     pub(super) fn confirm_hand_edits(&mut self, session: &str) {
-        if !self.hook.confines() {
+        if !self.sandbox.arms() {
             return;
         }
         let Some(roots) = self

@@ -13,10 +13,10 @@ impl Bridge {
     /// The state the running generation was armed in (armed bridges only).
     pub(super) fn take_audit_baseline(&mut self) {
         self.audit = None;
-        if !self.hook.confines() {
+        if !self.sandbox.arms() {
             return;
         }
-        let Some(policy) = self.hook.policy() else {
+        let Some(policy) = self.confinement.policy() else {
             return;
         };
         let home = crate::policy::offerable::real_home().unwrap_or_else(|| "/".into());

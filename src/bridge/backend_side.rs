@@ -9,7 +9,7 @@ use super::restart::CallOutcome;
 use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
-use crate::relay::{Frame, Kind};
+use crate::relay::{Frame, FrameKind};
 
 impl Bridge {
     pub(super) fn on_backend_bytes(&mut self, bytes: Vec<u8>) {
@@ -22,7 +22,7 @@ impl Bridge {
         };
         let generation = self.generation.as_ref().map(|g| g.id).unwrap_or_default();
         match frame.kind.clone() {
-            Kind::Request { id, method } => {
+            FrameKind::Request { id, method } => {
                 let frame = match self.police_backend_request(&method, &frame) {
                     police::Verdict::Pass => frame,
                     police::Verdict::Rewrite(bytes) => match Frame::parse(bytes) {
@@ -52,7 +52,7 @@ impl Bridge {
                 };
                 self.forward_backend_request(generation, id, frame);
             }
-            Kind::Notification { method } => match method.as_str() {
+            FrameKind::Notification { method } => match method.as_str() {
                 "session/update" => {
                     // Only while a session is being loaded: most updates are chunks.
                     if let Some(sid) = self
@@ -92,7 +92,7 @@ impl Bridge {
                 }
                 _ => self.to_editor(frame.bytes),
             },
-            Kind::Response { id, is_error } => {
+            FrameKind::Response { id, is_error } => {
                 let entry = id
                     .as_bridge_number()
                     .and_then(|n| self.routes.backend_answered(n).map(|o| (n, o)));
@@ -116,7 +116,7 @@ impl Bridge {
                                 track::apply_success(track.clone(), &frame, &mut self.sessions);
                             match track {
                                 track::Track::Initialize { params } => {
-                                    let hidden = if self.hook.confines() {
+                                    let hidden = if self.sandbox.arms() {
                                         police::hide_mcp_over_acp(&frame, editor_id.as_str())
                                     } else {
                                         Ok(None)

@@ -6,7 +6,7 @@ use super::lifecycle::Phase;
 use super::{track, AtEditor, Bridge, Terminal};
 use crate::relay::codes;
 use crate::relay::envelope::{recover_id, result_response, FrameError};
-use crate::relay::{Frame, Kind, RawId};
+use crate::relay::{Frame, FrameKind, RawId};
 
 impl Bridge {
     pub(super) fn on_editor_bytes(&mut self, bytes: Vec<u8>) {
@@ -29,19 +29,19 @@ impl Bridge {
     }
 
     pub(super) fn on_editor_frame(&mut self, frame: Frame) {
-        if let Kind::Response { id, .. } = &frame.kind {
+        if let FrameKind::Response { id, .. } = &frame.kind {
             let id = id.clone();
             return self.on_editor_response(id, frame);
         }
         match self.life.phase() {
             Phase::Failed(message) => {
                 let message = message.clone();
-                if let Kind::Request { id, .. } = &frame.kind {
+                if let FrameKind::Request { id, .. } = &frame.kind {
                     self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
                 }
             }
             Phase::ShuttingDown { .. } => {
-                if let Kind::Request { id, .. } = &frame.kind {
+                if let FrameKind::Request { id, .. } = &frame.kind {
                     self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
                 }
             }
@@ -95,7 +95,7 @@ impl Bridge {
             return;
         };
         match frame.kind.clone() {
-            Kind::Notification { method } => {
+            FrameKind::Notification { method } => {
                 if method == "$/cancel_request" {
                     return self.forward_editor_cancel(&frame);
                 }
@@ -116,7 +116,7 @@ impl Bridge {
                 }
                 self.send_to_backend(frame.bytes);
             }
-            Kind::Request { id, method } => {
+            FrameKind::Request { id, method } => {
                 if let Some(sid) = self
                     .sessions
                     .any_lost()
@@ -172,9 +172,9 @@ impl Bridge {
                     // The user asked for confinement for this project: arm the
                     // bridge before the session opens, or refuse it; never the
                     // opposite silently.
-                    match self.arm.as_ref().map(|make| make()) {
-                        Some(Ok(hook)) => {
-                            self.hook = hook;
+                    match crate::confine::platform_enforcer() {
+                        Ok(enforcer) => {
+                            self.sandbox = crate::confine::Sandbox::Ready(enforcer);
                             if let track::Track::Create(s) | track::Track::Reopen(s) = &track {
                                 self.pending_roots.extend(s.roots().cloned());
                             }
@@ -184,11 +184,7 @@ impl Bridge {
                                 config.display()
                             ));
                         }
-                        failure => {
-                            let why = match failure {
-                                Some(Err(why)) => why,
-                                _ => "zcode-acp cannot arm a sandbox on this system yet".into(),
-                            };
+                        Err(why) => {
                             let message = format!(
                                 "{} turns the sandbox on for this project, but {why}, so the session was not opened; \
                                  set \"enabled\": false there, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose",
@@ -207,14 +203,14 @@ impl Bridge {
                 }
                 self.send_to_backend(frame.with_id(&bid.to_string()));
             }
-            Kind::Response { .. } => unreachable!("responses are routed before dispatch"),
+            FrameKind::Response { .. } => unreachable!("responses are routed before dispatch"),
         }
     }
 
     /// Roots of a session being opened that the armed generation does not
     /// cover (only when generations are confined).
     fn uncovered_roots(&self, track: &track::Track) -> Option<Vec<std::path::PathBuf>> {
-        if !self.hook.confines() {
+        if !self.sandbox.arms() {
             return None;
         }
         let session = match track {
@@ -232,7 +228,7 @@ impl Bridge {
     /// The config of a project that turns the sandbox on, for a session
     /// being opened while the bridge is not armed.
     fn project_wants_sandbox(&self, track: &track::Track) -> Option<std::path::PathBuf> {
-        if !self.cfg.honor_project_switch || self.hook.confines() {
+        if !self.cfg.honor_project_switch || self.sandbox.arms() {
             return None;
         }
         let session = match track {
@@ -241,7 +237,7 @@ impl Bridge {
         };
         session.roots().find_map(|root| {
             let real = crate::policy::resolve_real(root).ok()?;
-            let project = crate::config::project::load(&real, false, &self.cfg.managed);
+            let project = crate::config::project::load(&real, &self.cfg.managed);
             project
                 .armed
                 .then(|| crate::config::project::config_path(&real))
@@ -294,7 +290,7 @@ impl Bridge {
                 }
                 if let (
                     Some(session),
-                    Kind::Response {
+                    FrameKind::Response {
                         is_error: false, ..
                     },
                 ) = (terminal_for, &frame.kind)

@@ -33,7 +33,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{procs, BackendEvent, Generation, SpawnHook};
+use crate::backend::{procs, BackendEvent, Generation};
+use crate::confine::{Confinement, Sandbox};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::framing::{FrameReader, ReadItem};
@@ -58,6 +59,8 @@ pub struct BridgeConfig {
     pub honor_project_switch: bool,
     /// `~/.zcode-acp`: the approval ledger lives there.
     pub managed: crate::config::managed::ManagedRoot,
+    /// How the agent's own state directories are chosen.
+    pub state: crate::policy::backends::StateSettings,
 }
 
 use routing::{AtEditor, Origin, Routes, Terminal};
@@ -85,14 +88,12 @@ struct Signals {
     chld: Signal,
 }
 
-/// Makes the hook that arms generations, when a project turns the sandbox
-/// on in a bridge started without it. Errors say why it cannot be armed.
-pub type ArmFactory = Box<dyn Fn() -> Result<Box<dyn SpawnHook>, String> + Send>;
-
 pub struct Bridge {
     cfg: BridgeConfig,
-    hook: Box<dyn SpawnHook>,
-    arm: Option<ArmFactory>,
+    /// What the bridge can do about confinement (a project may turn it on).
+    sandbox: Sandbox,
+    /// What the running generation (and its terminals) run under.
+    confinement: Confinement,
     editor_out: Option<mpsc::UnboundedSender<Vec<u8>>>,
     editor_in: mpsc::Receiver<EditorEvent>,
     backend_tx: crate::backend::EventSender,
@@ -123,7 +124,7 @@ pub struct Bridge {
     announcements: u64,
     /// What the user said about writes (see `permissions`).
     permissions: permissions::Permissions,
-    /// The system log reader for the hook's tag, when it has one (macOS).
+    /// The system log reader for the sandbox's tag, when it has one (macOS).
     violations: Option<watch::ViolationWatch>,
     /// What the running armed generation started with, for the post-turn
     /// audit.
@@ -133,11 +134,7 @@ pub struct Bridge {
 impl Bridge {
     /// Runs the bridge on this process's stdin/stdout until the editor
     /// leaves or a signal ends it.
-    pub async fn run(
-        cfg: BridgeConfig,
-        hook: Box<dyn SpawnHook>,
-        arm: Option<ArmFactory>,
-    ) -> anyhow::Result<()> {
+    pub async fn run(cfg: BridgeConfig, sandbox: Sandbox) -> anyhow::Result<()> {
         crate::backend::become_subreaper();
         let (editor_tx, editor_in) = mpsc::channel(64);
         let reader_tx = editor_tx.clone();
@@ -192,8 +189,8 @@ impl Bridge {
         let (crash_limit, crash_window) = (cfg.crash_limit, cfg.crash_window);
         let mut bridge = Bridge {
             cfg,
-            hook,
-            arm,
+            sandbox,
+            confinement: Confinement::Refused("no backend generation is armed yet".into()),
             editor_out: Some(out_tx),
             editor_in,
             backend_tx,
@@ -414,7 +411,7 @@ impl Bridge {
         self.life.shut_down(Instant::now() + grace);
         self.setup = None;
         for frame in self.routes.take_held() {
-            if let crate::relay::Kind::Request { id, .. } = &frame.kind {
+            if let crate::relay::FrameKind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
             }
         }

@@ -34,7 +34,7 @@ pub(super) enum Verdict {
 
 impl Bridge {
     pub(super) fn police_backend_request(&self, method: &str, frame: &Frame) -> Verdict {
-        if !self.hook.confines() {
+        if !self.sandbox.arms() {
             return Verdict::Pass;
         }
         match method {
@@ -86,11 +86,21 @@ impl Bridge {
             .iter()
             .map(|e| (e.name.clone(), e.value.clone()))
             .collect();
-        let wrapped = match self.hook.terminal(crate::backend::spawn::TerminalCommand {
+        let command = crate::confine::Command {
             argv,
             env,
             cwd: request.cwd.clone(),
-        }) {
+        };
+        if self.confinement.policy().is_none() {
+            return refuse(
+                "zcode-acp refused terminal/create: no generation is armed, so there is no sandbox to run it in"
+                    .into(),
+            );
+        }
+        let wrapped = match self
+            .confinement
+            .wrap(&command, crate::confine::Launch::Terminal)
+        {
             Ok(w) => w,
             Err(e) => {
                 return refuse(format!(
@@ -119,7 +129,7 @@ impl Bridge {
                 ))
             }
         };
-        let Some(policy) = self.hook.policy() else {
+        let Some(policy) = self.confinement.policy() else {
             return refuse(
                 "zcode-acp has no sandbox policy for this agent, so it cannot judge the write"
                     .into(),

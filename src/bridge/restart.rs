@@ -18,7 +18,8 @@ use tracing::{debug, error, info, warn};
 
 use super::lifecycle::{AfterCrash, Phase};
 use super::Bridge;
-use crate::backend::{Generation, SpawnContext};
+use crate::backend::{Generation, PreparedCommand};
+use crate::confine::{ArmError, BackendRequest, Confinement, Launch};
 use crate::relay::codes;
 use crate::relay::envelope::request;
 use crate::session::Session;
@@ -181,16 +182,35 @@ impl Bridge {
         roots.sort();
         roots.dedup();
         let grants = self.permissions.grants().to_vec();
-        let ctx = SpawnContext {
+        let confinement = self.sandbox.arm_backend(&BackendRequest {
             argv: &self.cfg.backend,
             roots: &roots,
-            generation: id,
             grants: &grants,
+            state: &self.cfg.state,
+            managed: &self.cfg.managed,
+        });
+        let backend = crate::confine::Command {
+            argv: self.cfg.backend.clone(),
+            ..Default::default()
         };
-        let cmd = self.hook.prepare(&ctx).map_err(|e| match e {
-            crate::backend::SpawnError::Refused(why) => StartFailure::Refused(why),
-            other => StartFailure::Failed(other.to_string()),
-        })?;
+        let argv = confinement
+            .wrap(&backend, Launch::Backend)
+            .map_err(|e| match e {
+                ArmError::Empty => StartFailure::Failed(e.to_string()),
+                ArmError::Refused(why) => StartFailure::Refused(why),
+                other => StartFailure::Refused(format!("cannot arm the sandbox: {other}")),
+            })?;
+        let cmd = PreparedCommand {
+            argv,
+            env: Vec::new(),
+            confinement: confinement.describe(),
+            backend_profile: match &confinement {
+                Confinement::Armed(armed) => Some(armed.backend_profile.clone()),
+                _ => None,
+            },
+        };
+        // The last generation's files go now; it was stopped before.
+        self.confinement = confinement;
         // Before the agent starts, so its first refusals are seen too.
         self.watch_violations();
         let generation =
@@ -235,7 +255,7 @@ impl Bridge {
 
     fn answer_queue(&mut self, code: i64, message: &str) {
         for frame in self.routes.take_held() {
-            if let crate::relay::Kind::Request { id, .. } = &frame.kind {
+            if let crate::relay::FrameKind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, code, message);
             }
         }

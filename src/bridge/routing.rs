@@ -26,7 +26,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::track::Track;
-use crate::relay::{Frame, Kind, RawId};
+use crate::relay::{Frame, FrameKind, RawId};
 
 /// A request in flight at the backend.
 #[derive(Debug)]
@@ -274,7 +274,7 @@ impl Routes {
         let Some(pos) = self
             .held
             .iter()
-            .position(|f| matches!(&f.kind, Kind::Request { id, .. } if id == target))
+            .position(|f| matches!(&f.kind, FrameKind::Request { id, .. } if id == target))
         else {
             return false;
         };
@@ -378,7 +378,7 @@ mod tests {
         assert!(!r.cancel_held(&RawId("1".into())));
         let ids: Vec<String> = std::iter::from_fn(|| r.next_held())
             .map(|f| match f.kind {
-                Kind::Request { id, .. } => id.as_str().to_owned(),
+                FrameKind::Request { id, .. } => id.as_str().to_owned(),
                 _ => unreachable!(),
             })
             .collect();

@@ -2,7 +2,7 @@
 //!
 //! Agents that write for themselves report a refused write however they
 //! like, or not at all; Seatbelt logs every refusal. A `log stream` child,
-//! filtered on the tag that the hook's profiles carry, feeds the refusals
+//! filtered on the tag that the sandbox's profiles carry, feeds the refusals
 //! to the bridge's loop, which offers grants through the same flow as the
 //! refusals it reads in tool calls.
 
@@ -76,10 +76,10 @@ impl ViolationWatch {
 }
 
 impl super::Bridge {
-    /// Reads the system log for the hook's tag (a new hook, a new tag);
-    /// stops reading when the hook has none.
+    /// Reads the system log for the sandbox's tag (a sandbox turned on, a new tag);
+    /// stops reading when it has none.
     pub(super) fn watch_violations(&mut self) {
-        let tag = self.hook.violation_tag().map(str::to_owned);
+        let tag = self.sandbox.violation_tag().map(str::to_owned);
         if self.violations.as_ref().map(|w| &w.tag) == tag.as_ref() {
             return;
         }

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::{choose_level, namespaces_available};
-use crate::linux::plan::{self, RealFs, Session};
+use crate::linux::plan::{self, RealFs, UserFacts};
 use crate::policy::{Kind, Matcher, Ops, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
@@ -126,8 +126,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
             println!("  {}{what}: {}", describe(&rule.matcher), rule.why);
         }
     }
-    let session = Session::for_project(&managed, input.roots.first().map(|r| r.path.as_path()));
-    let plan = plan::build(&policy, &RealFs, &session);
+    let facts = UserFacts::for_project(&managed, input.roots.first().map(|r| r.path.as_path()));
+    let plan = plan::build(&policy, &RealFs, &facts);
     println!("\nnot enforced on Linux:");
     for gap in &plan.gaps {
         println!("  {}: {}", gap.path.display(), gap.why);

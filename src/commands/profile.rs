@@ -107,9 +107,9 @@ fn print_linux_plan(
     managed: &crate::config::managed::ManagedRoot,
     input: &crate::policy::PolicyInput,
 ) {
-    use crate::linux::plan::{self, RealFs, Session, Step};
-    let session = Session::for_project(managed, input.roots.first().map(|r| r.path.as_path()));
-    let plan = plan::build(policy, &RealFs, &session);
+    use crate::linux::plan::{self, RealFs, Step, UserFacts};
+    let facts = UserFacts::for_project(managed, input.roots.first().map(|r| r.path.as_path()));
+    let plan = plan::build(policy, &RealFs, &facts);
     let section = |title: &str, steps: &[Step]| {
         println!("# {title}");
         for s in steps {

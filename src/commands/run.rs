@@ -2,16 +2,14 @@
 //! (Linux: namespaces + Landlock; macOS: `sandbox-exec`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::config::managed::ManagedRoot;
-#[cfg(target_os = "linux")]
-use crate::linux::exec::{self, LaunchSpec};
-#[cfg(target_os = "linux")]
-use crate::linux::plan::{self, RealFs, Session};
+#[cfg(target_os = "macos")]
+use crate::confine::Launch;
+use crate::confine::{Command, Confinement, Enforce, Sandbox, Starter};
 use crate::policy::build::PolicyInput;
 use crate::policy::Platform;
-#[cfg(target_os = "linux")]
-use crate::policy::Policy;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -30,10 +28,14 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// What the policy for `args` is built from. Creates each workspace's
+/// What the policy for `args` is built from, and which backend profile
+/// chose the command's writable state. Creates each workspace's
 /// `.zcode/acp` (the island must exist to be made read-only) and the
 /// missing state and cache directories the policy makes writable.
-fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInput, ManagedRoot)> {
+fn policy_input(
+    args: &RunArgs,
+    platform: Platform,
+) -> anyhow::Result<(PolicyInput, ManagedRoot, String)> {
     let allow = args
         .allow
         .iter()
@@ -48,46 +50,54 @@ fn policy_input(args: &RunArgs, platform: Platform) -> anyhow::Result<(PolicyInp
         &allow,
         false,
     )?;
-    tracing::debug!(backend_profile = %gathered.backend.describe(), "state the command may write");
+    let profile = gathered.backend.describe();
+    tracing::debug!(backend_profile = %profile, "state the command may write");
     crate::policy::discover::create_writable_dirs(&gathered.input);
-    Ok((gathered.input, gathered.managed))
+    Ok((gathered.input, gathered.managed, profile))
 }
 
-/// Builds the launch for `args`.
-#[cfg(target_os = "linux")]
-pub fn launch_spec(args: &RunArgs) -> anyhow::Result<LaunchSpec> {
-    let (input, managed) = policy_input(args, Platform::Linux)?;
-    let policy = Policy::build(&input);
-    let session = Session {
-        layers: input
-            .roots
-            .first()
-            .map(|r| crate::linux::hook::layers_for(&managed, &r.path)),
-        ..Session::current()
-    };
-    let plan = plan::build(&policy, &RealFs, &session);
-    for gap in &plan.gaps {
-        tracing::debug!(path = %gap.path.display(), "not enforced: {}", gap.why);
+fn cannot_arm(why: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot arm the sandbox: {why}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
+    )
+}
+
+/// Arms this platform's sandbox for `args`, through the same arming as
+/// the bridge's generations.
+fn arm(
+    args: &RunArgs,
+    enforcer: Arc<dyn Enforce>,
+    starter: Starter,
+) -> anyhow::Result<Confinement> {
+    let (input, managed, profile) = policy_input(args, enforcer.platform())?;
+    match Sandbox::Ready(enforcer).arm(input, &managed, profile, starter) {
+        // Already said: "cannot arm the sandbox: ...".
+        Confinement::Refused(why) => Err(anyhow::anyhow!(
+            "{why}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
+        )),
+        armed => Ok(armed),
     }
-    Ok(LaunchSpec::new(
-        plan,
-        &policy,
-        args.command.clone(),
-        Vec::new(),
-        None,
-    ))
 }
 
-/// Runs the command sandboxed; returns its exit code. Must be called
-/// before any thread is started.
+fn command(args: &RunArgs) -> Command {
+    Command {
+        argv: args.command.clone(),
+        ..Command::default()
+    }
+}
+
+/// Runs the command sandboxed, in this process (the launcher arms it
+/// directly: there is nothing to re-execute); returns its exit code. Must
+/// be called before any thread is started.
 #[cfg(target_os = "linux")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let spec = launch_spec(&args)?;
-    exec::run(&spec).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot arm the sandbox: {e}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
-        )
-    })
+    let enforcer = crate::linux::enforce::LinuxEnforcer::probe().map_err(cannot_arm)?;
+    let confinement = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
+    let Confinement::Armed(armed) = &confinement else {
+        return Err(cannot_arm("the sandbox did not arm"));
+    };
+    let spec = enforcer.spec(armed, &command(&args));
+    crate::linux::exec::run(&spec).map_err(cannot_arm)
 }
 
 /// Runs the command under `sandbox-exec` with a profile written for this
@@ -96,15 +106,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 #[cfg(target_os = "macos")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use std::os::unix::process::ExitStatusExt;
-    let (input, managed) = policy_input(&args, Platform::Macos)?;
-    let armed = crate::seatbelt::arm::arm_argv(&args.command, &input, &managed, None).map_err(|e| {
-        anyhow::anyhow!("cannot arm the sandbox: {e}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)")
-    })?;
-    let status = std::process::Command::new(&armed.argv[0])
-        .args(&armed.argv[1..])
+    let enforcer = crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?;
+    let confinement = arm(&args, Arc::new(enforcer), Starter::Spawned)?;
+    let argv = confinement
+        .wrap(&command(&args), Launch::Backend)
+        .map_err(cannot_arm)?;
+    let status = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
         .status()
-        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", armed.argv[0]))?;
-    drop(armed);
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", argv[0]))?;
+    drop(confinement);
     Ok(status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))

@@ -51,16 +51,12 @@ pub enum FileState {
     Malformed(String),
     /// Symlinked, hardlinked or behind a symlinked directory: armed.
     Untrusted(String),
-    /// Armed earlier in this bridge, now gone or unreadable: still armed.
-    LostAfterArm(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProjectRead {
     pub config: ProjectConfig,
     pub state: FileState,
-    /// Whether the bridge may write this file (append_allow/deny).
-    pub persist: bool,
 }
 
 fn armed_without_entries(state: FileState) -> ProjectRead {
@@ -70,7 +66,6 @@ fn armed_without_entries(state: FileState) -> ProjectRead {
             ..ProjectConfig::default()
         },
         state,
-        persist: false,
     }
 }
 
@@ -123,14 +118,15 @@ fn symlinked_dir(root: &Path) -> Option<PathBuf> {
 }
 
 /// Reads a project's sandbox.json (creating the template on first touch).
-/// `was_armed`: this bridge armed the project before.
-pub fn read(root: &Path, was_armed: bool) -> ProjectRead {
-    read_with(root, was_armed, true)
+/// A file that disappears after it armed the project does not disarm it:
+/// the ledger remembers `enabled: true`.
+pub fn read(root: &Path) -> ProjectRead {
+    read_with(root, true)
 }
 
 /// Like [`read`]; `create_template` false leaves a missing file missing
 /// (for commands that only look).
-pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> ProjectRead {
+pub fn read_with(root: &Path, create_template: bool) -> ProjectRead {
     let path = config_path(root);
     if let Some(link) = symlinked_dir(root) {
         return armed_without_entries(FileState::Untrusted(format!(
@@ -140,17 +136,10 @@ pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> Project
     }
     match plain_file(&path) {
         Ok(None) => {
-            if was_armed {
-                return armed_without_entries(FileState::LostAfterArm(format!(
-                    "{} disappeared",
-                    path.display()
-                )));
-            }
             if !create_template {
                 return ProjectRead {
                     config: ProjectConfig::default(),
                     state: FileState::Missing,
-                    persist: false,
                 };
             }
             let created = create_real_dirs(root, &CONFIG_DIR, 0o755)
@@ -162,7 +151,6 @@ pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> Project
                 } else {
                     FileState::Missing
                 },
-                persist: created.is_ok(),
             }
         }
         Ok(Some(false)) => {
@@ -187,18 +175,11 @@ pub fn read_with(root: &Path, was_armed: bool, create_template: bool) -> Project
                 Ok(config) => ProjectRead {
                     config,
                     state: FileState::Ok,
-                    persist: true,
                 },
                 Err(why) => armed_without_entries(FileState::Malformed(why)),
             },
-            Err(e) if was_armed => {
-                armed_without_entries(FileState::LostAfterArm(format!("{}: {e}", path.display())))
-            }
             Err(e) => armed_without_entries(FileState::Malformed(format!("unreadable: {e}"))),
         },
-        Err(e) if was_armed => {
-            armed_without_entries(FileState::LostAfterArm(format!("{}: {e}", path.display())))
-        }
         Err(e) => armed_without_entries(FileState::Malformed(format!("unreadable: {e}"))),
     }
 }
@@ -236,7 +217,6 @@ pub struct Effective {
     /// The ledger after recording what needs no approval (the restrictive
     /// direction); the caller saves it if it changed.
     pub ledger: Approved,
-    pub persist: bool,
     pub state: FileState,
 }
 
@@ -281,14 +261,13 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
         },
         ignored,
         ledger,
-        persist: read.persist,
         state: read.state.clone(),
     }
 }
 
 /// Reads, applies the ledger and records what needs no approval.
-pub fn load(root: &Path, was_armed: bool, managed: &ManagedRoot) -> Effective {
-    let read = read(root, was_armed);
+pub fn load(root: &Path, managed: &ManagedRoot) -> Effective {
+    let read = read(root);
     let ledger = Ledger::new(managed.clone());
     let approved = ledger.load(root);
     let eff = effective(&read, &approved);
@@ -306,7 +285,7 @@ pub fn load(root: &Path, was_armed: bool, managed: &ManagedRoot) -> Effective {
 /// Reads and applies the ledger without writing anything (no template, no
 /// ledger update): for `profile` and `doctor`.
 pub fn inspect(root: &Path, managed: &ManagedRoot) -> Effective {
-    let read = read_with(root, false, false);
+    let read = read_with(root, false);
     effective(&read, &Ledger::new(managed.clone()).load(root))
 }
 
@@ -341,14 +320,6 @@ pub fn append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> bo
             false
         }
     }
-}
-
-pub fn append_allow(root: &Path, entry: &str, managed: &ManagedRoot) -> bool {
-    append(root, List::Allow, entry, managed)
-}
-
-pub fn append_deny(root: &Path, entry: &str, managed: &ManagedRoot) -> bool {
-    append(root, List::Deny, entry, managed)
 }
 
 fn lock_project(
@@ -414,7 +385,7 @@ fn try_append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> Re
 /// `zcode-acp allow` outside the sandbox).
 pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), String> {
     let _lock = lock_project(root, managed)?;
-    let read = read(root, false);
+    let read = read(root);
     if read.state != FileState::Ok && read.state != FileState::Created {
         return Err(format!(
             "sandbox.json cannot be approved as it is: {:?}",
@@ -466,7 +437,7 @@ mod tests {
     #[test]
     fn first_touch_creates_a_disarmed_template() {
         let f = fixture();
-        let r = read(&f.root, false);
+        let r = read(&f.root);
         assert_eq!(r.state, FileState::Created);
         assert!(!r.config.enabled);
         assert_eq!(
@@ -474,8 +445,8 @@ mod tests {
             ProjectConfig::default()
         );
         // Presence is not the switch.
-        assert_eq!(read(&f.root, false).state, FileState::Ok);
-        assert!(!load(&f.root, false, &f.managed).armed);
+        assert_eq!(read(&f.root).state, FileState::Ok);
+        assert!(!load(&f.root, &f.managed).armed);
     }
 
     #[test]
@@ -489,17 +460,14 @@ mod tests {
             r#"{"enabled": false, "deny": [1]}"#,
         ] {
             write(&f.root, text);
-            let r = read(&f.root, false);
+            let r = read(&f.root);
             assert!(
                 matches!(r.state, FileState::Malformed(_)),
                 "{text}: {:?}",
                 r.state
             );
-            assert!(
-                r.config.enabled && r.config.allow.is_empty() && !r.persist,
-                "{text}"
-            );
-            assert!(!append_allow(&f.root, "/y", &f.managed), "{text}");
+            assert!(r.config.enabled && r.config.allow.is_empty(), "{text}");
+            assert!(!append(&f.root, List::Allow, "/y", &f.managed), "{text}");
             assert_eq!(file(&f.root), text, "the user's bytes are untouched");
         }
     }
@@ -511,9 +479,9 @@ mod tests {
         std::fs::write(&elsewhere, r#"{"enabled": false}"#).unwrap();
         create_real_dirs(&f.root, &CONFIG_DIR, 0o755).unwrap();
         std::os::unix::fs::symlink(&elsewhere, config_path(&f.root)).unwrap();
-        let r = read(&f.root, false);
-        assert!(r.config.enabled && !r.persist && matches!(r.state, FileState::Untrusted(_)));
-        assert!(!append_allow(&f.root, "/y", &f.managed));
+        let r = read(&f.root);
+        assert!(r.config.enabled && matches!(r.state, FileState::Untrusted(_)));
+        assert!(!append(&f.root, List::Allow, "/y", &f.managed));
         assert_eq!(
             std::fs::read_to_string(&elsewhere).unwrap(),
             r#"{"enabled": false}"#
@@ -521,31 +489,33 @@ mod tests {
 
         std::fs::remove_file(config_path(&f.root)).unwrap();
         std::fs::hard_link(&elsewhere, config_path(&f.root)).unwrap();
-        let r = read(&f.root, false);
-        assert!(r.config.enabled && !r.persist);
-        assert!(!append_deny(&f.root, "/y", &f.managed));
+        let r = read(&f.root);
+        assert!(r.config.enabled);
+        assert!(!append(&f.root, List::Deny, "/y", &f.managed));
 
         // A symlinked .zcode directory is untrusted too.
         let g = fixture();
         let real = g.root.join("real");
         std::fs::create_dir_all(real.join("acp")).unwrap();
         std::os::unix::fs::symlink(&real, g.root.join(".zcode")).unwrap();
-        assert!(matches!(
-            read(&g.root, false).state,
-            FileState::Untrusted(_)
-        ));
+        assert!(matches!(read(&g.root).state, FileState::Untrusted(_)));
     }
 
     #[test]
     fn an_armed_config_that_vanishes_or_turns_unreadable_stays_armed() {
         let f = fixture();
         write(&f.root, r#"{"enabled": true}"#);
-        assert!(load(&f.root, false, &f.managed).armed);
+        assert!(load(&f.root, &f.managed).armed);
         std::fs::remove_file(config_path(&f.root)).unwrap();
-        let r = read(&f.root, true);
-        assert!(r.config.enabled && matches!(r.state, FileState::LostAfterArm(_)));
-        // And it is not recreated as a disarmed template behind our back.
-        assert!(!config_path(&f.root).exists());
+        // The template comes back disarmed, but the ledger remembers.
+        let again = load(&f.root, &f.managed);
+        assert!(
+            again.armed && again.state == FileState::Created,
+            "{again:?}"
+        );
+        assert!(!read(&f.root).config.enabled);
+        std::fs::write(config_path(&f.root), b"{not json").unwrap();
+        assert!(load(&f.root, &f.managed).armed);
     }
 
     #[test]
@@ -555,9 +525,9 @@ mod tests {
             &f.root,
             r#"{"enabled": true, "allow": ["/a"], "future": {"x": 1}}"#,
         );
-        assert!(append_allow(&f.root, "/b", &f.managed));
-        assert!(append_allow(&f.root, "/b", &f.managed));
-        assert!(append_deny(&f.root, "/c", &f.managed));
+        assert!(append(&f.root, List::Allow, "/b", &f.managed));
+        assert!(append(&f.root, List::Allow, "/b", &f.managed));
+        assert!(append(&f.root, List::Deny, "/c", &f.managed));
         let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
         assert_eq!(v["allow"], json!(["/a", "/b"]));
         assert_eq!(v["deny"], json!(["/c"]));
@@ -575,7 +545,7 @@ mod tests {
         let f = fixture();
         // A hand-added allow entry is ignored until approved.
         write(&f.root, r#"{"enabled": true, "allow": ["/usr"]}"#);
-        let e = load(&f.root, false, &f.managed);
+        let e = load(&f.root, &f.managed);
         assert!(e.armed && e.rules.allow.is_empty());
         assert!(
             e.ignored.iter().any(|i| i.contains("/usr")),
@@ -583,17 +553,17 @@ mod tests {
             e.ignored
         );
         // The bridge's own append is approved in the same step.
-        assert!(append_allow(&f.root, "/var", &f.managed));
-        let e = load(&f.root, false, &f.managed);
+        assert!(append(&f.root, List::Allow, "/var", &f.managed));
+        let e = load(&f.root, &f.managed);
         assert_eq!(e.rules.allow, vec!["/var".to_owned()]);
         // An unapproved `enabled: false` keeps the sandbox armed.
         let text = file(&f.root).replace("\"enabled\": true", "\"enabled\": false");
         write(&f.root, &text);
-        let e = load(&f.root, false, &f.managed);
+        let e = load(&f.root, &f.managed);
         assert!(e.armed, "{:?}", e.ignored);
         // Approving the hand edit makes both count.
         approve_current(&f.root, &f.managed).unwrap();
-        let e = load(&f.root, false, &f.managed);
+        let e = load(&f.root, &f.managed);
         assert!(!e.armed);
         assert_eq!(e.rules.allow.len(), 2);
         assert!(e.ignored.is_empty());
@@ -603,11 +573,11 @@ mod tests {
     fn removed_entries_need_a_new_approval() {
         let f = fixture();
         write(&f.root, r#"{"enabled": true}"#);
-        assert!(append_allow(&f.root, "/opt", &f.managed));
+        assert!(append(&f.root, List::Allow, "/opt", &f.managed));
         write(&f.root, r#"{"enabled": true, "allow": []}"#);
-        load(&f.root, false, &f.managed);
+        load(&f.root, &f.managed);
         write(&f.root, r#"{"enabled": true, "allow": ["/opt"]}"#);
-        assert!(load(&f.root, false, &f.managed).rules.allow.is_empty());
+        assert!(load(&f.root, &f.managed).rules.allow.is_empty());
     }
 
     #[test]
@@ -619,7 +589,7 @@ mod tests {
                 let (root, managed) = (f.root.clone(), f.managed.clone());
                 std::thread::spawn(move || {
                     for j in 0..10 {
-                        assert!(append_allow(&root, &format!("/p{i}-{j}"), &managed));
+                        assert!(append(&root, List::Allow, &format!("/p{i}-{j}"), &managed));
                     }
                 })
             })
@@ -639,9 +609,9 @@ mod tests {
         std::fs::create_dir_all(&ro).unwrap();
         // A regular file where the .zcode directory should be.
         std::fs::write(ro.join(".zcode"), "").unwrap();
-        assert!(!append_allow(&ro, "/x", &f.managed));
+        assert!(!append(&ro, List::Allow, "/x", &f.managed));
         // Something odd in the way reads as armed, never as "off".
-        let r = read(&ro, false);
-        assert!(r.config.enabled && !r.persist, "{r:?}");
+        let r = read(&ro);
+        assert!(r.config.enabled, "{r:?}");
     }
 }

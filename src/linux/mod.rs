@@ -1,8 +1,9 @@
 //! Linux enforcement: user+mount namespaces, a PID namespace with an init
 //! of ours, and Landlock, built from the same policy as everything else.
 
+pub mod enforce;
 pub mod exec;
-pub mod hook;
+pub mod helper;
 pub mod layers;
 pub mod plan;
 pub mod seccomp;

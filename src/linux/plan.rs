@@ -126,7 +126,7 @@ fn push_unique(list: &mut Vec<Step>, s: Step) {
 /// Per-user facts the plan depends on: the hidden-socket list, how the
 /// home directory is spelled, and whether the supervisor can work here.
 #[derive(Debug, Clone, Default)]
-pub struct Session {
+pub struct UserFacts {
     pub uid: u32,
     pub ssh_auth_sock: Option<PathBuf>,
     pub xdg_runtime_dir: Option<PathBuf>,
@@ -141,27 +141,27 @@ pub struct Session {
     pub layers: Option<PathBuf>,
 }
 
-impl Session {
+impl UserFacts {
     /// This process's user and environment, with the caches' layers of the
     /// project rooted at `first_root` under `managed` (as a launch there
     /// would get them).
     pub fn for_project(
         managed: &crate::config::managed::ManagedRoot,
         first_root: Option<&Path>,
-    ) -> Session {
-        Session {
-            layers: first_root.map(|r| crate::linux::hook::layers_for(managed, r)),
-            ..Session::current()
+    ) -> UserFacts {
+        UserFacts {
+            layers: first_root.map(|r| crate::confine::layers_for(managed, r)),
+            ..UserFacts::current()
         }
     }
 
     /// This process's user and environment.
-    pub fn current() -> Session {
+    pub fn current() -> UserFacts {
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)
             .filter(|h| h.is_absolute())
             .and_then(|h| crate::policy::resolve_real(&h).ok().map(|r| (h, r)));
-        Session {
+        UserFacts {
             uid: nix::unistd::getuid().as_raw(),
             ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
@@ -180,7 +180,7 @@ impl Session {
 /// sandbox is armed but the few allowed (`sockets::ALLOWED`), and
 /// `/dev/userfaultfd`. Directories first: a socket inside a covered
 /// directory needs nothing more.
-fn hidden_candidates(s: &Session, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
+fn hidden_candidates(s: &UserFacts, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
     let mut hide = vec![step(
         Path::new("/dev/userfaultfd"),
         "page faults served by a sandboxed program could stall the supervisor reading its memory",
@@ -225,7 +225,7 @@ fn depth(p: &Path) -> usize {
 }
 
 /// Builds the plan for `policy`.
-pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
+pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
     let mut plan = Plan::default();
     let private_tmp = |p: &Path| PRIVATE_TMP.iter().any(|t| p == Path::new(t));
     let private_tmp_holds = |p: &Path| {
@@ -281,11 +281,11 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                 }
             }
             Matcher::Subpath(p)
-                if rule.layered && session.layers.is_some() && fs.is_dir(p) && layerable(p) =>
+                if rule.layered && facts.layers.is_some() && fs.is_dir(p) && layerable(p) =>
             {
                 push_unique(&mut plan.layered, step(p, &rule.why));
                 plan.landlock_dirs.push(p.clone());
-                plan.layers.clone_from(&session.layers);
+                plan.layers.clone_from(&facts.layers);
             }
             Matcher::Subpath(p) => {
                 if rule.layered {
@@ -311,7 +311,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
             }
             Matcher::NamePrefix { dir, prefix } => {
                 // Inside a private tmpfs the directory is not there at all.
-                let supervised = session.supervise && !private_tmp_holds(dir);
+                let supervised = facts.supervise && !private_tmp_holds(dir);
                 let mut names = fs.list(dir);
                 names.sort();
                 for name in names.into_iter().filter(|n| n.starts_with(prefix.as_str())) {
@@ -337,7 +337,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
                         Some(s) => s.prefixes.push(prefix.clone()),
                         None => plan.supervised.push(Supervised {
                             dir: dir.clone(),
-                            spellings: session
+                            spellings: facts
                                 .home
                                 .iter()
                                 .filter(|(given, real)| real == dir && given != dir)
@@ -399,7 +399,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
         "a .zcode/acp deeper than a writable directory's top, or created later, is not read-only on Linux; the approval ledger guards what it may say",
     ));
 
-    let (hide, unseen) = hidden_candidates(session, fs);
+    let (hide, unseen) = hidden_candidates(facts, fs);
     for h in hide {
         // Inside a directory covered before it, the socket is out of sight.
         // Inside a private tmpfs it is too, unless a tree carried over (a
@@ -464,7 +464,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, session: &Session) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+    use crate::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput, Writable};
     use std::collections::BTreeMap;
 
     /// A fake filesystem: path -> is_dir.
@@ -514,7 +514,7 @@ mod tests {
                     hooks_path: None,
                 }],
             }],
-            backend_state: vec![Grant {
+            backend_state: vec![Writable {
                 matcher: Matcher::NamePrefix {
                     dir: "/home/u".into(),
                     prefix: ".zcode".into(),
@@ -522,7 +522,7 @@ mod tests {
                 why: "zcode".into(),
                 layered: false,
             }],
-            temp_and_caches: vec![Grant {
+            temp_and_caches: vec![Writable {
                 matcher: Matcher::Subpath("/tmp".into()),
                 why: "temp".into(),
                 layered: false,
@@ -551,11 +551,11 @@ mod tests {
             ("/dev/shm", true),
             ("/run/user/1000", true),
         ]);
-        let session = Session {
+        let facts = UserFacts {
             uid: 1000,
-            ..Session::default()
+            ..UserFacts::default()
         };
-        let plan = build(&policy(), &fs, &session);
+        let plan = build(&policy(), &fs, &facts);
         let paths = |steps: &[Step]| {
             steps
                 .iter()
@@ -601,7 +601,7 @@ mod tests {
             ("/run/systemd/journal/socket", false),
             ("/run/systemd/private", false),
         ]);
-        let session2 = Session {
+        let facts2 = UserFacts {
             uid: 1000,
             xdg_runtime_dir: Some("/run/custom".into()),
             bound_sockets: [
@@ -614,9 +614,9 @@ mod tests {
             .iter()
             .map(PathBuf::from)
             .collect(),
-            ..Session::default()
+            ..UserFacts::default()
         };
-        let plan2 = build(&policy(), &fs2, &session2);
+        let plan2 = build(&policy(), &fs2, &facts2);
         assert_eq!(
             paths(&plan2.hidden),
             vec![
@@ -645,7 +645,7 @@ mod tests {
                 repos: vec![],
             }],
             backend_state: vec![],
-            temp_and_caches: vec![Grant {
+            temp_and_caches: vec![Writable {
                 matcher: Matcher::Subpath("/tmp".into()),
                 why: "temp".into(),
                 layered: false,
@@ -663,7 +663,7 @@ mod tests {
             ("/tmp/ws/.zcode", true),
             ("/tmp/ws/.zcode/acp", true),
         ]);
-        let plan = build(&policy, &fs, &Session::default());
+        let plan = build(&policy, &fs, &UserFacts::default());
         let has = |steps: &[Step], p: &str| steps.iter().any(|s| s.path == Path::new(p));
         assert!(has(&plan.writable, "/tmp/ws"), "{plan:?}");
         assert!(!has(&plan.readonly, "/tmp/.zcode/acp"), "{plan:?}");
@@ -683,13 +683,13 @@ mod tests {
             ("/home/u/.zcode-notes", false),
             ("/home/u/.zcode-acp", true),
         ]);
-        let session = Session {
+        let facts = UserFacts {
             uid: 1000,
             home: Some(("/users/u".into(), "/home/u".into())),
             supervise: true,
-            ..Session::default()
+            ..UserFacts::default()
         };
-        let plan = build(&policy(), &fs, &session);
+        let plan = build(&policy(), &fs, &facts);
         let writable: Vec<_> = plan.writable.iter().map(|s| s.path.clone()).collect();
         // A bound file would pin its old inode: a save renamed over it
         // would fail. The supervisor serves it instead.
@@ -712,9 +712,9 @@ mod tests {
         let plain = build(
             &policy(),
             &fs,
-            &Session {
+            &UserFacts {
                 supervise: false,
-                ..session
+                ..facts
             },
         );
         assert!(plain.supervised.is_empty());

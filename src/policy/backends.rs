@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::build::Grant;
+use super::build::Writable;
 use super::discover::Env;
 use super::{resolve_real, Matcher};
 use crate::config::{UserConfig, BACKEND_PROFILE_ENV};
@@ -280,13 +280,13 @@ fn script_words(text: &str) -> Vec<String> {
 }
 
 /// A state directory the backend may write, created before arming.
-fn state_dir(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+fn state_dir(path: &Path, home: &Path, why: &str) -> Option<Writable> {
     super::discover::dir_grant(path, home, why)
 }
 
 /// The state each profile writes. `env` is the agent's environment (it
 /// inherits the bridge's).
-pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
+pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Writable> {
     let mut grants = Vec::new();
     for p in profiles {
         match p {
@@ -304,7 +304,7 @@ pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
                 // `~/.claude.json.lock`) renamed over it. With it set, that
                 // file lives inside the directory above.
                 if configured.is_none() {
-                    grants.push(Grant {
+                    grants.push(Writable {
                         matcher: Matcher::NamePrefix {
                             dir: home.to_path_buf(),
                             prefix: ".claude.json".into(),
@@ -342,7 +342,7 @@ pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Grant> {
                     home,
                     "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
                 ));
-                grants.push(Grant {
+                grants.push(Writable {
                     matcher: Matcher::NamePrefix {
                         dir: home.to_path_buf(),
                         prefix: ".zcode".into(),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::backends::{self, Detected, StateSettings};
-use super::build::{Grant, Platform, PolicyInput, Repo, RootInput};
+use super::build::{Platform, PolicyInput, Repo, RootInput, Writable};
 use super::{resolve_real, Matcher, ResolveError};
 use crate::config::managed::ManagedRoot;
 use crate::config::project::{self, Effective};
@@ -44,7 +44,7 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
         let mut eff = if src.inspect {
             project::inspect(&path, src.managed)
         } else {
-            project::load(&path, false, src.managed)
+            project::load(&path, src.managed)
         };
         let (rules, refused) = project_rules(&eff.rules, &home);
         for why in &refused {
@@ -540,22 +540,22 @@ impl Env for HashMap<String, String> {
 
 /// A state or cache directory, refusing anything that would open the whole
 /// home directory or `/`.
-pub(super) fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
+pub(super) fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Writable> {
     let real = resolve_real(path).ok()?;
     if real == home || real == Path::new("/") || home.starts_with(&real) {
         tracing::warn!(path = %real.display(), "not whitelisting {why}: it would open the whole home directory");
         return None;
     }
-    Some(Grant {
+    Some(Writable {
         matcher: Matcher::Subpath(real),
         why: why.to_owned(),
         layered: false,
     })
 }
 
-/// A cache shared with the user's own builds (see [`Grant::layered`]).
-fn cache_grant(path: &Path, home: &Path, why: &str) -> Option<Grant> {
-    dir_grant(path, home, why).map(|g| Grant { layered: true, ..g })
+/// A cache shared with the user's own builds (see [`Writable::layered`]).
+fn cache_grant(path: &Path, home: &Path, why: &str) -> Option<Writable> {
+    dir_grant(path, home, why).map(|g| Writable { layered: true, ..g })
 }
 
 /// The backend's own state: what its profiles write (see
@@ -566,7 +566,7 @@ pub fn backend_state(
     env: &dyn Env,
     home: &Path,
     extra: &[PathBuf],
-) -> Vec<Grant> {
+) -> Vec<Writable> {
     let mut grants = backends::grants(&detected.profiles, env, home);
     for p in extra {
         let p = expand_home(p, home);
@@ -589,7 +589,7 @@ pub fn expand_home(p: &Path, home: &Path) -> PathBuf {
 
 /// System temp and regenerable caches. Tools write there constantly and
 /// nothing in them is worth protecting.
-pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Grant> {
+pub fn temp_and_caches(platform: Platform, env: &dyn Env, home: &Path) -> Vec<Writable> {
     let mut grants = Vec::new();
     if let Some(tmpdir) = env.var("TMPDIR") {
         if let Some(g) = dir_grant(Path::new(&tmpdir), home, "$TMPDIR") {

@@ -199,18 +199,6 @@ impl Policy {
     pub fn rules_of(&self, kind: Kind) -> impl Iterator<Item = &Rule> {
         self.rules.iter().filter(move |r| r.kind == kind)
     }
-
-    /// The allowed roots that open `/` or the whole home directory.
-    pub fn dangerous_roots(&self) -> Vec<&Path> {
-        self.rules
-            .iter()
-            .filter(|r| r.dangerous)
-            .filter_map(|r| match &r.matcher {
-                Matcher::Subpath(p) => Some(p.as_path()),
-                _ => None,
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ impl std::fmt::Display for RawId {
 
 /// What a frame is, by JSON-RPC's rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
+pub enum FrameKind {
     Request { id: RawId, method: String },
     Notification { method: String },
     Response { id: RawId, is_error: bool },
@@ -45,7 +45,7 @@ pub enum Kind {
 #[derive(Debug, Clone)]
 pub struct Frame {
     pub bytes: Vec<u8>,
-    pub kind: Kind,
+    pub kind: FrameKind,
     id_span: Option<Range<usize>>,
     params_span: Option<Range<usize>>,
     payload_span: Option<Range<usize>>,
@@ -115,8 +115,8 @@ impl Frame {
 
     pub fn method(&self) -> Option<&str> {
         match &self.kind {
-            Kind::Request { method, .. } | Kind::Notification { method } => Some(method),
-            Kind::Response { .. } => None,
+            FrameKind::Request { method, .. } | FrameKind::Notification { method } => Some(method),
+            FrameKind::Response { .. } => None,
         }
     }
 
@@ -176,7 +176,7 @@ impl Frame {
 }
 
 struct Parts {
-    kind: Kind,
+    kind: FrameKind,
     id_span: Option<Range<usize>>,
     params_span: Option<Range<usize>>,
     payload_span: Option<Range<usize>>,
@@ -192,26 +192,26 @@ fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
     let id = env.id.map(|id| RawId(id.get().to_owned()));
     let (kind, payload_span) = match (env.method, id, env.result, env.error) {
         (Some(method), Some(id), None, None) => (
-            Kind::Request {
+            FrameKind::Request {
                 id,
                 method: method.into_owned(),
             },
             None,
         ),
         (Some(method), None, None, None) => (
-            Kind::Notification {
+            FrameKind::Notification {
                 method: method.into_owned(),
             },
             None,
         ),
         (None, Some(id), Some(result), None) => (
-            Kind::Response {
+            FrameKind::Response {
                 id,
                 is_error: false,
             },
             Some(span_of(bytes, result)),
         ),
-        (None, Some(id), None, Some(error)) => (Kind::Response { id, is_error: true }, Some(span_of(bytes, error))),
+        (None, Some(id), None, Some(error)) => (FrameKind::Response { id, is_error: true }, Some(span_of(bytes, error))),
         _ => {
             return Err(FrameError::Invalid(
                 "a message needs `method` (request or notification) or `id` with exactly one of `result` and `error`".into(),
@@ -367,22 +367,22 @@ mod tests {
     fn classifies_the_four_shapes() {
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","id":1,"method":"a"}"#).kind,
-            Kind::Request { .. }
+            FrameKind::Request { .. }
         ));
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","method":"a"}"#).kind,
-            Kind::Notification { .. }
+            FrameKind::Notification { .. }
         ));
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","id":"x","result":null}"#).kind,
-            Kind::Response {
+            FrameKind::Response {
                 is_error: false,
                 ..
             }
         ));
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","id":2,"error":{"code":1,"message":"m"}}"#).kind,
-            Kind::Response { is_error: true, .. }
+            FrameKind::Response { is_error: true, .. }
         ));
     }
 
@@ -408,7 +408,7 @@ mod tests {
         let f = parse(src);
         assert_eq!(
             f.kind,
-            Kind::Request {
+            FrameKind::Request {
                 id: RawId("\"abc\"".into()),
                 method: "_x/y".into()
             }
@@ -451,7 +451,7 @@ mod tests {
         let e = error_response(&RawId("\"a\"".into()), -32700, "bad \"frame\"", None);
         assert!(matches!(
             Frame::parse(e).unwrap().kind,
-            Kind::Response { is_error: true, .. }
+            FrameKind::Response { is_error: true, .. }
         ));
         let r = request(3, "session/load", r#"{"sessionId":"s"}"#);
         assert_eq!(
@@ -463,7 +463,7 @@ mod tests {
         let n = notification("terminal/release", "{}");
         assert!(matches!(
             Frame::parse(n).unwrap().kind,
-            Kind::Notification { .. }
+            FrameKind::Notification { .. }
         ));
     }
 }

@@ -5,4 +5,4 @@ pub mod envelope;
 pub mod framing;
 pub mod splice;
 
-pub use envelope::{Frame, Kind, RawId};
+pub use envelope::{Frame, FrameKind, RawId};

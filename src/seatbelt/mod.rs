@@ -2,10 +2,10 @@
 //!
 //! Building the text is pure and tested on every platform (golden files,
 //! and a property test that interprets the SBPL and compares every decision
-//! with [`Policy::evaluate_resolved`]); writing and arming it is in [`arm`].
+//! with [`Policy::evaluate_resolved`]); writing it out and wrapping commands
+//! in it is in [`enforce`].
 
-pub mod arm;
-pub mod hook;
+pub mod enforce;
 pub mod quote;
 pub mod violations;
 
@@ -247,7 +247,7 @@ fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+    use crate::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput, Writable};
 
     /// Representative inputs whose profiles are pinned in tests/golden.
     fn golden_inputs() -> Vec<(&'static str, PolicyInput)> {
@@ -264,18 +264,18 @@ mod tests {
                     hooks_path: None,
                 }],
             }],
-            backend_state: vec![Grant {
+            backend_state: vec![Writable {
                 matcher: Matcher::Subpath("/Users/dev/.codex".into()),
                 why: "codex's own state".into(),
                 layered: false,
             }],
             temp_and_caches: vec![
-                Grant {
+                Writable {
                     matcher: Matcher::Subpath("/private/var/folders/xy/abc/T".into()),
                     why: "$TMPDIR".into(),
                     layered: false,
                 },
-                Grant {
+                Writable {
                     matcher: Matcher::Subpath("/private/tmp".into()),
                     why: "system temp".into(),
                     layered: false,
@@ -301,7 +301,7 @@ mod tests {
                 hooks_path: None,
             }],
         });
-        rich.backend_state = vec![Grant {
+        rich.backend_state = vec![Writable {
             matcher: Matcher::NamePrefix {
                 dir: "/Users/dev".into(),
                 prefix: ".zcode".into(),

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use zcode_acp::policy::build::{Grant, Platform, PolicyInput, ProjectRules, Repo, RootInput};
+use zcode_acp::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput, Writable};
 use zcode_acp::policy::{Matcher, Ops, Policy};
 
 const NAMES: &[&str] = &[
@@ -117,7 +117,7 @@ fn input_with(
         .prop_map(move |(roots, zcode, temps, once, mac)| {
             let mut backend_state = vec![];
             if zcode {
-                backend_state.push(Grant {
+                backend_state.push(Writable {
                     matcher: Matcher::NamePrefix {
                         dir: "/h".into(),
                         prefix: ".zcode".into(),
@@ -137,7 +137,7 @@ fn input_with(
                 backend_state,
                 temp_and_caches: temps
                     .into_iter()
-                    .map(|t| Grant {
+                    .map(|t| Writable {
                         matcher: Matcher::Subpath(t),
                         why: "temp".into(),
                         layered: false,

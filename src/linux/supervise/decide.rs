@@ -332,7 +332,7 @@ fn valid_name(name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::build::{Grant, Platform, PolicyInput};
+    use crate::policy::build::{Platform, PolicyInput, Writable};
     use crate::policy::Matcher;
     use std::path::PathBuf;
 
@@ -343,7 +343,7 @@ mod tests {
             home: home.clone(),
             roots: vec![],
             backend_state: vec![
-                Grant {
+                Writable {
                     matcher: Matcher::NamePrefix {
                         dir: home.clone(),
                         prefix: ".claude.json".into(),
@@ -351,7 +351,7 @@ mod tests {
                     why: "claude".into(),
                     layered: false,
                 },
-                Grant {
+                Writable {
                     matcher: Matcher::NamePrefix {
                         dir: home.clone(),
                         prefix: ".zcode".into(),

@@ -1,0 +1,465 @@
+//! Confinement as a value.
+//!
+//! Whatever this program starts for the agent (a backend generation, a
+//! command the editor runs for it, `zcode-acp run`) goes through one
+//! [`Sandbox::arm`], which says what it will run under: nothing because the
+//! sandbox is off, nothing because it was asked for and cannot be armed
+//! here, or a policy enforced by this platform's sandbox. The policy is
+//! built here, the same way for both platforms; the platform only turns a
+//! policy and a command into a command that runs confined by it
+//! ([`Enforce`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::generation::{GenerationDir, GenerationError};
+use crate::config::managed::ManagedRoot;
+use crate::policy::{Platform, Policy, PolicyInput};
+
+/// A command to run confined.
+#[derive(Debug, Clone, Default)]
+pub struct Command {
+    pub argv: Vec<String>,
+    /// Applied only inside the sandbox, after arming.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// How the confined command is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// A backend generation: lives as long as the generation's files.
+    Backend,
+    /// A command the editor starts for the agent: its launch file is read
+    /// once, and it dies with whoever started it.
+    Terminal,
+}
+
+/// Who starts the confined commands of one arming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Starter {
+    /// Other processes (the bridge, the editor): what they read is written
+    /// into a private directory under the managed root.
+    Spawned,
+    /// This process arms itself and runs the command (`zcode-acp run` on
+    /// Linux): nothing is written, so a home it cannot write is no obstacle.
+    ThisProcess,
+}
+
+/// Why a command cannot be confined.
+#[derive(Debug, thiserror::Error)]
+pub enum ArmError {
+    #[error("no command was given")]
+    Empty,
+    #[error(transparent)]
+    Dir(#[from] GenerationError),
+    #[error("cannot write the launch file: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("this arming has no private directory to write the launch into")]
+    NoDir,
+    #[error("cannot find this program's own path: {0}")]
+    OwnPath(std::io::Error),
+    #[error("cannot build the Seatbelt profile: {0}")]
+    Profile(String),
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// The platform's half of confinement.
+pub trait Enforce: Send + Sync {
+    fn platform(&self) -> Platform;
+    /// How commands are confined, in words for the log and the editor
+    /// ("Linux namespaces+Landlock").
+    fn describe(&self) -> String;
+    /// Carried by every write denial in the system log (Seatbelt), so the
+    /// bridge reads its own agent's only.
+    fn violation_tag(&self) -> Option<&str> {
+        None
+    }
+    /// Writes what every command confined by `policy` shares into its
+    /// private directory (Seatbelt's profile). Called once per arming.
+    fn prepare(&self, _policy: &Policy, _dir: Option<&GenerationDir>) -> Result<(), ArmError> {
+        Ok(())
+    }
+    /// The argv that runs `command` confined by `armed`.
+    fn wrap(
+        &self,
+        armed: &Armed,
+        command: &Command,
+        launch: Launch,
+    ) -> Result<Vec<String>, ArmError>;
+}
+
+/// What this process can do about confinement: decided at start, and
+/// again when a project turns the sandbox on in a bridge started without it.
+pub enum Sandbox {
+    /// Not asked for: commands run as given.
+    Off,
+    /// Asked for, and this machine cannot arm it: every start is refused.
+    Unavailable {
+        requested_by: String,
+        reason: String,
+    },
+    /// This platform's sandbox, ready to arm.
+    Ready(Arc<dyn Enforce>),
+}
+
+/// What one command runs under.
+pub enum Confinement {
+    /// Nothing confines it; the words say so plainly.
+    Unconfined,
+    /// The user asked for a sandbox that cannot be armed: nothing is run.
+    Refused(String),
+    Armed(Box<Armed>),
+}
+
+/// A policy written out for this platform, with its private directory
+/// (kept while anything confined by it may still start).
+pub struct Armed {
+    pub policy: Policy,
+    /// Its private directory (an island of the policy), when commands
+    /// are started by others ([`Starter::Spawned`]).
+    pub dir: Option<GenerationDir>,
+    /// Where the copy-on-write layers of shared caches live (Linux).
+    pub layers: Option<PathBuf>,
+    /// Which backend profile chose the agent's writable state, in words.
+    pub backend_profile: String,
+    /// How many workspace roots are writable.
+    pub roots: usize,
+    enforcer: Arc<dyn Enforce>,
+}
+
+impl Sandbox {
+    /// This platform's sandbox, or why this machine cannot arm one.
+    pub fn detect(requested_by: String) -> Sandbox {
+        match platform_enforcer() {
+            Ok(enforcer) => Sandbox::Ready(enforcer),
+            Err(reason) => Sandbox::Unavailable {
+                requested_by,
+                reason,
+            },
+        }
+    }
+
+    /// Whether commands started now are confined (and so a session that
+    /// brings a root they do not cover needs a new arming).
+    pub fn arms(&self) -> bool {
+        matches!(self, Sandbox::Ready(_))
+    }
+
+    pub fn platform(&self) -> Option<Platform> {
+        match self {
+            Sandbox::Ready(e) => Some(e.platform()),
+            _ => None,
+        }
+    }
+
+    pub fn violation_tag(&self) -> Option<&str> {
+        match self {
+            Sandbox::Ready(e) => e.violation_tag(),
+            _ => None,
+        }
+    }
+
+    /// The confinement every start gets when this sandbox is not ready
+    /// to arm (`Err`), or its enforcer.
+    fn ready(&self) -> Result<&Arc<dyn Enforce>, Confinement> {
+        match self {
+            Sandbox::Off => Err(Confinement::Unconfined),
+            Sandbox::Unavailable {
+                requested_by,
+                reason,
+            } => Err(Confinement::Refused(format!(
+                "the sandbox was requested ({requested_by}), but {reason}, so nothing was started; \
+                 remove the request, or start zcode-acp with --no-sandbox to run the agent unconfined on purpose"
+            ))),
+            Sandbox::Ready(enforcer) => Ok(enforcer),
+        }
+    }
+
+    /// The one arming: builds the policy for `input` (with the managed root
+    /// and, for commands others start, a fresh private directory of its own
+    /// as islands) and has the platform write it out. Failing to arm refuses: nothing runs
+    /// unconfined because arming went wrong.
+    pub fn arm(
+        &self,
+        mut input: PolicyInput,
+        managed: &ManagedRoot,
+        backend_profile: String,
+        starter: Starter,
+    ) -> Confinement {
+        let enforcer = match self.ready() {
+            Ok(enforcer) => enforcer.clone(),
+            Err(confinement) => return confinement,
+        };
+        let armed = (|| {
+            let dir = match starter {
+                Starter::Spawned => Some(GenerationDir::create(managed)?),
+                Starter::ThisProcess => None,
+            };
+            input.profile_dir = dir.as_ref().map(|d| d.path.clone());
+            input.managed_root = managed.path.clone();
+            let policy = Policy::build(&input);
+            enforcer.prepare(&policy, dir.as_ref())?;
+            Ok::<_, ArmError>(Armed {
+                roots: input.roots.len(),
+                layers: input.roots.first().map(|r| layers_for(managed, &r.path)),
+                policy,
+                dir,
+                backend_profile,
+                enforcer,
+            })
+        })();
+        match armed {
+            Ok(armed) => Confinement::Armed(Box::new(armed)),
+            Err(e) => Confinement::Refused(format!("cannot arm the sandbox: {e}")),
+        }
+    }
+}
+
+impl Confinement {
+    /// The policy commands run under, when they are confined.
+    pub fn policy(&self) -> Option<&Policy> {
+        match self {
+            Confinement::Armed(a) => Some(&a.policy),
+            _ => None,
+        }
+    }
+
+    /// The argv that runs `command` under this confinement (as given when
+    /// unconfined), with the words that say what confines it.
+    pub fn wrap(&self, command: &Command, launch: Launch) -> Result<Vec<String>, ArmError> {
+        if command.argv.is_empty() {
+            return Err(ArmError::Empty);
+        }
+        match self {
+            Confinement::Unconfined => Ok(command.argv.clone()),
+            Confinement::Refused(why) => Err(ArmError::Refused(why.clone())),
+            Confinement::Armed(armed) => armed.enforcer.wrap(armed, command, launch),
+        }
+    }
+
+    /// What confines commands, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            Confinement::Armed(a) => {
+                let roots = a.roots;
+                format!(
+                    "{}, {roots} root{} writable",
+                    a.enforcer.describe(),
+                    if roots == 1 { "" } else { "s" }
+                )
+            }
+            Confinement::Unconfined => "unconfined (no sandbox)".into(),
+            Confinement::Refused(_) => "refused (nothing runs)".into(),
+        }
+    }
+}
+
+/// Where the copy-on-write layers of a project's shared caches live.
+pub fn layers_for(managed: &ManagedRoot, root: &std::path::Path) -> PathBuf {
+    managed
+        .path
+        .join("layers")
+        .join(crate::config::managed::project_key(root))
+}
+
+/// This platform's enforcer, or why there is none.
+pub fn platform_enforcer() -> Result<Arc<dyn Enforce>, String> {
+    #[cfg(target_os = "linux")]
+    return crate::linux::enforce::LinuxEnforcer::probe().map(|e| Arc::new(e) as Arc<dyn Enforce>);
+    #[cfg(target_os = "macos")]
+    return crate::seatbelt::enforce::SeatbeltEnforcer::new()
+        .map(|e| Arc::new(e) as Arc<dyn Enforce>);
+    #[allow(unreachable_code)]
+    Err("zcode-acp cannot arm a sandbox on this operating system".into())
+}
+
+/// What a backend generation is armed for.
+pub struct BackendRequest<'a> {
+    /// The backend command line as the user configured it (its state
+    /// directories are chosen from it).
+    pub argv: &'a [String],
+    /// The union of the live sessions' roots.
+    pub roots: &'a [PathBuf],
+    /// Writes the user allowed for this bridge's lifetime.
+    pub grants: &'a [PathBuf],
+    pub state: &'a crate::policy::backends::StateSettings,
+    pub managed: &'a ManagedRoot,
+}
+
+impl Sandbox {
+    /// Arms a backend generation: its policy input gathered as the bridge
+    /// does (templates created, the ledger kept), with the writable state
+    /// and cache directories created beforehand.
+    pub fn arm_backend(&self, request: &BackendRequest<'_>) -> Confinement {
+        use crate::policy::discover::{create_writable_dirs, gather, Sources};
+        let platform = match self.ready() {
+            Ok(enforcer) => enforcer.platform(),
+            Err(confinement) => return confinement,
+        };
+        let gathered = gather(&Sources {
+            platform,
+            workspaces: request.roots,
+            backend: request.argv,
+            state: request.state,
+            once_allows: request.grants,
+            managed: request.managed,
+            inspect: false,
+        });
+        match gathered {
+            Ok(gathered) => {
+                create_writable_dirs(&gathered.input);
+                let profile = gathered.backend.describe();
+                tracing::info!(backend_profile = %profile, "the agent's own state is chosen by its backend profile");
+                self.arm(gathered.input, request.managed, profile, Starter::Spawned)
+            }
+            Err(e) => Confinement::Refused(format!("cannot arm the sandbox: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::build::{ProjectRules, RootInput};
+
+    fn input(home: &std::path::Path, platform: Platform) -> PolicyInput {
+        PolicyInput {
+            platform,
+            home: home.to_path_buf(),
+            roots: vec![RootInput {
+                path: home.join("ws"),
+                project: ProjectRules::default(),
+                repos: vec![],
+            }],
+            backend_state: vec![],
+            temp_and_caches: vec![],
+            once_allows: vec![],
+            profile_dir: None,
+            managed_root: PathBuf::new(),
+        }
+    }
+
+    fn command() -> Command {
+        Command {
+            argv: vec!["make".into(), "-j2".into()],
+            env: vec![("CC".into(), "clang".into())],
+            cwd: Some("/w".into()),
+        }
+    }
+
+    #[test]
+    fn a_sandbox_asked_for_and_unavailable_refuses_and_never_runs_unconfined() {
+        let home = tempfile::tempdir().unwrap();
+        let managed = ManagedRoot::for_home(home.path());
+        let sandbox = Sandbox::Unavailable {
+            requested_by: "ZCODE_ACP_SANDBOX=1".into(),
+            reason: "neither namespaces nor Landlock are available".into(),
+        };
+        assert!(!sandbox.arms());
+        let c = sandbox.arm(
+            input(home.path(), Platform::Linux),
+            &managed,
+            "none".into(),
+            Starter::Spawned,
+        );
+        let Confinement::Refused(why) = &c else {
+            panic!("not refused: {}", c.describe())
+        };
+        assert!(why.contains("ZCODE_ACP_SANDBOX=1") && why.contains("--no-sandbox"));
+        assert!(c.wrap(&command(), Launch::Backend).is_err());
+        assert!(c.policy().is_none());
+        // Nothing was written for it.
+        assert!(!managed.path.exists());
+    }
+
+    #[test]
+    fn off_runs_the_command_as_given_and_says_so() {
+        let home = tempfile::tempdir().unwrap();
+        let managed = ManagedRoot::for_home(home.path());
+        let c = Sandbox::Off.arm(
+            input(home.path(), Platform::Linux),
+            &managed,
+            "x".into(),
+            Starter::Spawned,
+        );
+        assert_eq!(
+            c.wrap(&command(), Launch::Backend).unwrap(),
+            ["make", "-j2"]
+        );
+        assert_eq!(c.describe(), "unconfined (no sandbox)");
+        assert!(c.policy().is_none());
+        let empty = Command::default();
+        assert!(matches!(
+            c.wrap(&empty, Launch::Backend),
+            Err(ArmError::Empty)
+        ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn linux_launches_carry_the_probed_level_and_terminals_read_theirs_once() {
+        use crate::linux::enforce::LinuxEnforcer;
+        use crate::linux::exec::{LaunchSpec, Level};
+        let home = tempfile::tempdir().unwrap();
+        let home = crate::policy::resolve_real(home.path()).unwrap();
+        std::fs::create_dir_all(home.join("ws")).unwrap();
+        let managed = ManagedRoot::for_home(&home);
+        let enforcer = LinuxEnforcer {
+            level: Level::MountsOnly,
+            landlock_abi: 3,
+        };
+        let sandbox = Sandbox::Ready(Arc::new(enforcer));
+        let c = sandbox.arm(
+            input(&home, Platform::Linux),
+            &managed,
+            "none".into(),
+            Starter::Spawned,
+        );
+        assert_eq!(
+            c.describe(),
+            "Linux mounts only (no Landlock), 1 root writable"
+        );
+        let Confinement::Armed(armed) = &c else {
+            panic!("not armed: {}", c.describe())
+        };
+        // Its own directory is an island of the policy it wrote.
+        let dir = armed.dir.as_ref().unwrap().path.clone();
+        assert!(dir.starts_with(&managed.path));
+        let inside = dir.join("launch.json");
+        assert!(
+            !armed
+                .policy
+                .evaluate_resolved(&inside, crate::policy::Op::Write)
+                .allowed
+        );
+        assert_eq!(armed.layers, Some(layers_for(&managed, &home.join("ws"))));
+
+        let spec_of = |argv: &[String]| -> LaunchSpec {
+            assert_eq!(&argv[1..3], &["__sandbox", "--spec"]);
+            let file = PathBuf::from(&argv[3]);
+            assert!(file.starts_with(&dir), "{argv:?}");
+            serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+        };
+        let backend = c.wrap(&command(), Launch::Backend).unwrap();
+        assert_eq!(backend.len(), 4, "{backend:?}");
+        let spec = spec_of(&backend);
+        assert_eq!(
+            (spec.level, spec.landlock_abi),
+            (Some(Level::MountsOnly), Some(3))
+        );
+        assert_eq!(spec.argv, ["make", "-j2"]);
+        assert_eq!(spec.env, [("CC".to_owned(), "clang".to_owned())]);
+        assert_eq!(spec.cwd, Some(PathBuf::from("/w")));
+
+        let terminal = c.wrap(&command(), Launch::Terminal).unwrap();
+        assert_eq!(&terminal[4..], &["--consume", "--die-with-parent"]);
+        assert_ne!(terminal[3], backend[3]);
+        assert_eq!(spec_of(&terminal).level, Some(Level::MountsOnly));
+
+        // The arming's files go with it.
+        drop(c);
+        assert!(!dir.exists());
+    }
+}

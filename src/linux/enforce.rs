@@ -1,0 +1,112 @@
+//! Linux's half of confinement: a command runs under this same binary
+//! re-executed as `zcode-acp __sandbox --spec FILE`, a fresh
+//! single-threaded process that arms the namespaces and Landlock from the
+//! launch spec and then runs the command.
+//!
+//! The spec is written into the arming's private directory under the
+//! managed root, which no sandboxed process can write. The launch spec is
+//! built here and nowhere else.
+
+use crate::confine::{ArmError, Armed, Command, Enforce, Launch};
+use crate::linux::exec::{choose_level, namespaces_available, LaunchSpec, Level};
+use crate::linux::plan::{self, RealFs, UserFacts};
+use crate::policy::Platform;
+
+/// What this machine lets us arm, probed once: every launch carries the
+/// level and Landlock ABI decided here, so what is announced is what is
+/// armed (the helper refuses anything less).
+#[derive(Debug, Clone, Copy)]
+pub struct LinuxEnforcer {
+    pub level: Level,
+    pub landlock_abi: i32,
+}
+
+impl LinuxEnforcer {
+    /// Checks what this machine can arm, refusing when it is nothing.
+    pub fn probe() -> Result<LinuxEnforcer, String> {
+        // The test knobs only ever take capabilities away, never the sandbox.
+        let no_test = |var: &str| std::env::var_os(var).is_none();
+        let abi = super::landlock_abi();
+        let landlock = abi >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
+        let namespaces = namespaces_available() && no_test("ZCODE_ACP_TEST_NO_NAMESPACES");
+        let level = choose_level(namespaces, landlock)?;
+        if level != Level::Full {
+            tracing::warn!(
+                "the sandbox will be armed at a lower level: {}",
+                level.name()
+            );
+        }
+        Ok(LinuxEnforcer {
+            level,
+            landlock_abi: abi,
+        })
+    }
+
+    /// The launch of `command` under `armed`'s policy.
+    pub fn spec(&self, armed: &Armed, command: &Command) -> LaunchSpec {
+        let facts = UserFacts {
+            layers: armed.layers.clone(),
+            ..UserFacts::current()
+        };
+        let plan = plan::build(&armed.policy, &RealFs, &facts);
+        for gap in &plan.gaps {
+            tracing::debug!(path = %gap.path.display(), "not enforced on Linux: {}", gap.why);
+        }
+        LaunchSpec::new(
+            plan,
+            &armed.policy,
+            command.argv.clone(),
+            command.env.clone(),
+            command.cwd.clone(),
+        )
+        .armed_at(self.level, self.landlock_abi)
+    }
+}
+
+impl Enforce for LinuxEnforcer {
+    fn platform(&self) -> Platform {
+        Platform::Linux
+    }
+
+    fn describe(&self) -> String {
+        match self.level {
+            Level::Full => "Linux namespaces+Landlock",
+            Level::MountsOnly => "Linux mounts only (no Landlock)",
+            Level::LandlockOnly => "Linux Landlock only (no namespaces)",
+        }
+        .into()
+    }
+
+    /// `zcode-acp __sandbox --spec FILE`; a terminal's spec is removed by
+    /// the helper once read (one the editor never started goes with the
+    /// directory), and the terminal dies with whoever started it.
+    fn wrap(
+        &self,
+        armed: &Armed,
+        command: &Command,
+        launch: Launch,
+    ) -> Result<Vec<String>, ArmError> {
+        let text = serde_json::to_string(&self.spec(armed, command))?;
+        let name = match launch {
+            Launch::Backend => "launch.json".to_owned(),
+            Launch::Terminal => format!(
+                "terminal-{:016x}{:016x}.json",
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            ),
+        };
+        let dir = armed.dir.as_ref().ok_or(ArmError::NoDir)?;
+        let file = dir.write_file(&name, &text)?;
+        let exe = std::env::current_exe().map_err(ArmError::OwnPath)?;
+        let mut argv = vec![
+            exe.to_string_lossy().into_owned(),
+            "__sandbox".into(),
+            "--spec".into(),
+            file.to_string_lossy().into_owned(),
+        ];
+        if launch == Launch::Terminal {
+            argv.extend(["--consume".into(), "--die-with-parent".into()]);
+        }
+        Ok(argv)
+    }
+}
