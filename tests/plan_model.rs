@@ -1,13 +1,14 @@
 //! The Linux plan decides writes as the policy does.
 //!
-//! A model of the executor (binds made writable in depth order, copy-on-
-//! write layers and private tmpfs writable, read-only binds, grants
-//! reopened, covered paths unreachable; Landlock allowing writes only
-//! beneath its directories and files) runs every plan built from random
+//! A model of the executor (the plan's mount operations applied in the
+//! order `Plan::mount_ops` gives, which is the order the executor takes
+//! them in; Landlock allowing writes only beneath its directories and
+//! files) runs every plan built from random
 //! policies over a world where every path a rule names exists, and must
 //! agree with `Policy::evaluate_resolved` on every write, except where the
-//! plan itself names a gap. The executor's own order is tested on the real
-//! kernel in `tests/linux_sandbox.rs`; this checks the planner's choices.
+//! plan itself names a gap. What each operation does to the real kernel is
+//! tested in `tests/linux_sandbox.rs`; this checks the planner's choices
+//! and their order.
 #![cfg(target_os = "linux")]
 
 #[path = "support/policies.rs"]
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use policies::{any_path, linux_projects, one_root, probes};
 use proptest::prelude::*;
-use zcode_acp::linux::plan::{self, Fs, Plan, UserFacts};
+use zcode_acp::linux::plan::{self, Fs, MountOp, Plan, UserFacts};
 use zcode_acp::policy::build::ProjectRules;
 use zcode_acp::policy::{Matcher, Op, Policy};
 
@@ -82,27 +83,34 @@ impl Fs for World {
     }
 }
 
-/// Whether the executor's mounts plus Landlock leave `path` writable.
-fn writable(plan: &Plan, path: &Path) -> bool {
-    let under = |steps: &[plan::Step]| steps.iter().any(|s| path.starts_with(&s.path));
-    let mut rw = false;
-    if under(&plan.writable) || under(&plan.layered) || under(&plan.tmpfs) {
-        rw = true;
-    }
-    if under(&plan.readonly) {
-        rw = false;
-    }
-    // A grant reopens everything beneath it (the executor clears
-    // read-only recursively there); islands beneath it are made read-only
-    // again after it.
-    if under(&plan.reopen) {
-        rw = true;
-    }
-    if under(&plan.readonly_again) {
-        rw = false;
-    }
-    if under(&plan.hidden) {
-        rw = false;
+/// Whether the executor's mounts plus Landlock leave `path` writable: the
+/// plan's mount operations applied in the order the executor takes them.
+fn writable(plan: &Plan, ops: &[MountOp<'_>], path: &Path) -> bool {
+    let mut rw = true;
+    for op in ops.iter().copied() {
+        let under = |p: &Path| path.starts_with(p);
+        match op {
+            MountOp::PrivateRoot => {}
+            MountOp::ReadOnlyRoot => rw = false,
+            // A bind keeps the attributes it was made from: a pin changes
+            // nothing but what can be renamed.
+            MountOp::Pin(_) | MountOp::LayerSlot => {}
+            // Writable recursively (nothing here is read-only on the host);
+            // a tmpfs's carried trees were writable already.
+            MountOp::Writable(p)
+            | MountOp::Layer(p)
+            | MountOp::PrivateTmp(p)
+            | MountOp::Reopen(p) => {
+                if under(p) {
+                    rw = true
+                }
+            }
+            MountOp::ReadOnly(p) | MountOp::Hide(p) => {
+                if under(p) {
+                    rw = false
+                }
+            }
+        }
     }
     // Writing a device node is no write to its filesystem: a read-only
     // mount does not stop it, Landlock does.
@@ -151,6 +159,17 @@ fn facts() -> UserFacts {
 }
 
 fn disagreements(policy: &Policy, world: &World, plan: &Plan, paths: &[PathBuf]) -> Vec<String> {
+    disagreements_in_order(policy, world, plan, &plan.mount_ops(), paths)
+}
+
+/// As [`disagreements`], with the mount operations taken in `ops`'s order.
+fn disagreements_in_order(
+    policy: &Policy,
+    world: &World,
+    plan: &Plan,
+    ops: &[MountOp<'_>],
+    paths: &[PathBuf],
+) -> Vec<String> {
     let mut out = Vec::new();
     for path in paths {
         if in_a_gap(plan, path) {
@@ -186,7 +205,7 @@ fn disagreements(policy: &Policy, world: &World, plan: &Plan, paths: &[PathBuf])
         {
             continue;
         }
-        let got = writable(plan, path);
+        let got = writable(plan, ops, path);
         // A protected file name that is a directory here (a root named
         // `.envrc`) is made read-only whole: more than the policy asks,
         // never less.
@@ -235,13 +254,32 @@ fn the_model_itself_can_disagree() {
     open_vscode
         .readonly
         .retain(|r| !r.path.ends_with(".vscode"));
-    assert!(!disagreements(&policy, &world, &open_vscode, &[tasks]).is_empty());
+    assert!(!disagreements(&policy, &world, &open_vscode, std::slice::from_ref(&tasks)).is_empty());
     let mut open_island = plan.clone();
     open_island.reopen.push(plan::Step {
         path: "/h/src/w/.zcode/acp".into(),
         why: "a broken planner".into(),
     });
-    assert!(!disagreements(&policy, &world, &open_island, &[island]).is_empty());
+    assert!(
+        !disagreements(&policy, &world, &open_island, std::slice::from_ref(&island)).is_empty()
+    );
+    // And the order matters: islands bound read-only before the root they
+    // are in is bound writable would be opened again by it.
+    let ops = plan.mount_ops();
+    let (islands, rest): (Vec<MountOp>, Vec<MountOp>) = ops
+        .iter()
+        .partition(|op| matches!(op, MountOp::ReadOnly(_)));
+    let mut islands_first: Vec<MountOp> = rest[..2].to_vec();
+    islands_first.extend(islands);
+    islands_first.extend(&rest[2..]);
+    assert!(!disagreements_in_order(
+        &policy,
+        &world,
+        &plan,
+        &islands_first,
+        &[tasks.clone(), island]
+    )
+    .is_empty());
 }
 
 /// An island is never granted, at any level: not bound writable, not
@@ -270,5 +308,9 @@ fn an_island_named_by_a_grant_gets_no_write_rights() {
             "{plan:#?}"
         );
     }
-    assert!(!writable(&plan, Path::new("/h/.zcode-acp/ledger/x")));
+    assert!(!writable(
+        &plan,
+        &plan.mount_ops(),
+        Path::new("/h/.zcode-acp/ledger/x")
+    ));
 }

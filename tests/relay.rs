@@ -495,7 +495,14 @@ fn a_requested_sandbox_that_cannot_be_armed_refuses_instead_of_running_unconfine
         .as_str()
         .unwrap()
         .contains("sandbox.json"));
-    ed.new_session(&workspace(&ed, "plain"));
+    let plain = workspace(&ed, "plain");
+    ed.new_session(&plain);
+    // The first session in a project creates its template, disarmed (off
+    // the bridge's loop, so it may land just after the answer).
+    let template = plain.join(".zcode/acp/sandbox.json");
+    wait_until("the project's template", || template.exists());
+    let text = std::fs::read_to_string(&template).unwrap();
+    assert!(text.contains("\"enabled\": false"), "{text}");
 
     // --no-sandbox runs it unconfined on purpose.
     let mut ed = Editor::start_with(

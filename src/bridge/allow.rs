@@ -21,8 +21,9 @@ use crate::relay::codes;
 use crate::relay::envelope::{error_response, request};
 use crate::relay::Frame;
 
+use super::disk;
 pub(super) use super::permissions::HeldWrite;
-use super::permissions::Prompt;
+use super::permissions::{Answered, Prompt};
 
 impl Bridge {
     /// Puts a denied write to the user, or joins the prompt already open
@@ -73,34 +74,47 @@ impl Bridge {
         self.to_editor(request(bid, "session/request_permission", &params));
     }
 
-    /// The user answered one of the bridge's prompts.
+    /// The user answered one of the bridge's prompts. An answer that
+    /// records something goes on once it is on disk ([`super::disk`]).
     pub(super) fn on_prompt_answer(&mut self, bid: u64, frame: &Frame) {
         let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
         let Some(answered) = self.permissions.answered(bid, choice) else {
             return;
         };
-        let prompt = answered.prompt;
-        let allowed = answered.allowed;
         let root = self
             .sessions
-            .get(&prompt.session)
+            .get(&answered.prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
-        let entry = prompt.path.to_string_lossy().into_owned();
-        if let Some(list) = answered.record {
-            let kept = root
-                .as_ref()
-                .is_some_and(|r| project::append(r, list, &entry, &self.cfg.managed));
-            if !kept && list == List::Allow {
-                let text = format!(
-                    "zcode-acp could not record the grant for {entry} in the project's sandbox.json, so it holds only until zcode-acp exits."
-                );
-                self.announce_to(
-                    &prompt.session,
-                    "Sandbox: allowed for this session only".into(),
-                    text,
-                );
+        match (answered.record, root) {
+            (Some(list), Some(root)) => {
+                let entry = answered.prompt.path.to_string_lossy().into_owned();
+                self.disk
+                    .record(&self.cfg.managed, root, list, entry, answered);
             }
+            (Some(_), None) => self.after_answer(
+                answered,
+                disk::Recorded::Lost("the session's workspace is gone".into()),
+            ),
+            (None, _) => self.after_answer(answered, disk::Recorded::NotAsked),
         }
+    }
+
+    /// Carries out an answer, its record (if any) made.
+    pub(super) fn after_answer(&mut self, answered: Answered, recorded: disk::Recorded) {
+        let prompt = &answered.prompt;
+        let entry = prompt.path.to_string_lossy().into_owned();
+        if let (disk::Recorded::Lost(why), Some(List::Allow)) = (&recorded, answered.record) {
+            let text = format!(
+                "zcode-acp could not record the grant for {entry} in the project's sandbox.json ({why}), so it holds only until zcode-acp exits."
+            );
+            self.announce_to(
+                &prompt.session,
+                "Sandbox: allowed for this session only".into(),
+                text,
+            );
+        }
+        let prompt = answered.prompt;
+        let allowed = answered.allowed;
         info!(path = %prompt.path.display(), choice = answered.choice.map_or("cancelled", |a| a.id), "the user answered");
         if answered.rearm {
             // The agent writes these itself: the running generation cannot
@@ -316,7 +330,16 @@ impl Bridge {
         if !accepted {
             return info!(root = %root.display(), "the user keeps ignoring the hand edits of sandbox.json");
         }
-        match project::approve_current(&root, &self.cfg.managed) {
+        self.disk.approve(&self.cfg.managed, root);
+    }
+
+    /// A hand edit's approval is on disk (or could not be written).
+    pub(super) fn after_approval(
+        &mut self,
+        root: PathBuf,
+        result: Result<(), project::WriteError>,
+    ) {
+        match result {
             // Re-arm so direct writes see the accepted entries too.
             Ok(()) => self.request_restart(&format!(
                 "the changes to {} were accepted",

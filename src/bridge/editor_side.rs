@@ -226,8 +226,9 @@ impl Bridge {
     }
 
     /// The config of a project that turns the sandbox on, for a session
-    /// being opened while the bridge is not armed.
-    fn project_wants_sandbox(&self, track: &track::Track) -> Option<std::path::PathBuf> {
+    /// being opened while the bridge is not armed. Decided by reading only;
+    /// each project's template and ledger are prepared off the loop.
+    fn project_wants_sandbox(&mut self, track: &track::Track) -> Option<std::path::PathBuf> {
         if !self.cfg.honor_project_switch || self.sandbox.arms() {
             return None;
         }
@@ -235,13 +236,19 @@ impl Bridge {
             track::Track::Create(s) | track::Track::Reopen(s) => s,
             _ => return None,
         };
-        session.roots().find_map(|root| {
-            let real = crate::policy::resolve_real(root).ok()?;
-            let project = crate::config::project::load(&real, &self.cfg.managed);
-            project
+        let roots: Vec<std::path::PathBuf> = session
+            .roots()
+            .filter_map(|root| crate::policy::resolve_real(root).ok())
+            .collect();
+        let wants = roots.iter().find_map(|real| {
+            crate::config::project::inspect(real, &self.cfg.managed)
                 .armed
-                .then(|| crate::config::project::config_path(&real))
-        })
+                .then(|| crate::config::project::config_path(real))
+        });
+        for real in roots {
+            self.disk.prepare(&self.cfg.managed, real);
+        }
+        wants
     }
 
     fn forward_editor_cancel(&mut self, frame: &Frame) {

@@ -15,6 +15,7 @@ mod allow;
 mod announce;
 mod audit;
 mod backend_side;
+mod disk;
 mod editor_side;
 mod lifecycle;
 mod permissions;
@@ -79,6 +80,8 @@ enum Event {
     Child,
     /// The sandbox refused a write (from the system log).
     Refused(crate::seatbelt::violations::Violation),
+    /// Disk work done off the loop.
+    Disk(disk::DiskDone),
 }
 
 struct Signals {
@@ -98,6 +101,8 @@ pub struct Bridge {
     editor_in: mpsc::Receiver<EditorEvent>,
     backend_tx: crate::backend::EventSender,
     backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
+    /// Project files written off the loop (see `disk`).
+    disk: disk::Disk,
     signals: Signals,
 
     /// Which phase of the backend's life the bridge is in (see `lifecycle`).
@@ -195,6 +200,7 @@ impl Bridge {
             editor_in,
             backend_tx,
             backend_rx,
+            disk: disk::Disk::new(),
             signals,
             life: lifecycle::Lifecycle::new(Instant::now(), crash_limit, crash_window),
             setup: None,
@@ -249,6 +255,7 @@ impl Bridge {
             _ = self.signals.hup.recv() => Event::Hangup,
             _ = self.signals.chld.recv() => Event::Child,
             Some(v) = watch::next(&mut self.violations) => Event::Refused(v),
+            done = self.disk.next() => Event::Disk(done),
         }
     }
 
@@ -303,6 +310,15 @@ impl Bridge {
                 }
             }
             Event::Refused(v) => self.on_refused_in_log(v),
+            Event::Disk(disk::DiskDone::Recorded { answered, recorded }) => {
+                self.after_answer(*answered, recorded)
+            }
+            Event::Disk(disk::DiskDone::Approved { root, result }) => {
+                self.after_approval(root, result)
+            }
+            Event::Disk(disk::DiskDone::Prepared { root }) => {
+                debug!(root = %root.display(), "prepared the project's sandbox.json and ledger")
+            }
         }
     }
 
@@ -439,6 +455,8 @@ impl Bridge {
         }
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;
+        // The user's answers reach sandbox.json before the process exits.
+        self.disk.settle(Duration::from_secs(5)).await;
     }
 }
 

@@ -11,6 +11,7 @@
 //! message finds its session where it left it.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::json;
@@ -153,7 +154,9 @@ impl Bridge {
         if let Some(session) = first {
             self.run_audit(&session);
         }
-        match self.start_generation() {
+        let roots = self.roots_to_arm();
+        let confinement = self.arm(&roots).await;
+        match self.start_generation(confinement, roots) {
             Ok(()) => {
                 self.life.started();
                 self.begin_setup();
@@ -169,10 +172,10 @@ impl Bridge {
         }
     }
 
-    fn start_generation(&mut self) -> Result<(), StartFailure> {
-        self.generations_started += 1;
-        let id = self.generations_started;
-        let mut roots: Vec<std::path::PathBuf> = self
+    /// The union of the live sessions' roots and those a queued request
+    /// needs, as real paths.
+    fn roots_to_arm(&self) -> Vec<PathBuf> {
+        let mut roots: Vec<PathBuf> = self
             .sessions
             .roots()
             .iter()
@@ -181,14 +184,39 @@ impl Bridge {
             .collect();
         roots.sort();
         roots.dedup();
+        roots
+    }
+
+    /// Arms the next generation for `roots`, on the blocking pool: it
+    /// gathers the policy input (discovery walks the workspaces, creates
+    /// templates and directories, keeps the ledger) and writes the arming
+    /// out. The loop takes this step like the others of a restart, and the
+    /// editor's reader and writer go on meanwhile.
+    async fn arm(&self, roots: &[PathBuf]) -> Confinement {
+        let sandbox = self.sandbox.clone();
+        let (argv, roots) = (self.cfg.backend.clone(), roots.to_vec());
         let grants = self.permissions.grants().to_vec();
-        let confinement = self.sandbox.arm_backend(&BackendRequest {
-            argv: &self.cfg.backend,
-            roots: &roots,
-            grants: &grants,
-            state: &self.cfg.state,
-            managed: &self.cfg.managed,
-        });
+        let (state, managed) = (self.cfg.state.clone(), self.cfg.managed.clone());
+        let armed = tokio::task::spawn_blocking(move || {
+            sandbox.arm_backend(&BackendRequest {
+                argv: &argv,
+                roots: &roots,
+                grants: &grants,
+                state: &state,
+                managed: &managed,
+            })
+        })
+        .await;
+        armed.unwrap_or_else(|e| Confinement::Refused(format!("cannot arm the sandbox: {e}")))
+    }
+
+    fn start_generation(
+        &mut self,
+        confinement: Confinement,
+        roots: Vec<PathBuf>,
+    ) -> Result<(), StartFailure> {
+        self.generations_started += 1;
+        let id = self.generations_started;
         let backend = crate::confine::Command {
             argv: self.cfg.backend.clone(),
             ..Default::default()

@@ -67,9 +67,9 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
         }
     }
     let entry = path.to_string_lossy().into_owned();
-    if !project::append(&root, list, &entry, &managed) {
+    if let Err(e) = project::append(&root, list, &entry, &managed) {
         anyhow::bail!(
-            "could not record it in {} (see the message above); nothing was changed",
+            "could not record it in {}: {e}; nothing was changed",
             project::config_path(&root).display()
         );
     }
@@ -88,7 +88,7 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
 pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
     let root = workspace(&args.workspace)?;
     let managed = ManagedRoot::user_default()?;
-    project::approve_current(&root, &managed).map_err(|e| anyhow::anyhow!(e))?;
+    project::approve_current(&root, &managed)?;
     println!(
         "approved {} as it is now",
         project::config_path(&root).display()

@@ -283,7 +283,8 @@ pub fn load(root: &Path, managed: &ManagedRoot) -> Effective {
 }
 
 /// Reads and applies the ledger without writing anything (no template, no
-/// ledger update): for `profile` and `doctor`.
+/// ledger update): for `profile`, `doctor`, and the bridge deciding
+/// whether a session's project arms it.
 pub fn inspect(root: &Path, managed: &ManagedRoot) -> Effective {
     let read = read_with(root, false);
     effective(&read, &Ledger::new(managed.clone()).load(root))
@@ -305,69 +306,80 @@ impl List {
     }
 }
 
+/// Why a project's sandbox.json (or its approval) could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("cannot take the project's lock under {dir}: {source}")]
+    Lock {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} is a symlink")]
+    Symlinked(PathBuf),
+    #[error("sandbox.json is a symlink or has other hard links")]
+    Untrusted,
+    #[error("sandbox.json is malformed ({0}); fix it by hand first")]
+    Malformed(String),
+    #[error("sandbox.json cannot be approved as it is: {0:?}")]
+    NotApprovable(FileState),
+    #[error("cannot read or write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
+    move |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Adds `entry` to a project's allow (or deny) list, on the user's behalf:
 /// the whole file round-trips (unknown keys kept), entries are deduped by
 /// exact string, the ledger is updated in the same step, the write is
 /// atomic and never goes through a symlink, and an advisory lock keeps two
-/// bridges on one project from losing each other's entries. Returns false
-/// when persistence is impossible; the caller then keeps the grant for
-/// this bridge's lifetime only.
-pub fn append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> bool {
-    match try_append(root, list, entry, managed) {
-        Ok(()) => true,
-        Err(why) => {
-            tracing::warn!(root = %root.display(), "could not record `{entry}` in sandbox.json ({why}); it holds for this session only");
-            false
-        }
-    }
-}
-
-fn lock_project(
+/// bridges on one project from losing each other's entries. It may wait
+/// for that lock: callers on the bridge's loop run it off the loop. When
+/// it fails the caller keeps the grant for this bridge's lifetime only.
+pub fn append(
     root: &Path,
+    list: List,
+    entry: &str,
     managed: &ManagedRoot,
-) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
-    let locks = managed.locks_dir().map_err(|e| e.to_string())?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(locks.join(format!("{}.lock", project_key(root))))
-        .map_err(|e| e.to_string())?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e.to_string())
-}
-
-fn try_append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> Result<(), String> {
+) -> Result<(), WriteError> {
     let _lock = lock_project(root, managed)?;
     if let Some(link) = symlinked_dir(root) {
-        return Err(format!("{} is a symlink", link.display()));
+        return Err(WriteError::Symlinked(link));
     }
-    let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).map_err(|e| e.to_string())?;
+    let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).map_err(io_at(root))?;
     let path = dir.join(CONFIG_FILE);
-    let mut value: Value = match plain_file(&path).map_err(|e| e.to_string())? {
+    let mut value: Value = match plain_file(&path).map_err(io_at(&path))? {
         None => serde_json::from_slice(&template()).expect("static JSON"),
-        Some(false) => return Err("sandbox.json is a symlink or has other hard links".into()),
+        Some(false) => return Err(WriteError::Untrusted),
         Some(true) => {
-            let bytes = read_nofollow(&path).map_err(|e| e.to_string())?;
+            let bytes = read_nofollow(&path).map_err(io_at(&path))?;
             // A file we cannot read correctly is never rewritten.
-            parse(&bytes).map_err(|why| {
-                format!("sandbox.json is malformed ({why}); fix it by hand first")
-            })?;
-            serde_json::from_slice(&bytes).map_err(|e| e.to_string())?
+            parse(&bytes).map_err(WriteError::Malformed)?;
+            serde_json::from_slice(&bytes).map_err(|e| WriteError::Malformed(e.to_string()))?
         }
     };
-    let obj = value.as_object_mut().ok_or("not an object")?;
+    let not_a_list = || WriteError::Malformed(format!("`{}` is not a list", list.key()));
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| WriteError::Malformed("not a JSON object".into()))?;
     let items = obj
         .entry(list.key())
         .or_insert_with(|| Value::Array(Vec::new()));
     if items.is_null() {
         *items = Value::Array(Vec::new());
     }
-    let items = items.as_array_mut().ok_or("list is not an array")?;
+    let items = items.as_array_mut().ok_or_else(not_a_list)?;
     if !items.iter().any(|i| i.as_str() == Some(entry)) {
         items.push(Value::from(entry));
     }
-    let mut bytes = serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())?;
+    let mut bytes = serde_json::to_vec_pretty(&value).expect("a JSON value serializes");
     bytes.push(b'\n');
 
     let ledger = Ledger::new(managed.clone());
@@ -377,20 +389,36 @@ fn try_append(root: &Path, list: List, entry: &str, managed: &ManagedRoot) -> Re
     }
     // Ledger first: a crash between the two writes leaves an approved entry
     // the file does not have yet (harmless), never the reverse.
-    ledger.save(&approved).map_err(|e| e.to_string())?;
-    write_atomic(&path, &bytes, 0o644).map_err(|e| e.to_string())
+    ledger.save(&approved).map_err(io_at(&managed.path))?;
+    write_atomic(&path, &bytes, 0o644).map_err(io_at(&path))
+}
+
+fn lock_project(
+    root: &Path,
+    managed: &ManagedRoot,
+) -> Result<nix::fcntl::Flock<std::fs::File>, WriteError> {
+    let lock_error = |dir: &Path| {
+        let dir = dir.to_path_buf();
+        move |source| WriteError::Lock { dir, source }
+    };
+    let locks = managed.locks_dir().map_err(lock_error(&managed.path))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(locks.join(format!("{}.lock", project_key(root))))
+        .map_err(lock_error(&locks))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| lock_error(&locks)(e.into()))
 }
 
 /// Approves the file as it is now (the user confirmed a hand edit, or ran
-/// `zcode-acp allow` outside the sandbox).
-pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), String> {
+/// `zcode-acp allow` outside the sandbox). May wait for the project's lock.
+pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), WriteError> {
     let _lock = lock_project(root, managed)?;
     let read = read(root);
     if read.state != FileState::Ok && read.state != FileState::Created {
-        return Err(format!(
-            "sandbox.json cannot be approved as it is: {:?}",
-            read.state
-        ));
+        return Err(WriteError::NotApprovable(read.state));
     }
     let approved = Approved {
         root: root.to_path_buf(),
@@ -400,7 +428,7 @@ pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), String>
     };
     Ledger::new(managed.clone())
         .save(&approved)
-        .map_err(|e| e.to_string())
+        .map_err(io_at(&managed.path))
 }
 
 #[cfg(test)]
@@ -467,7 +495,10 @@ mod tests {
                 r.state
             );
             assert!(r.config.enabled && r.config.allow.is_empty(), "{text}");
-            assert!(!append(&f.root, List::Allow, "/y", &f.managed), "{text}");
+            assert!(
+                append(&f.root, List::Allow, "/y", &f.managed).is_err(),
+                "{text}"
+            );
             assert_eq!(file(&f.root), text, "the user's bytes are untouched");
         }
     }
@@ -481,7 +512,7 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, config_path(&f.root)).unwrap();
         let r = read(&f.root);
         assert!(r.config.enabled && matches!(r.state, FileState::Untrusted(_)));
-        assert!(!append(&f.root, List::Allow, "/y", &f.managed));
+        assert!(append(&f.root, List::Allow, "/y", &f.managed).is_err());
         assert_eq!(
             std::fs::read_to_string(&elsewhere).unwrap(),
             r#"{"enabled": false}"#
@@ -491,7 +522,7 @@ mod tests {
         std::fs::hard_link(&elsewhere, config_path(&f.root)).unwrap();
         let r = read(&f.root);
         assert!(r.config.enabled);
-        assert!(!append(&f.root, List::Deny, "/y", &f.managed));
+        assert!(append(&f.root, List::Deny, "/y", &f.managed).is_err());
 
         // A symlinked .zcode directory is untrusted too.
         let g = fixture();
@@ -525,9 +556,9 @@ mod tests {
             &f.root,
             r#"{"enabled": true, "allow": ["/a"], "future": {"x": 1}}"#,
         );
-        assert!(append(&f.root, List::Allow, "/b", &f.managed));
-        assert!(append(&f.root, List::Allow, "/b", &f.managed));
-        assert!(append(&f.root, List::Deny, "/c", &f.managed));
+        assert!(append(&f.root, List::Allow, "/b", &f.managed).is_ok());
+        assert!(append(&f.root, List::Allow, "/b", &f.managed).is_ok());
+        assert!(append(&f.root, List::Deny, "/c", &f.managed).is_ok());
         let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
         assert_eq!(v["allow"], json!(["/a", "/b"]));
         assert_eq!(v["deny"], json!(["/c"]));
@@ -553,7 +584,7 @@ mod tests {
             e.ignored
         );
         // The bridge's own append is approved in the same step.
-        assert!(append(&f.root, List::Allow, "/var", &f.managed));
+        assert!(append(&f.root, List::Allow, "/var", &f.managed).is_ok());
         let e = load(&f.root, &f.managed);
         assert_eq!(e.rules.allow, vec!["/var".to_owned()]);
         // An unapproved `enabled: false` keeps the sandbox armed.
@@ -573,7 +604,7 @@ mod tests {
     fn removed_entries_need_a_new_approval() {
         let f = fixture();
         write(&f.root, r#"{"enabled": true}"#);
-        assert!(append(&f.root, List::Allow, "/opt", &f.managed));
+        assert!(append(&f.root, List::Allow, "/opt", &f.managed).is_ok());
         write(&f.root, r#"{"enabled": true, "allow": []}"#);
         load(&f.root, &f.managed);
         write(&f.root, r#"{"enabled": true, "allow": ["/opt"]}"#);
@@ -584,16 +615,19 @@ mod tests {
     fn two_writers_never_lose_each_others_entries() {
         let f = fixture();
         write(&f.root, r#"{"enabled": true}"#);
-        let handles: Vec<_> = (0..8)
-            .map(|i| {
-                let (root, managed) = (f.root.clone(), f.managed.clone());
-                std::thread::spawn(move || {
-                    for j in 0..10 {
-                        assert!(append(&root, List::Allow, &format!("/p{i}-{j}"), &managed));
-                    }
+        let handles: Vec<_> =
+            (0..8)
+                .map(|i| {
+                    let (root, managed) = (f.root.clone(), f.managed.clone());
+                    std::thread::spawn(move || {
+                        for j in 0..10 {
+                            assert!(
+                                append(&root, List::Allow, &format!("/p{i}-{j}"), &managed).is_ok()
+                            );
+                        }
+                    })
                 })
-            })
-            .collect();
+                .collect();
         for h in handles {
             h.join().unwrap();
         }
@@ -609,7 +643,7 @@ mod tests {
         std::fs::create_dir_all(&ro).unwrap();
         // A regular file where the .zcode directory should be.
         std::fs::write(ro.join(".zcode"), "").unwrap();
-        assert!(!append(&ro, List::Allow, "/x", &f.managed));
+        assert!(append(&ro, List::Allow, "/x", &f.managed).is_err());
         // Something odd in the way reads as armed, never as "off".
         let r = read(&ro);
         assert!(r.config.enabled, "{r:?}");

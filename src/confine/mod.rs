@@ -92,6 +92,7 @@ pub trait Enforce: Send + Sync {
 
 /// What this process can do about confinement: decided at start, and
 /// again when a project turns the sandbox on in a bridge started without it.
+#[derive(Clone)]
 pub enum Sandbox {
     /// Not asked for: commands run as given.
     Off,
@@ -136,7 +137,7 @@ impl Sandbox {
             Ok(enforcer) => Sandbox::Ready(enforcer),
             Err(reason) => Sandbox::Unavailable {
                 requested_by,
-                reason,
+                reason: reason.to_string(),
             },
         }
     }
@@ -264,15 +265,26 @@ pub fn layers_for(managed: &ManagedRoot, root: &std::path::Path) -> PathBuf {
         .join(crate::config::managed::project_key(root))
 }
 
-/// This platform's enforcer, or why there is none.
-pub fn platform_enforcer() -> Result<Arc<dyn Enforce>, String> {
+/// Why this machine cannot arm a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
     #[cfg(target_os = "linux")]
-    return crate::linux::enforce::LinuxEnforcer::probe().map(|e| Arc::new(e) as Arc<dyn Enforce>);
+    #[error(transparent)]
+    Linux(#[from] crate::linux::exec::NothingToArm),
+    #[error(transparent)]
+    Macos(#[from] crate::seatbelt::enforce::MissingSandboxExec),
+    #[error("zcode-acp cannot arm a sandbox on this operating system")]
+    UnsupportedOs,
+}
+
+/// This platform's enforcer, or why there is none.
+pub fn platform_enforcer() -> Result<Arc<dyn Enforce>, Unavailable> {
+    #[cfg(target_os = "linux")]
+    return Ok(Arc::new(crate::linux::enforce::LinuxEnforcer::probe()?));
     #[cfg(target_os = "macos")]
-    return crate::seatbelt::enforce::SeatbeltEnforcer::new()
-        .map(|e| Arc::new(e) as Arc<dyn Enforce>);
+    return Ok(Arc::new(crate::seatbelt::enforce::SeatbeltEnforcer::new()?));
     #[allow(unreachable_code)]
-    Err("zcode-acp cannot arm a sandbox on this operating system".into())
+    Err(Unavailable::UnsupportedOs)
 }
 
 /// What a backend generation is armed for.

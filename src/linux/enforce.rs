@@ -23,7 +23,7 @@ pub struct LinuxEnforcer {
 
 impl LinuxEnforcer {
     /// Checks what this machine can arm, refusing when it is nothing.
-    pub fn probe() -> Result<LinuxEnforcer, String> {
+    pub fn probe() -> Result<LinuxEnforcer, crate::linux::exec::NothingToArm> {
         // The test knobs only ever take capabilities away, never the sandbox.
         let no_test = |var: &str| std::env::var_os(var).is_none();
         let abi = super::landlock_abi();

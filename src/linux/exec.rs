@@ -11,27 +11,27 @@
 //!    user namespace mapping the uid and gid to themselves, never to 0);
 //! 3. check the mount namespace really is new before touching any mount:
 //!    a mount in the host namespace would change the machine;
-//! 4. make `/` recursively private before any other mount, or binds would
-//!    propagate back to the host;
-//! 5. everything read-only in one recursive mount_setattr;
-//! 6. the writable set: bind each onto itself and clear read-only beneath
-//!    it, except mounts that were read-only on the host (as root, clearing
-//!    those would give the agent more than the user has);
-//! 7. private tmpfs for /tmp, /var/tmp and /dev/shm (writable trees inside
-//!    them are carried over with open_tree/move_mount);
-//! 8. pins (mountpoints cannot be renamed), then read-only binds for the
-//!    protected paths and islands, then cover the sockets of services that
-//!    would write for the caller;
-//! 9. fork the PID namespace's init: it mounts a fresh read-only /proc,
+//! 4. the plan's mount operations, in the order the pure planner gives
+//!    and explains ([`Plan::mount_ops`]), each carried out by one function
+//!    (`apply`): `/` private before any other mount (or binds would
+//!    propagate back to the host), everything read-only, the writable set
+//!    (mounts that were read-only on the host stay so: as root, clearing
+//!    those would give the agent more than the user has), the caches'
+//!    copy-on-write layers, private tmpfs for /tmp and /var/tmp (writable
+//!    trees inside carried over with open_tree/move_mount), pins, read-only
+//!    islands, grants reopened, and last the covers over the sockets of
+//!    services that would write for the caller. A failure names its
+//!    [`Syscall`] and path;
+//! 5. fork the PID namespace's init: it mounts a fresh read-only /proc,
 //!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
 //!    clear read-only with mount_setattr), sets no_new_privs, enforces
 //!    Landlock (it refuses mounts afterwards), then, where the plan has
 //!    name-prefix grants, installs the supervisor's seccomp filter and hands
 //!    the helper its listener (the helper opened its handles on the host's
 //!    mounts before step 2; see `supervise`), and forks the command;
-//! 10. the command: new session (an inherited tty allowed TIOCSTI input
-//!     injection into the user's shell), inherited fds above stderr closed,
-//!     the requested environment applied, exec.
+//! 6. the command: new session (an inherited tty allowed TIOCSTI input
+//!    injection into the user's shell), inherited fds above stderr closed,
+//!    the requested environment applied, exec.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
@@ -50,7 +50,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 use serde::{Deserialize, Serialize};
 
-use super::plan::Plan;
+use super::plan::{MountOp, Plan};
 use super::sys;
 
 /// How much of the sandbox this machine lets us arm.
@@ -79,17 +79,21 @@ impl Level {
     }
 }
 
+/// This machine gives neither namespaces nor Landlock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "neither namespaces nor Landlock are available here, so the sandbox cannot be armed; \
+     run the agent unconfined on purpose with --no-sandbox (or without zcode-acp)"
+)]
+pub struct NothingToArm;
+
 /// The level for what the machine allows, or why nothing can be armed.
-pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, String> {
+pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, NothingToArm> {
     match (namespaces, landlock) {
         (true, true) => Ok(Level::Full),
         (true, false) => Ok(Level::MountsOnly),
         (false, true) => Ok(Level::LandlockOnly),
-        (false, false) => Err(
-            "neither namespaces nor Landlock are available here, so the sandbox cannot be armed; \
-             run the agent unconfined on purpose with --no-sandbox (or without zcode-acp)"
-                .into(),
-        ),
+        (false, false) => Err(NothingToArm),
     }
 }
 
@@ -202,12 +206,12 @@ impl Mapper {
                 })
         };
         let (uid_map, gid_map) = (maps("/proc/self/uid_map")?, maps("/proc/self/gid_map")?);
-        let (go_r, go_w) = sys("pipe", nix::unistd::pipe())?;
-        let (done_r, done_w) = sys("pipe", nix::unistd::pipe())?;
+        let (go_r, go_w) = sys(Syscall::Pipe, nix::unistd::pipe())?;
+        let (done_r, done_w) = sys(Syscall::Pipe, nix::unistd::pipe())?;
         let parent = nix::unistd::getpid();
         // SAFETY: the helper is single-threaded (documented precondition of
         // `run`), so the child may allocate; it leaves with _exit.
-        match sys("fork the id mapper", unsafe { fork() })? {
+        match sys(Syscall::ForkMapper, unsafe { fork() })? {
             ForkResult::Child => {
                 drop((go_w, done_r));
                 let mut byte = [0u8; 1];
@@ -305,17 +309,85 @@ impl LaunchSpec {
     }
 }
 
+/// The system call of the launch that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syscall {
+    Pipe,
+    ForkMapper,
+    ReadNamespace,
+    Unshare,
+    MakePrivate,
+    Bind,
+    SetAttr,
+    OpenTree,
+    MoveMount,
+    Tmpfs,
+    Cover,
+    SocketPair,
+    ForkInit,
+    BlockSignals,
+    DropCapabilities,
+    Signalfd,
+    Poll,
+    WaitForInit,
+}
+
+impl std::fmt::Display for Syscall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Syscall::Pipe => "pipe",
+            Syscall::ForkMapper => "fork the id mapper",
+            Syscall::ReadNamespace => "read /proc/self/ns/mnt",
+            Syscall::Unshare => "unshare",
+            Syscall::MakePrivate => "make / private",
+            Syscall::Bind => "bind",
+            Syscall::SetAttr => "mount_setattr",
+            Syscall::OpenTree => "open_tree",
+            Syscall::MoveMount => "move_mount",
+            Syscall::Tmpfs => "tmpfs on",
+            Syscall::Cover => "cover",
+            Syscall::SocketPair => "socketpair for the supervisor",
+            Syscall::ForkInit => "fork the namespace's init",
+            Syscall::BlockSignals => "block signals",
+            Syscall::DropCapabilities => "drop the helper's capabilities",
+            Syscall::Signalfd => "signalfd",
+            Syscall::Poll => "poll",
+            Syscall::WaitForInit => "wait for init",
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("{step}: {errno}")]
-    Sys { step: String, errno: Errno },
+    #[error("{step}{}: {errno}", on(.path))]
+    Sys {
+        step: Syscall,
+        path: Option<PathBuf>,
+        errno: Errno,
+    },
     #[error("{0}")]
     Refused(String),
 }
 
-fn sys<T>(step: impl Into<String>, r: Result<T, Errno>) -> Result<T, LaunchError> {
+fn on(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map(|p| format!(" {}", p.display()))
+        .unwrap_or_default()
+}
+
+fn sys<T>(step: Syscall, r: Result<T, Errno>) -> Result<T, LaunchError> {
     r.map_err(|errno| LaunchError::Sys {
-        step: step.into(),
+        step,
+        path: None,
+        errno,
+    })
+}
+
+/// As [`sys`], for a call on `path`.
+fn sys_at<T>(step: Syscall, path: &Path, r: Result<T, Errno>) -> Result<T, LaunchError> {
+    r.map_err(|errno| LaunchError::Sys {
+        step,
+        path: Some(path.to_path_buf()),
         errno,
     })
 }
@@ -356,8 +428,9 @@ fn unescape(s: &str) -> String {
 }
 
 fn bind(path: &Path) -> Result<(), LaunchError> {
-    sys(
-        format!("bind {}", path.display()),
+    sys_at(
+        Syscall::Bind,
+        path,
         mount(
             Some(path),
             path,
@@ -369,8 +442,9 @@ fn bind(path: &Path) -> Result<(), LaunchError> {
 }
 
 fn setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Result<(), LaunchError> {
-    sys(
-        format!("mount_setattr {}", path.display()),
+    sys_at(
+        Syscall::SetAttr,
+        path,
         sys::mount_setattr(path, recursive, set, clear),
     )
 }
@@ -444,7 +518,8 @@ fn outermost_node_modules(p: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Steps 2-8: namespaces and mounts. Runs in the helper process.
+/// Steps 2-4: namespaces, then the plan's mount operations in the order
+/// the planner gave them. Runs in the helper process.
 fn arm_mounts(
     plan: &Plan,
     visible: &[PathBuf],
@@ -452,14 +527,14 @@ fn arm_mounts(
 ) -> Result<(), LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
-    let host_ro = readonly_mounts();
-    let host_ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
+    let host_readonly = readonly_mounts();
+    let host_ns = sys(Syscall::ReadNamespace, sys::ns_inode("/proc/self/ns/mnt"))?;
 
     let is_root = uid.is_root();
     // Root's full-range map must be written by a process that keeps its
     // privilege in the parent namespace: a helper of ours, forked now.
     let mapper = if is_root { Some(Mapper::fork()?) } else { None };
-    sys("unshare", unshare(NAMESPACES))?;
+    sys(Syscall::Unshare, unshare(NAMESPACES))?;
     match mapper {
         Some(m) => m.map_parent()?,
         None => {
@@ -471,205 +546,224 @@ fn arm_mounts(
                 .map_err(|e| LaunchError::Refused(format!("cannot map the user namespace: {e}")))?;
         }
     }
-    let ns = sys("read /proc/self/ns/mnt", sys::ns_inode("/proc/self/ns/mnt"))?;
+    let ns = sys(Syscall::ReadNamespace, sys::ns_inode("/proc/self/ns/mnt"))?;
     if ns == host_ns {
         // Never mount in the namespace we started in.
         return Err(LaunchError::Refused(
             "the mount namespace did not change after unshare; refusing to mount anything".into(),
         ));
     }
-
-    sys(
-        "make / private",
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        ),
-    )?;
-    setattr(Path::new("/"), true, sys::MOUNT_ATTR_RDONLY, 0)?;
-
-    for w in &plan.writable {
-        bind(&w.path)?;
-        // Writable, and nosuid: nothing there runs with its owner's rights
-        // inside the sandbox (the seccomp filter keeps setuid bits off disk).
-        setattr(
-            &w.path,
-            true,
-            sys::MOUNT_ATTR_NOSUID,
-            sys::MOUNT_ATTR_RDONLY,
-        )?;
-        for ro in host_ro.iter().filter(|m| m.starts_with(&w.path)) {
-            setattr(ro, false, sys::MOUNT_ATTR_RDONLY, 0)?;
-        }
+    let at = MountContext {
+        plan,
+        host_readonly,
+        visible,
+        layer,
+    };
+    for op in plan.mount_ops() {
+        apply(op, &at)?;
     }
+    Ok(())
+}
 
-    // Shared caches, copy-on-write: the user's cache (read-only by now) is
-    // the lower layer, and the slot this launch holds the upper. The slot
-    // is bound writable first (overlayfs keeps a private clone of the upper
-    // mount, so the read-only bind of the managed root later leaves it as
-    // it is); `userxattr` because this is a user namespace.
-    if let Some(slot) = layer {
-        bind(&slot.dir)?;
-        setattr(
-            &slot.dir,
-            true,
-            sys::MOUNT_ATTR_NOSUID,
-            sys::MOUNT_ATTR_RDONLY,
-        )?;
-        for l in &plan.layered {
-            let (upper, work) = slot.layer_for(&l.path);
-            let options = format!(
-                "lowerdir={},upperdir={},workdir={},userxattr",
-                l.path.display(),
-                upper.display(),
-                work.display()
-            );
-            let mounted = mount(
-                Some("overlay"),
-                &l.path,
-                Some("overlay"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some(options.as_str()),
-            );
-            if let Err(e) = mounted {
-                // The layer's filesystem cannot hold overlayfs's user
-                // xattrs, or the kernel is too old: the cache stays shared,
-                // and the log says so.
-                tracing::warn!(
-                    cache = %l.path.display(),
-                    "no copy-on-write layer for this cache ({e}): the sandbox writes it directly, and a file planted there reaches your own builds"
-                );
-                bind(&l.path)?;
+/// What carrying out a mount operation needs beyond the operation.
+struct MountContext<'a> {
+    plan: &'a Plan,
+    /// Mountpoints read-only on the host: they stay so inside writable
+    /// binds (as root, clearing those would give the agent more than the
+    /// user has).
+    host_readonly: BTreeSet<PathBuf>,
+    /// What the command must see beneath a private tmpfs.
+    visible: &'a [PathBuf],
+    /// The copy-on-write slot this launch holds, if it took one.
+    layer: Option<&'a super::layers::Slot>,
+}
+
+/// Carries out one mount operation. Every mount the launch makes before
+/// the namespace's init (which mounts its own /proc) goes through here.
+fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), LaunchError> {
+    let root = Path::new("/");
+    match op {
+        MountOp::PrivateRoot => sys_at(
+            Syscall::MakePrivate,
+            root,
+            mount(
+                None::<&str>,
+                root,
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            ),
+        ),
+        MountOp::ReadOnlyRoot => setattr(root, true, sys::MOUNT_ATTR_RDONLY, 0),
+        MountOp::Writable(path) => {
+            bind(path)?;
+            // Writable, and nosuid: nothing there runs with its owner's
+            // rights inside the sandbox (the seccomp filter keeps setuid
+            // bits off disk).
+            setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)?;
+            for ro in at.host_readonly.iter().filter(|m| m.starts_with(path)) {
+                setattr(ro, false, sys::MOUNT_ATTR_RDONLY, 0)?;
+            }
+            Ok(())
+        }
+        // The slot is bound writable first (overlayfs keeps a private clone
+        // of the upper mount, so the read-only bind of the managed root
+        // later leaves it as it is).
+        MountOp::LayerSlot => match at.layer {
+            Some(slot) => {
+                bind(&slot.dir)?;
                 setattr(
-                    &l.path,
+                    &slot.dir,
                     true,
                     sys::MOUNT_ATTR_NOSUID,
                     sys::MOUNT_ATTR_RDONLY,
-                )?;
+                )
             }
+            None => Ok(()),
+        },
+        MountOp::Layer(path) => match at.layer {
+            Some(slot) => overlay(path, slot),
+            None => Ok(()),
+        },
+        MountOp::PrivateTmp(path) => private_tmp(path, at),
+        MountOp::Pin(path) => bind(path),
+        MountOp::ReadOnly(path) => {
+            bind(path)?;
+            setattr(path, true, sys::MOUNT_ATTR_RDONLY, 0)
         }
+        MountOp::Reopen(path) => {
+            bind(path)?;
+            setattr(path, true, 0, sys::MOUNT_ATTR_RDONLY)
+        }
+        MountOp::Hide(path) => hide(path, at.plan),
     }
+}
 
-    for t in &plan.tmpfs {
-        // Writable trees inside are carried over the new tmpfs.
-        let mut carried = Vec::new();
-        for w in plan
-            .writable
-            .iter()
-            .filter(|w| w.path.starts_with(&t.path) && w.path != t.path)
-        {
-            carried.push((
-                w.path.clone(),
-                sys(
-                    format!("open_tree {}", w.path.display()),
-                    sys::open_tree_clone(&w.path),
-                )?,
-            ));
-        }
-        // And what the command must see there, read-only.
-        let mut shown = Vec::new();
-        for v in visible.iter().filter(|v| v.starts_with(&t.path)) {
-            shown.push((
-                v.clone(),
-                v.is_dir(),
-                sys(
-                    format!("open_tree {}", v.display()),
-                    sys::open_tree_clone(v),
-                )?,
-            ));
-        }
-        sys(
-            format!("tmpfs on {}", t.path.display()),
-            mount(
-                Some("tmpfs"),
-                &t.path,
-                Some("tmpfs"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some("mode=1777"),
-            ),
-        )?;
-        for (path, tree) in carried {
-            std::fs::create_dir_all(&path).map_err(|e| {
-                LaunchError::Refused(format!("cannot recreate {}: {e}", path.display()))
-            })?;
-            sys(
-                format!("move_mount {}", path.display()),
-                sys::move_mount_to(&tree, &path),
-            )?;
-        }
-        for (path, is_dir, tree) in shown {
-            let made = if is_dir {
-                std::fs::create_dir_all(&path)
-            } else {
-                path.parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|_| std::fs::File::create(&path).map(drop))
-            };
-            made.map_err(|e| LaunchError::Refused(format!("cannot show {}: {e}", path.display())))?;
-            sys(
-                format!("move_mount {}", path.display()),
-                sys::move_mount_to(&tree, &path),
-            )?;
-            setattr(&path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
-        }
-    }
-
-    for p in &plan.pins {
-        bind(&p.path)?;
-    }
-    for r in &plan.readonly {
-        bind(&r.path)?;
-        setattr(&r.path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
-    }
-    // What the user granted inside a protected path opens again.
-    for r in &plan.reopen {
-        bind(&r.path)?;
-        setattr(&r.path, true, 0, sys::MOUNT_ATTR_RDONLY)?;
-    }
-    // Islands beneath a grant: read-only again, after it.
-    for r in &plan.readonly_again {
-        bind(&r.path)?;
-        setattr(&r.path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
-    }
-    for h in &plan.hidden {
-        let meta = std::fs::symlink_metadata(&h.path);
-        if meta.is_err() && plan.tmpfs.iter().any(|t| h.path.starts_with(&t.path)) {
-            // Under a private tmpfs and not carried over: out of reach.
-            continue;
-        }
-        let is_dir = meta.is_ok_and(|m| m.is_dir());
-        if is_dir {
-            sys(
-                format!("cover {}", h.path.display()),
-                mount(
-                    Some("tmpfs"),
-                    &h.path,
-                    Some("tmpfs"),
-                    MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV
-                        | MsFlags::MS_NOEXEC,
-                    Some("size=4k,mode=000"),
-                ),
-            )?;
-        } else {
-            sys(
-                format!("cover {}", h.path.display()),
-                mount(
-                    Some("/dev/null"),
-                    &h.path,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                ),
-            )?;
-            setattr(&h.path, false, sys::MOUNT_ATTR_RDONLY, 0)?;
-        }
+/// A shared cache, copy-on-write: the user's cache (read-only by now) is
+/// the lower layer, the slot this launch holds the upper; `userxattr`
+/// because this is a user namespace.
+fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), LaunchError> {
+    let (upper, work) = slot.layer_for(path);
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        path.display(),
+        upper.display(),
+        work.display()
+    );
+    let mounted = mount(
+        Some("overlay"),
+        path,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    );
+    if let Err(e) = mounted {
+        // The layer's filesystem cannot hold overlayfs's user xattrs, or
+        // the kernel is too old: the cache stays shared, and the log says so.
+        tracing::warn!(
+            cache = %path.display(),
+            "no copy-on-write layer for this cache ({e}): the sandbox writes it directly, and a file planted there reaches your own builds"
+        );
+        bind(path)?;
+        setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)?;
     }
     Ok(())
+}
+
+/// A fresh tmpfs over `path`, with the writable trees beneath it carried
+/// over as they are, and what the command must see there, read-only.
+fn private_tmp(path: &Path, at: &MountContext<'_>) -> Result<(), LaunchError> {
+    let mut carried = Vec::new();
+    for w in at
+        .plan
+        .writable
+        .iter()
+        .filter(|w| w.path.starts_with(path) && w.path != path)
+    {
+        let tree = sys_at(Syscall::OpenTree, &w.path, sys::open_tree_clone(&w.path))?;
+        carried.push((w.path.clone(), tree));
+    }
+    let mut shown = Vec::new();
+    for v in at.visible.iter().filter(|v| v.starts_with(path)) {
+        let tree = sys_at(Syscall::OpenTree, v, sys::open_tree_clone(v))?;
+        shown.push((v.clone(), v.is_dir(), tree));
+    }
+    sys_at(
+        Syscall::Tmpfs,
+        path,
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        ),
+    )?;
+    for (tree_path, tree) in carried {
+        std::fs::create_dir_all(&tree_path).map_err(|e| {
+            LaunchError::Refused(format!("cannot recreate {}: {e}", tree_path.display()))
+        })?;
+        sys_at(
+            Syscall::MoveMount,
+            &tree_path,
+            sys::move_mount_to(&tree, &tree_path),
+        )?;
+    }
+    for (shown_path, is_dir, tree) in shown {
+        let made = if is_dir {
+            std::fs::create_dir_all(&shown_path)
+        } else {
+            shown_path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::File::create(&shown_path).map(drop))
+        };
+        made.map_err(|e| {
+            LaunchError::Refused(format!("cannot show {}: {e}", shown_path.display()))
+        })?;
+        sys_at(
+            Syscall::MoveMount,
+            &shown_path,
+            sys::move_mount_to(&tree, &shown_path),
+        )?;
+        setattr(&shown_path, true, sys::MOUNT_ATTR_RDONLY, 0)?;
+    }
+    Ok(())
+}
+
+/// Covers `path`: a directory by an empty, inaccessible tmpfs, anything
+/// else by /dev/null, read-only.
+fn hide(path: &Path, plan: &Plan) -> Result<(), LaunchError> {
+    let meta = std::fs::symlink_metadata(path);
+    if meta.is_err() && plan.tmpfs.iter().any(|t| path.starts_with(&t.path)) {
+        // Under a private tmpfs and not carried over: out of reach.
+        return Ok(());
+    }
+    if meta.is_ok_and(|m| m.is_dir()) {
+        return sys_at(
+            Syscall::Cover,
+            path,
+            mount(
+                Some("tmpfs"),
+                path,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=4k,mode=000"),
+            ),
+        );
+    }
+    sys_at(
+        Syscall::Cover,
+        path,
+        mount(
+            Some("/dev/null"),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        ),
+    )?;
+    setattr(path, false, sys::MOUNT_ATTR_RDONLY, 0)
 }
 
 /// Landlock: write rights only beneath the writable set and on the needed
@@ -775,7 +869,8 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         Err(LaunchError::Refused("no namespaces at this level".into()))
     } else if lost_namespaces {
         Err(LaunchError::Sys {
-            step: "unshare".into(),
+            step: Syscall::Unshare,
+            path: None,
             errno: Errno::EPERM,
         })
     } else {
@@ -785,19 +880,22 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         Ok(()) => true,
         Err(_) if spec.level == Some(Level::LandlockOnly) => false,
         // Nothing was changed yet: decide on a lower level, and say so.
-        Err(LaunchError::Sys { step, errno })
-            if step == "unshare"
-                && matches!(
-                    errno,
-                    Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES
-                ) =>
+        Err(LaunchError::Sys {
+            step: Syscall::Unshare,
+            errno,
+            ..
+        }) if matches!(
+            errno,
+            Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES
+        ) =>
         {
             tracing::warn!("cannot create namespaces here ({errno})");
             false
         }
         Err(e) => return Err(e),
     };
-    let level = choose_level(namespaces, landlock).map_err(LaunchError::Refused)?;
+    let level =
+        choose_level(namespaces, landlock).map_err(|e| LaunchError::Refused(e.to_string()))?;
     if let Some(announced) = spec.level.filter(|l| *l != level) {
         // What the caller announced is what runs, or nothing does.
         return Err(LaunchError::Refused(format!(
@@ -821,7 +919,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // The sandbox's first process hands the supervisor its listener here.
     let channel = match &supervisor {
         Some(_) => Some(sys(
-            "socketpair for the supervisor",
+            Syscall::SocketPair,
             nix::sys::socket::socketpair(
                 nix::sys::socket::AddressFamily::Unix,
                 nix::sys::socket::SockType::Stream,
@@ -834,14 +932,15 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
 
     // SAFETY: single-threaded process (documented precondition), so fork
     // cannot leave a lock held by another thread.
-    match sys("fork the namespace's init", unsafe { fork() })? {
+    match sys(Syscall::ForkInit, unsafe { fork() })? {
         ForkResult::Parent { child } => {
             // The helper stays outside the PID namespace and waits, passing
             // on the signals it gets (an editor's terminal/kill signals this
             // process alone, not its group), and supervising.
             if let Err(e) = forwarded.thread_block() {
                 return Err(LaunchError::Sys {
-                    step: "block signals".into(),
+                    step: Syscall::BlockSignals,
+                    path: None,
                     errno: e,
                 });
             }
@@ -856,7 +955,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             // as root, or over a user namespace it owns, it would otherwise
             // override file permissions you have outside the sandbox).
             sys(
-                "drop the helper's capabilities",
+                Syscall::DropCapabilities,
                 sys::drop_all_capabilities(is_root),
             )?;
             wait_for_init(child, &forwarded, supervisor)
@@ -902,7 +1001,7 @@ fn wait_for_init(
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let signals = sys(
-        "signalfd",
+        Syscall::Signalfd,
         SignalFd::with_flags(forwarded, SfdFlags::SFD_CLOEXEC),
     )?;
     // Checked first, then again at each SIGCHLD: a child that exited
@@ -916,7 +1015,8 @@ fn wait_for_init(
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
                     return Err(LaunchError::Sys {
-                        step: "wait for init".into(),
+                        step: Syscall::WaitForInit,
+                        path: None,
                         errno: e,
                     })
                 }
@@ -933,7 +1033,8 @@ fn wait_for_init(
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 return Err(LaunchError::Sys {
-                    step: "poll".into(),
+                    step: Syscall::Poll,
+                    path: None,
                     errno: e,
                 })
             }
@@ -1124,7 +1225,7 @@ mod tests {
         assert_eq!(choose_level(true, true), Ok(Level::Full));
         assert_eq!(choose_level(true, false), Ok(Level::MountsOnly));
         assert_eq!(choose_level(false, true), Ok(Level::LandlockOnly));
-        let refusal = choose_level(false, false).unwrap_err();
+        let refusal = choose_level(false, false).unwrap_err().to_string();
         assert!(refusal.contains("--no-sandbox"), "{refusal}");
     }
 

@@ -23,6 +23,27 @@ pub const CAP: u64 = 8 << 30;
 /// Slots per project (sandboxes of one project running at once).
 const SLOTS: usize = 16;
 
+/// Why no copy-on-write slot could be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("cannot prepare {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "all {SLOTS} slots under {0} are in use (as many sandboxes of this project are running)"
+    )]
+    Full(PathBuf),
+}
+
+fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
+    move |source| LayerError::Dir {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// The slot a launch holds.
 pub struct Slot {
     pub dir: PathBuf,
@@ -34,29 +55,30 @@ pub struct Slot {
 impl Slot {
     /// Takes the first free slot below `base`, with an upper and a work
     /// directory for each of `layered`. Runs as you, before any namespace.
-    pub fn take(base: &Path, layered: &[Step]) -> Result<Slot, String> {
+    pub fn take(base: &Path, layered: &[Step]) -> Result<Slot, LayerError> {
         use std::os::unix::fs::OpenOptionsExt;
-        crate::config::atomic::create_real_dir_path(base, 0o700).map_err(|e| e.to_string())?;
+        crate::config::atomic::create_real_dir_path(base, 0o700).map_err(dir_error(base))?;
         for n in 0..SLOTS {
+            let lock_path = base.join(format!("{n}.lock"));
             let lock = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(base.join(format!("{n}.lock")))
-                .map_err(|e| e.to_string())?;
+                .open(&lock_path)
+                .map_err(dir_error(&lock_path))?;
             let Ok(lock) =
                 nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
             else {
                 continue;
             };
             let dir = base.join(n.to_string());
-            crate::config::atomic::create_real_dir_path(&dir, 0o700).map_err(|e| e.to_string())?;
+            crate::config::atomic::create_real_dir_path(&dir, 0o700).map_err(dir_error(&dir))?;
             if due_for_measuring(base, n) {
                 if grown_past(&dir, CAP) {
                     tracing::warn!(slot = %dir.display(), "the caches' layer grew past {} GiB; it starts empty", CAP >> 30);
-                    empty(&dir).map_err(|e| e.to_string())?;
+                    empty(&dir).map_err(dir_error(&dir))?;
                 }
                 // Stamped once measured (and emptied where it had to be).
                 stamp_measured(base, n);
@@ -66,15 +88,12 @@ impl Slot {
                 let (upper, work) = slot.layer_for(&l.path);
                 for d in [upper, work] {
                     crate::config::atomic::create_real_dir_path(&d, 0o700)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(dir_error(&d))?;
                 }
             }
             return Ok(slot);
         }
-        Err(format!(
-            "all {SLOTS} slots under {} are in use",
-            base.display()
-        ))
+        Err(LayerError::Full(base.to_path_buf()))
     }
 
     /// The upper and work directories for the cache at `target`.

@@ -461,6 +461,73 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
     plan
 }
 
+/// One mount operation of the launch, in the order [`Plan::mount_ops`]
+/// gives; `exec` carries each out through one function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountOp<'a> {
+    /// Mount events stop at the namespace's edge, both ways.
+    PrivateRoot,
+    /// Everything read-only, recursively: the default the rest carves into.
+    ReadOnlyRoot,
+    /// Bound onto itself, writable and nosuid; mounts inside it that are
+    /// read-only on the host stay read-only.
+    Writable(&'a Path),
+    /// The launch's layer slot, bound writable for the overlays.
+    LayerSlot,
+    /// A shared cache made copy-on-write over the slot (or, where overlayfs
+    /// cannot be mounted, bound writable, and the log says so).
+    Layer(&'a Path),
+    /// A fresh tmpfs; the writable trees and what the command must see
+    /// beneath it are carried over.
+    PrivateTmp(&'a Path),
+    /// Made a mountpoint, so it cannot be renamed away.
+    Pin(&'a Path),
+    /// Bound onto itself read-only, recursively.
+    ReadOnly(&'a Path),
+    /// A grant inside a read-only path: writable again.
+    Reopen(&'a Path),
+    /// Covered: a socket by /dev/null, a directory by an empty tmpfs.
+    Hide(&'a Path),
+}
+
+impl Plan {
+    /// The mount operations in the order that makes the plan true. Each
+    /// later step narrows or carves into what the earlier ones made, so
+    /// the order is the design:
+    /// 1. private propagation first: no mount of ours may reach the host;
+    /// 2. `/` read-only before anything opens: a path no step names is
+    ///    never writable;
+    /// 3. writable roots, then the caches' layers (their slot before them),
+    ///    both before the private temp directories, which carry the
+    ///    writable trees beneath them over to the new tmpfs;
+    /// 4. pins and read-only islands after every writable bind, so an
+    ///    island inside a root is not opened again by the root's bind;
+    /// 5. the user's grants inside protected paths after the islands, and
+    ///    the islands beneath a grant read-only again after it;
+    /// 6. covers last, so no later bind uncovers a socket.
+    pub fn mount_ops(&self) -> Vec<MountOp<'_>> {
+        fn each<'p>(
+            steps: &'p [Step],
+            op: fn(&'p Path) -> MountOp<'p>,
+        ) -> impl Iterator<Item = MountOp<'p>> {
+            steps.iter().map(move |s| op(&s.path))
+        }
+        let mut ops = vec![MountOp::PrivateRoot, MountOp::ReadOnlyRoot];
+        ops.extend(each(&self.writable, MountOp::Writable));
+        if !self.layered.is_empty() && self.layers.is_some() {
+            ops.push(MountOp::LayerSlot);
+            ops.extend(each(&self.layered, MountOp::Layer));
+        }
+        ops.extend(each(&self.tmpfs, MountOp::PrivateTmp));
+        ops.extend(each(&self.pins, MountOp::Pin));
+        ops.extend(each(&self.readonly, MountOp::ReadOnly));
+        ops.extend(each(&self.reopen, MountOp::Reopen));
+        ops.extend(each(&self.readonly_again, MountOp::ReadOnly));
+        ops.extend(each(&self.hidden, MountOp::Hide));
+        ops
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,11 @@ use crate::policy::{Platform, Policy};
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
 const PROFILE: &str = "profile.sb";
 
+/// `sandbox-exec` is not where macOS keeps it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is missing (Seatbelt cannot be armed without it)")]
+pub struct MissingSandboxExec(PathBuf);
+
 pub struct SeatbeltEnforcer {
     sandbox_exec: PathBuf,
     /// Carried by every write denial of this process's profiles, so the
@@ -24,16 +29,13 @@ pub struct SeatbeltEnforcer {
 
 impl SeatbeltEnforcer {
     /// Refuses when `sandbox-exec` is missing: nothing could be armed.
-    pub fn new() -> Result<SeatbeltEnforcer, String> {
+    pub fn new() -> Result<SeatbeltEnforcer, MissingSandboxExec> {
         Self::with_sandbox_exec(Path::new(SANDBOX_EXEC))
     }
 
-    pub fn with_sandbox_exec(sandbox_exec: &Path) -> Result<SeatbeltEnforcer, String> {
+    pub fn with_sandbox_exec(sandbox_exec: &Path) -> Result<SeatbeltEnforcer, MissingSandboxExec> {
         if !sandbox_exec.is_file() {
-            return Err(format!(
-                "{} is missing (Seatbelt cannot be armed without it)",
-                sandbox_exec.display()
-            ));
+            return Err(MissingSandboxExec(sandbox_exec.to_path_buf()));
         }
         Ok(SeatbeltEnforcer {
             sandbox_exec: sandbox_exec.to_path_buf(),
@@ -141,7 +143,8 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let err = SeatbeltEnforcer::with_sandbox_exec(&home.path().join("sandbox-exec"))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(err.contains("sandbox-exec is missing"), "{err}");
     }
 

@@ -121,26 +121,37 @@ pub struct Supervisor {
     listener: Option<OwnedFd>,
 }
 
+/// Why the supervisor could not be prepared.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open {path}: {errno}")]
+pub struct PrepareError {
+    pub path: std::path::PathBuf,
+    pub errno: nix::errno::Errno,
+}
+
 impl Supervisor {
     /// Opens what the supervisor needs. Must run before the mount
     /// namespace is unshared: descriptors opened now keep the host's
     /// (writable) mounts.
-    pub fn prepare(dirs: &[Supervised], policy: Policy) -> Result<Supervisor, String> {
+    pub fn prepare(dirs: &[Supervised], policy: Policy) -> Result<Supervisor, PrepareError> {
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        let failed = |path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |errno| PrepareError { path, errno }
+        };
         let mut dir_fds = Vec::new();
         for d in dirs {
-            let fd = open(&d.dir, flags, Mode::empty())
-                .map_err(|e| format!("cannot open {}: {e}", d.dir.display()))?;
-            let st = nix::sys::stat::fstat(&fd)
-                .map_err(|e| format!("cannot stat {}: {e}", d.dir.display()))?;
+            let fd = open(&d.dir, flags, Mode::empty()).map_err(failed(&d.dir))?;
+            let st = nix::sys::stat::fstat(&fd).map_err(failed(&d.dir))?;
             dir_fds.push((fd, st.st_dev, st.st_ino));
         }
+        let proc = std::path::Path::new("/proc");
         let proc_fd = open(
-            "/proc",
+            proc,
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| format!("cannot open /proc: {e}"))?;
+        .map_err(failed(proc))?;
         Ok(Supervisor {
             dirs: dirs.to_vec(),
             dir_fds,

@@ -1,0 +1,139 @@
+//! Writing the user's project files off the event loop.
+//!
+//! Recording an answer in sandbox.json and approving a hand edit take the
+//! project's lock, which another bridge on the same project may hold for
+//! as long as its own write takes, and they touch the disk: they run on the
+//! blocking pool, and their outcome comes back to the loop as an event, so
+//! relaying never waits for them. What follows an answer (the held writes,
+//! the re-arm) waits for its own record, so a grant is on disk before the
+//! write it allowed is made and before the generation that sees it is armed.
+//! A project's template and ledger are prepared here too when a session
+//! opens it (discovery prepares them again, off the loop as well, when a
+//! generation is armed for it).
+
+use std::path::PathBuf;
+
+use tokio::sync::mpsc;
+
+use super::permissions::Answered;
+use crate::config::managed::ManagedRoot;
+use crate::config::project::{self, List, WriteError};
+
+/// What came of an answer's record.
+#[derive(Debug)]
+pub(super) enum Recorded {
+    /// The answer records nothing.
+    NotAsked,
+    Kept,
+    /// It could not be written: a grant holds for this bridge only.
+    Lost(String),
+}
+
+/// Disk work finished off the loop.
+#[derive(Debug)]
+pub(super) enum DiskDone {
+    Recorded {
+        answered: Box<Answered>,
+        recorded: Recorded,
+    },
+    Approved {
+        root: PathBuf,
+        result: Result<(), WriteError>,
+    },
+    /// A project's template and ledger, on its first session.
+    Prepared { root: PathBuf },
+}
+
+/// The loop's handle on disk work: starts it, and receives what is done.
+pub(super) struct Disk {
+    tx: mpsc::UnboundedSender<DiskDone>,
+    rx: mpsc::UnboundedReceiver<DiskDone>,
+    /// Started and not yet received.
+    pending: usize,
+}
+
+impl Disk {
+    pub fn new() -> Disk {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Disk { tx, rx, pending: 0 }
+    }
+
+    /// Records `entry` in `root`'s `list`, then hands `answered` back.
+    pub fn record(
+        &mut self,
+        managed: &ManagedRoot,
+        root: PathBuf,
+        list: List,
+        entry: String,
+        answered: Answered,
+    ) {
+        let (tx, managed) = (self.tx.clone(), managed.clone());
+        self.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let recorded = match project::append(&root, list, &entry, &managed) {
+                Ok(()) => Recorded::Kept,
+                Err(e) => {
+                    tracing::warn!(root = %root.display(), "could not record `{entry}` in sandbox.json ({e}); it holds for this session only");
+                    Recorded::Lost(e.to_string())
+                }
+            };
+            let _ = tx.send(DiskDone::Recorded {
+                answered: Box::new(answered),
+                recorded,
+            });
+        });
+    }
+
+    /// Approves `root`'s sandbox.json as it is now.
+    pub fn approve(&mut self, managed: &ManagedRoot, root: PathBuf) {
+        let (tx, managed) = (self.tx.clone(), managed.clone());
+        self.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let result = project::approve_current(&root, &managed);
+            let _ = tx.send(DiskDone::Approved { root, result });
+        });
+    }
+
+    /// Prepares a project a session opens: creates its sandbox.json
+    /// template on first touch and records in the ledger what needs no
+    /// approval. The decision whether it arms is read without writing
+    /// ([`project::inspect`]) and does not wait for this.
+    pub fn prepare(&mut self, managed: &ManagedRoot, root: PathBuf) {
+        let (tx, managed) = (self.tx.clone(), managed.clone());
+        self.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            project::load(&root, &managed);
+            let _ = tx.send(DiskDone::Prepared { root });
+        });
+    }
+
+    /// The next piece of work done (never, while none is pending).
+    pub async fn next(&mut self) -> DiskDone {
+        if self.pending == 0 {
+            return std::future::pending().await;
+        }
+        let done = self.rx.recv().await;
+        self.pending -= 1;
+        // The loop holds a sender, so the channel never closes.
+        done.expect("the bridge holds a sender")
+    }
+
+    /// Waits up to `limit` for the work still pending, so no record is cut
+    /// off when the bridge exits; what it finds is only logged (nothing of
+    /// the agent is left to answer).
+    pub async fn settle(&mut self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.pending > 0 {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Ok(done) => tracing::debug!(?done, "disk work finished while shutting down"),
+                Err(_) => {
+                    tracing::warn!(
+                        pending = self.pending,
+                        "gave up waiting for sandbox.json records while shutting down (another zcode-acp holds the project's lock?)"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
