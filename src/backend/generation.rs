@@ -137,11 +137,6 @@ impl Generation {
         self.stdin.take();
     }
 
-    /// Whether the main process has exited.
-    pub fn has_exited(&self) -> bool {
-        *self.exited.borrow()
-    }
-
     /// Stops the generation and everything it started: close stdin, SIGTERM
     /// the process group, SIGKILL after `grace`, then kill any descendant
     /// that left the group, until none is left. Returns the pids that could

@@ -1,7 +1,6 @@
 //! Turning a backend command line (already wrapped by its confinement,
 //! see [`crate::confine`]) into a running process.
 
-use std::ffi::OsString;
 use std::process::Stdio;
 
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -10,7 +9,6 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 #[derive(Debug, Clone)]
 pub struct PreparedCommand {
     pub argv: Vec<String>,
-    pub env: Vec<(OsString, OsString)>,
     /// A short description for logs and the editor ("unconfined", ...).
     pub confinement: String,
     /// Which backend profile decided the agent's writable state, and why
@@ -46,7 +44,6 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
     let mut command = Command::new(program);
     command
         .args(args)
-        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

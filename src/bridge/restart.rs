@@ -230,7 +230,6 @@ impl Bridge {
             })?;
         let cmd = PreparedCommand {
             argv,
-            env: Vec::new(),
             confinement: confinement.describe(),
             backend_profile: match &confinement {
                 Confinement::Armed(armed) => Some(armed.backend_profile.clone()),

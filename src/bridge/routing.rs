@@ -13,7 +13,9 @@
 //! 2. `editor_side::dispatch`: `track::editor_request` reads what the
 //!    request will change (a session with its roots); the bridge checks
 //!    the roots against the armed generation (a re-arm holds the request
-//!    first, see `lifecycle`); `Routes::editor_request` gives it a bridge
+//!    first, see `lifecycle`), or, unarmed, reads whether their project
+//!    turns the sandbox on (its template is made off the loop, `disk`);
+//!    `Routes::editor_request` gives it a bridge
 //!    id; the frame goes to the backend with that id spliced in;
 //! 3. `backend_side::on_backend_bytes`: the response's id is a bridge id;
 //!    `Routes::backend_answered` says it was the editor's request and its

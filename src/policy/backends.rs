@@ -65,10 +65,18 @@ pub enum Choice {
     },
 }
 
+/// A backend profile name no profile has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend profile `{value}` ({by}): use claude, codex, gemini, zcode or none")]
+pub struct UnknownProfile {
+    pub value: String,
+    pub by: String,
+}
+
 impl Choice {
     /// Parses `claude`, `codex`, `gemini`, `zcode` or `none`; `by` says
     /// where the value came from, for the explanation.
-    pub fn parse(value: &str, by: &str) -> Result<Choice, String> {
+    pub fn parse(value: &str, by: &str) -> Result<Choice, UnknownProfile> {
         let v = value.trim().to_ascii_lowercase();
         let profile = match v.as_str() {
             "none" => None,
@@ -76,10 +84,9 @@ impl Choice {
                 Profile::ALL
                     .into_iter()
                     .find(|p| p.name() == other)
-                    .ok_or_else(|| {
-                        format!(
-                            "unknown backend profile `{value}` ({by}): use claude, codex, gemini, zcode or none"
-                        )
+                    .ok_or_else(|| UnknownProfile {
+                        value: value.to_owned(),
+                        by: by.to_owned(),
                     })?,
             ),
         };
@@ -374,7 +381,10 @@ pub fn home_spellings(home: &Path) -> Vec<PathBuf> {
 /// (`cli` first, then `ZCODE_ACP_BACKEND_PROFILE`, then
 /// `sandbox.backendProfile`) and `sandbox.statePaths`. An unknown profile
 /// name is an error that says which values exist.
-pub fn state_settings(user: &UserConfig, cli: Option<&str>) -> Result<StateSettings, String> {
+pub fn state_settings(
+    user: &UserConfig,
+    cli: Option<&str>,
+) -> Result<StateSettings, UnknownProfile> {
     let env = std::env::var(BACKEND_PROFILE_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty());
@@ -516,6 +526,7 @@ mod tests {
             .is_empty());
         assert!(Choice::parse("cursor", "x")
             .unwrap_err()
+            .to_string()
             .contains("claude, codex"));
     }
 

@@ -171,7 +171,7 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
     let mut repos = Vec::new();
     // The repository the root itself is in, if any.
     for dir in root.ancestors() {
-        if let Some(repo) = repo_at_with(dir, hooks) {
+        if let Some(repo) = repo_at(dir, hooks) {
             repos.push(repo);
             break;
         }
@@ -275,7 +275,7 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         }
         if ft.is_dir() && !SKIP_DIRS.iter().any(|s| name == *s) {
             let path = entry.path();
-            if let Some(repo) = repo_at_with(&path, hooks) {
+            if let Some(repo) = repo_at(&path, hooks) {
                 repos.push(repo);
             }
             walk(&path, depth + 1, budget, hooks, repos);
@@ -283,12 +283,9 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
     }
 }
 
-/// The repository whose work tree is `dir`, if `dir/.git` exists.
-pub fn repo_at(dir: &Path) -> Option<Repo> {
-    repo_at_with(dir, true)
-}
-
-fn repo_at_with(dir: &Path, hooks: bool) -> Option<Repo> {
+/// The repository whose work tree is `dir`, if `dir/.git` exists
+/// (`hooks`: ask for its `core.hooksPath` too).
+fn repo_at(dir: &Path, hooks: bool) -> Option<Repo> {
     let dot_git = dir.join(".git");
     let meta = std::fs::symlink_metadata(&dot_git).ok()?;
     // Read without blocking or growing: an agent could have left a FIFO.
