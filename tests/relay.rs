@@ -190,6 +190,81 @@ fn malformed_frames_from_either_side_leave_the_relay_running() {
 }
 
 #[test]
+fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    // A batch (an array) gets one error and never reaches the agent.
+    ed.send_raw(r#"[201,"_test/echo",{"x":"batch"}]"#);
+    let r = ed.wait_for("the batch's error", |v| {
+        v["id"].is_null() && v["error"].is_object()
+    });
+    assert_eq!(error_code(&r.value), -32600);
+    assert!(r.value["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("batch"));
+    // Not JSON-RPC 2.0, with a readable id: answered, never forwarded.
+    ed.send_raw(r#"{"id":7,"method":"_test/echo","params":{"x":"no-version"}}"#);
+    assert_eq!(error_code(&ed.response(&json!(7))), -32600);
+    ed.send_raw(r#"{"jsonrpc":"1.0","id":"v1","method":"_test/echo","params":{"x":"v1"}}"#);
+    assert_eq!(error_code(&ed.response(&json!("v1"))), -32600);
+    // Ids that are neither strings nor integers, and nesting past the bound:
+    // logged, never forwarded.
+    ed.send_raw(
+        r#"{"jsonrpc":"2.0","id":{"a":1},"method":"_test/echo","params":{"x":"object-id"}}"#,
+    );
+    ed.send_raw(r#"{"jsonrpc":"2.0","id":1.5,"method":"_test/echo","params":{"x":"fraction-id"}}"#);
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":{}1{},"method":"_test/echo","params":{{"x":"deep-id"}}}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    ));
+    ed.send_raw(
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"_test/echo","params":{{"x":"deep",
+        "y":{}0{}}}}}"#,
+            "[".repeat(500),
+            "]".repeat(500)
+        )
+        .replace('\n', ""),
+    );
+    assert_eq!(error_code(&ed.response(&json!(9))), -32600);
+
+    // An answer the agent garbled reaches the editor as an error, never as
+    // silence; a request of the agent's own that is no JSON-RPC 2.0 is
+    // answered by the bridge and never shown to the editor.
+    let id = ed.request("_test/garbled", json!({}));
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32603, "{r}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("could not be read"));
+    assert_eq!(ed.call("_test/bad-request", json!({}))["ok"], true);
+    let r = ed.call("_test/echo", json!({"x": "after"}));
+    assert_eq!(r["echo"]["x"], "after");
+    wait_until("the agent got the bridge's answer", || {
+        read_log(&ed, "received.log")
+            .iter()
+            .any(|l| l.contains("\"agent-1\"") && l.contains("-32600"))
+    });
+    assert!(!ed.seen.iter().any(|l| l.raw.contains("agent-1")));
+
+    let received = read_log(&ed, "received.log").join("\n");
+    for never in [
+        "batch",
+        "no-version",
+        "\"v1\"",
+        "object-id",
+        "fraction-id",
+        "deep-id",
+        "\"deep\"",
+    ] {
+        assert!(!received.contains(never), "{never} reached the agent");
+    }
+}
+
+#[test]
 fn a_crash_mid_turn_answers_once_and_the_session_survives() {
     let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
     ed.initialize();

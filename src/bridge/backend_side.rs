@@ -8,17 +8,14 @@ use super::editor_side::{cancel_target, rewrite_request_id};
 use super::restart::CallOutcome;
 use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, recover_id};
+use crate::relay::envelope::{error_response, recover, recover_id, FrameError};
 use crate::relay::{Frame, FrameKind};
 
 impl Bridge {
     pub(super) fn on_backend_bytes(&mut self, bytes: Vec<u8>) {
         let frame = match Frame::parse(bytes) {
             Ok(frame) => frame,
-            Err((bytes, err)) => {
-                let preview = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-                return warn!("dropped a malformed frame from the backend ({err}): {preview}");
-            }
+            Err((bytes, err)) => return self.on_malformed_backend_frame(&bytes, &err),
         };
         let generation = self.generation.as_ref().map(|g| g.id).unwrap_or_default();
         match frame.kind.clone() {
@@ -204,6 +201,31 @@ impl Bridge {
     }
 
     /// A frame too large to relay still must not leave its peer waiting.
+    /// A frame of the agent's the bridge cannot route exactly is logged
+    /// and never passed on. Whoever waits on it is not left in silence: an
+    /// answer the agent garbled reaches whoever asked as an error, and a
+    /// request of the agent's own is answered with one.
+    fn on_malformed_backend_frame(&mut self, bytes: &[u8], err: &FrameError) {
+        let preview = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
+        warn!("dropped a malformed frame from the backend ({err}): {preview}");
+        let found = recover(bytes);
+        let Some(id) = found.id else { return };
+        let awaited = id
+            .as_bridge_number()
+            .is_some_and(|n| self.routes.awaits_backend(n));
+        if awaited && !found.method {
+            let message = format!("the agent's answer could not be read ({err})");
+            let garbled = error_response(&id, codes::INTERNAL_ERROR, &message, None);
+            return self.on_backend_bytes(garbled);
+        }
+        if !found.answer || found.method {
+            let message = format!("zcode-acp could not read this message: {err}");
+            if let Some(g) = &self.generation {
+                g.send(error_response(&id, err.code(), &message, None));
+            }
+        }
+    }
+
     pub(super) fn on_backend_too_large(&mut self, prefix: &[u8], size: usize) {
         let limit = self.cfg.max_frame_bytes;
         let id = recover_id(prefix);

@@ -5,7 +5,7 @@ use tracing::{debug, warn};
 use super::lifecycle::Phase;
 use super::{track, AtEditor, Bridge, Terminal};
 use crate::relay::codes;
-use crate::relay::envelope::{recover_id, result_response, FrameError};
+use crate::relay::envelope::{error_response, recover, result_response, FrameError};
 use crate::relay::{Frame, FrameKind, RawId};
 
 impl Bridge {
@@ -16,15 +16,27 @@ impl Bridge {
         }
     }
 
+    /// A frame the bridge cannot route exactly is never passed on: a
+    /// request is answered with an error where its id can be read, an
+    /// unreadable answer to a request the editor was asked is routed as an
+    /// error answer (so whoever asked is not left waiting), a batch gets
+    /// one error, and anything else is logged.
     fn on_malformed_editor_frame(&mut self, bytes: &[u8], err: &FrameError) {
-        let id = recover_id(bytes);
-        warn!(id = ?id, "malformed frame from the editor: {err}");
-        if let Some(id) = id {
-            self.answer_error(
-                &id,
-                err.code(),
-                &format!("zcode-acp could not read this message: {err}"),
-            );
+        let found = recover(bytes);
+        warn!(id = ?found.id, "malformed frame from the editor: {err}");
+        let message = format!("zcode-acp could not read this message: {err}");
+        match found.id {
+            Some(id) if found.answer && !found.method => {
+                let garbled = error_response(&id, err.code(), &message, None);
+                if let Ok(frame) = Frame::parse(garbled) {
+                    self.on_editor_response(id, frame);
+                }
+            }
+            Some(id) => self.answer_error(&id, err.code(), &message),
+            None if matches!(err, FrameError::Batch) => {
+                self.answer_error(&RawId("null".into()), err.code(), &message)
+            }
+            None => {}
         }
     }
 

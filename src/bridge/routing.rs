@@ -147,6 +147,11 @@ impl Routes {
         Some(entry.origin)
     }
 
+    /// Whether bridge id `bid` awaits the backend's answer.
+    pub fn awaits_backend(&self, bid: u64) -> bool {
+        self.at_backend.contains_key(&bid)
+    }
+
     /// The bridge id of the editor's request `id`, while in flight.
     pub fn editor_id_in_flight(&self, id: &RawId) -> Option<u64> {
         self.editor_ids.get(id).copied()

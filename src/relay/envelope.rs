@@ -5,6 +5,12 @@
 //! (id remapping), the new id is spliced into the original bytes at the exact
 //! span the old one occupied, so every other byte, unknown fields, `_meta`,
 //! key order and whitespace included, reaches the other side unchanged.
+//!
+//! Strict at the edge: a frame is a JSON object with `"jsonrpc": "2.0"`;
+//! an id is a string or an integer (null only in an error answer to an
+//! unreadable request), of bounded size; nesting is bounded; an array (a
+//! batch, which ACP does not use) is refused. What the bridge cannot route
+//! exactly is never passed on for the other peer to guess at.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -51,6 +57,12 @@ pub struct Frame {
     payload_span: Option<Range<usize>>,
 }
 
+/// The deepest nesting of arrays and objects a frame may have (serde_json's
+/// own default limit, which agents built on it apply anyway).
+pub const MAX_DEPTH: usize = 128;
+/// The longest id, as JSON text (quotes included).
+pub const MAX_ID_BYTES: usize = 256;
+
 /// Why a frame could not be routed.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -58,6 +70,8 @@ pub enum FrameError {
     Parse(serde_json::Error),
     #[error("not a JSON-RPC 2.0 message: {0}")]
     Invalid(String),
+    #[error("a JSON-RPC batch (an array of messages), which ACP does not use; send each message as a JSON object on a line of its own")]
+    Batch,
 }
 
 impl FrameError {
@@ -65,13 +79,15 @@ impl FrameError {
     pub fn code(&self) -> i64 {
         match self {
             FrameError::Parse(_) => crate::relay::codes::PARSE_ERROR,
-            FrameError::Invalid(_) => crate::relay::codes::INVALID_REQUEST,
+            FrameError::Invalid(_) | FrameError::Batch => crate::relay::codes::INVALID_REQUEST,
         }
     }
 }
 
 #[derive(Deserialize)]
 struct Envelope<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -183,10 +199,42 @@ struct Parts {
 }
 
 fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
+    // Only an object is a message: serde's derived reader would take an
+    // array for one, field by field.
+    match bytes.get(skip_ws(bytes, 0)) {
+        Some(b'{') => {}
+        Some(b'[') => return Err(FrameError::Batch),
+        _ => {
+            return Err(
+                match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                    Err(e) if !e.is_data() => FrameError::Parse(e),
+                    _ => FrameError::Invalid("a message is a JSON object".into()),
+                },
+            )
+        }
+    }
     let env: Envelope<'_> = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => FrameError::Invalid(e.to_string()),
         _ => FrameError::Parse(e),
     })?;
+    if too_deep(bytes, MAX_DEPTH) {
+        return Err(FrameError::Invalid(format!(
+            "nested more than {MAX_DEPTH} levels deep"
+        )));
+    }
+    match env
+        .jsonrpc
+        .map(|v| serde_json::from_str::<Cow<'_, str>>(v.get()))
+    {
+        Some(Ok(v)) if v == "2.0" => {}
+        _ => return Err(FrameError::Invalid("`jsonrpc` must be \"2.0\"".into())),
+    }
+    if let Some(id) = env.id {
+        let null_error = id.get() == "null" && env.error.is_some() && env.method.is_none();
+        if !null_error {
+            check_id(id.get())?;
+        }
+    }
     let id_span = env.id.map(|id| span_of(bytes, id));
     let params_span = env.params.map(|p| span_of(bytes, p));
     let id = env.id.map(|id| RawId(id.get().to_owned()));
@@ -226,37 +274,126 @@ fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
     })
 }
 
+/// An id is a string or an integer (no fraction, no exponent), of at most
+/// [`MAX_ID_BYTES`].
+fn check_id(text: &str) -> Result<(), FrameError> {
+    let integer = {
+        let digits = text.strip_prefix('-').unwrap_or(text);
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    };
+    if !(integer || text.starts_with('"')) {
+        return Err(FrameError::Invalid(
+            "an id is a string or an integer".into(),
+        ));
+    }
+    if text.len() > MAX_ID_BYTES {
+        return Err(FrameError::Invalid(format!(
+            "an id is at most {MAX_ID_BYTES} bytes long"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether valid JSON `bytes` nest arrays and objects deeper than `limit`.
+/// Strings are skipped with memchr: a frame is mostly file contents.
+fn too_deep(bytes: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                // To the closing quote: the next quote not escaped.
+                let mut j = i + 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &bytes[j..]) {
+                        Some(off) if bytes[j + off] == b'\\' => j += off + 2,
+                        Some(off) => {
+                            j += off;
+                            break;
+                        }
+                        None => return false,
+                    }
+                }
+                i = j;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
+/// What could be read of a frame that did not parse (or was too large to
+/// keep): its top-level id, and whether it named a method or carried an
+/// answer, as far as the scan got.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    pub id: Option<RawId>,
+    /// A `method` key was seen: a request (or notification).
+    pub method: bool,
+    /// A `result` or `error` key was seen: an answer.
+    pub answer: bool,
+}
+
 /// Best-effort recovery of the top-level `id` of a frame that did not parse
 /// (or was too large to keep), so the sender can still be answered.
-///
-/// Scans only the top level of the outermost object and gives up at the
-/// first sign of a structure it does not understand: an id recovered from a
-/// nested object would answer the wrong request.
 pub fn recover_id(bytes: &[u8]) -> Option<RawId> {
+    recover(bytes).id
+}
+
+/// Scans only the top level of the outermost object and stops at the first
+/// sign of a structure it does not understand: an id recovered from a
+/// nested object would answer the wrong request. An id is kept only when
+/// it is a string or an integer.
+pub fn recover(bytes: &[u8]) -> Recovered {
+    let mut found = Recovered::default();
+    let mut ids_seen = 0;
     let mut i = skip_ws(bytes, 0);
     if bytes.get(i) != Some(&b'{') {
-        return None;
+        return found;
     }
     i += 1;
     loop {
         i = skip_ws(bytes, i);
-        let (key, after_key) = scan_string(bytes, i)?;
+        let Some((key, after_key)) = scan_string(bytes, i) else {
+            return found;
+        };
         i = skip_ws(bytes, after_key);
         if bytes.get(i) != Some(&b':') {
-            return None;
+            return found;
         }
         i = skip_ws(bytes, i + 1);
-        let value_end = scan_value(bytes, i)?;
+        match key {
+            b"\"method\"" => found.method = true,
+            b"\"result\"" | b"\"error\"" => found.answer = true,
+            _ => {}
+        }
+        let Some(value_end) = scan_value(bytes, i) else {
+            return found;
+        };
         if key == b"\"id\"" {
-            let text = std::str::from_utf8(&bytes[i..value_end]).ok()?;
-            let valid =
-                text.starts_with('"') || text.bytes().all(|b| b.is_ascii_digit() || b == b'-');
-            return (valid && !text.is_empty()).then(|| RawId(text.to_owned()));
+            if ids_seen > 0 {
+                // Two ids: which one the sender meant is anyone's guess.
+                found.id = None;
+                return found;
+            }
+            ids_seen += 1;
+            let text = std::str::from_utf8(&bytes[i..value_end]).ok();
+            found.id = text
+                .filter(|t| check_id(t).is_ok())
+                .map(|t| RawId(t.to_owned()));
         }
         i = skip_ws(bytes, value_end);
         match bytes.get(i) {
             Some(b',') => i += 1,
-            _ => return None,
+            _ => return found,
         }
     }
 }
@@ -388,18 +525,66 @@ mod tests {
 
     #[test]
     fn rejects_what_cannot_be_routed() {
+        let deep_id = format!(
+            r#"{{"jsonrpc":"2.0","id":{}1{},"method":"x"}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let deep_params = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{}"[[[ in a string"{}}}"#,
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        );
+        let long_id = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"x"}}"#,
+            "a".repeat(300)
+        );
         for bad in [
-            r#"[1,2]"#,
             r#"{"jsonrpc":"2.0"}"#,
-            r#"{"id":1,"result":1,"error":{}}"#,
-            r#"{"id":1,"id":2,"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":1,"error":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"x"}"#,
             r#""str""#,
+            r#"7"#,
+            // jsonrpc missing or wrong.
+            r#"{"id":1,"method":"x"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#,
+            r#"{"jsonrpc":2.0,"id":1,"method":"x"}"#,
+            // Ids that are neither strings nor integers.
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":true,"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":1e3,"result":1}"#,
+            // Null only in an error answer.
+            r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"result":1}"#,
+            &deep_id,
+            &deep_params,
+            &long_id,
         ] {
             let (_, err) = Frame::parse(bad.as_bytes().to_vec()).unwrap_err();
-            assert!(matches!(err, FrameError::Invalid(_)), "{bad}: {err}");
+            assert!(matches!(err, FrameError::Invalid(_)), "{bad:.80}: {err}");
+        }
+        for batch in [r#"[1,2]"#, r#" [201,"_test/echo",{"x":1}]"#, "[]"] {
+            let (_, err) = Frame::parse(batch.as_bytes().to_vec()).unwrap_err();
+            assert!(matches!(err, FrameError::Batch), "{batch}: {err}");
         }
         let (_, err) = Frame::parse(b"{\"id\":1,".to_vec()).unwrap_err();
         assert!(matches!(err, FrameError::Parse(_)));
+        // What is allowed: the deepest nesting, a null id in an error, a
+        // negative id, brackets inside strings.
+        let ok_depth = format!(
+            r#"{{"jsonrpc":"2.0","id":-4,"method":"x","params":{}"]]]}}}}"{}}}"#,
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        for good in [
+            ok_depth.as_str(),
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"m"}}"#,
+            r#"{"jsonrpc":"2.0","id":"a\"b","method":"x","params":{"s":"\\"}}"#,
+        ] {
+            assert!(Frame::parse(good.as_bytes().to_vec()).is_ok(), "{good:.80}");
+        }
     }
 
     #[test]
@@ -444,6 +629,15 @@ mod tests {
         assert_eq!(recover_id(br#"{"method":"x""#), None);
         assert_eq!(recover_id(b"garbage"), None);
         assert_eq!(recover_id(br#"{"id":{"nested":1}}"#), None);
+        assert_eq!(recover_id(br#"{"id":1.5,"method":"x"}"#), None);
+        assert_eq!(recover_id(br#"{"id":1,"method":"x","id":2,"#), None);
+        let r = recover(br#"{"jsonrpc":"1.0","id":3,"result":{"#);
+        assert_eq!(
+            (r.id, r.method, r.answer),
+            (Some(RawId("3".into())), false, true)
+        );
+        let r = recover(br#"{"id":"x","method":"y","params":["#);
+        assert!(r.method && !r.answer && r.id.is_some());
     }
 
     #[test]
