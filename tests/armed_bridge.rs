@@ -206,7 +206,10 @@ fn the_allow_flow_remembers_each_answer_as_chosen() {
         "allow-always",
     );
     assert!(text.starts_with("wrote"), "{text}");
-    assert!(config().contains(always.to_str().unwrap()));
+    // Recorded off the bridge's loop: it lands moments after the answer.
+    wait_until("the grant recorded in sandbox.json", || {
+        config().contains(always.to_str().unwrap())
+    });
 
     // Don't: refused, and asked again next time.
     let dont = outside.join("dont.txt");
@@ -234,7 +237,9 @@ fn the_allow_flow_remembers_each_answer_as_chosen() {
         "reject-always",
     );
     assert!(text.contains("did not allow"), "{text}");
-    assert!(config().contains("\"deny\"") && config().contains(never.to_str().unwrap()));
+    wait_until("the deny entry recorded in sandbox.json", || {
+        config().contains("\"deny\"") && config().contains(never.to_str().unwrap())
+    });
     let start = ed.seen.len();
     let (_, text) = ed.prompt(&sid, &format!("/write {} no", never.display()));
     assert!(

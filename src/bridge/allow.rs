@@ -21,7 +21,6 @@ use crate::relay::codes;
 use crate::relay::envelope::{error_response, request};
 use crate::relay::Frame;
 
-use super::disk;
 pub(super) use super::permissions::HeldWrite;
 use super::permissions::{Answered, Prompt};
 
@@ -74,45 +73,60 @@ impl Bridge {
         self.to_editor(request(bid, "session/request_permission", &params));
     }
 
-    /// The user answered one of the bridge's prompts. An answer that
-    /// records something goes on once it is on disk ([`super::disk`]).
+    /// The user answered one of the bridge's prompts. The answer takes
+    /// effect at once; recording it in sandbox.json happens off the loop
+    /// ([`super::disk`]).
     pub(super) fn on_prompt_answer(&mut self, bid: u64, frame: &Frame) {
         let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
         let Some(answered) = self.permissions.answered(bid, choice) else {
             return;
         };
-        let root = self
-            .sessions
-            .get(&answered.prompt.session)
-            .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
-        match (answered.record, root) {
-            (Some(list), Some(root)) => {
-                let entry = answered.prompt.path.to_string_lossy().into_owned();
-                self.disk
-                    .record(&self.cfg.managed, root, list, entry, answered);
+        if let Some(list) = answered.record {
+            let session = answered.prompt.session.clone();
+            let entry = answered.prompt.path.to_string_lossy().into_owned();
+            let root = self
+                .sessions
+                .get(&session)
+                .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
+            match root {
+                Some(root) => self
+                    .disk
+                    .record(&self.cfg.managed, root, list, entry, session),
+                None => self.after_record(
+                    &session,
+                    list,
+                    &entry,
+                    Err("the session's workspace is gone".into()),
+                ),
             }
-            (Some(_), None) => self.after_answer(
-                answered,
-                disk::Recorded::Lost("the session's workspace is gone".into()),
-            ),
-            (None, _) => self.after_answer(answered, disk::Recorded::NotAsked),
         }
+        self.after_answer(answered);
     }
 
-    /// Carries out an answer, its record (if any) made.
-    pub(super) fn after_answer(&mut self, answered: Answered, recorded: disk::Recorded) {
-        let prompt = &answered.prompt;
-        let entry = prompt.path.to_string_lossy().into_owned();
-        if let (disk::Recorded::Lost(why), Some(List::Allow)) = (&recorded, answered.record) {
+    /// An answer's record is on disk, or could not be made: a grant then
+    /// holds for this bridge only, and the user is told.
+    pub(super) fn after_record(
+        &mut self,
+        session: &str,
+        list: List,
+        entry: &str,
+        result: Result<(), String>,
+    ) {
+        if let (Err(why), List::Allow) = (result, list) {
             let text = format!(
                 "zcode-acp could not record the grant for {entry} in the project's sandbox.json ({why}), so it holds only until zcode-acp exits."
             );
             self.announce_to(
-                &prompt.session,
+                session,
                 "Sandbox: allowed for this session only".into(),
                 text,
             );
         }
+    }
+
+    /// Carries out an answer.
+    fn after_answer(&mut self, answered: Answered) {
+        let entry = answered.prompt.path.to_string_lossy().into_owned();
         let prompt = answered.prompt;
         let allowed = answered.allowed;
         info!(path = %prompt.path.display(), choice = answered.choice.map_or("cancelled", |a| a.id), "the user answered");
@@ -334,11 +348,7 @@ impl Bridge {
     }
 
     /// A hand edit's approval is on disk (or could not be written).
-    pub(super) fn after_approval(
-        &mut self,
-        root: PathBuf,
-        result: Result<(), project::WriteError>,
-    ) {
+    pub(super) fn after_approval(&mut self, root: PathBuf, result: Result<(), String>) {
         match result {
             // Re-arm so direct writes see the accepted entries too.
             Ok(()) => self.request_restart(&format!(

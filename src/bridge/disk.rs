@@ -4,9 +4,12 @@
 //! project's lock, which another bridge on the same project may hold for
 //! as long as its own write takes, and they touch the disk: they run on the
 //! blocking pool, and their outcome comes back to the loop as an event, so
-//! relaying never waits for them. What follows an answer (the held writes,
-//! the re-arm) waits for its own record, so a grant is on disk before the
-//! write it allowed is made and before the generation that sees it is armed.
+//! relaying never waits for them. An answer takes effect at once (the
+//! grant is held in memory, and every arming includes it), so nothing the
+//! user allowed waits on the disk, and writes to one path keep their order;
+//! the record only makes it outlive this bridge, and the user is told when
+//! it could not be made. Work that panics is reported like work that
+//! failed, so nothing waits on it forever.
 //! A project's template and ledger are prepared here too when a session
 //! opens it (discovery prepares them again, off the loop as well, when a
 //! generation is armed for it).
@@ -15,33 +18,33 @@ use std::path::PathBuf;
 
 use tokio::sync::mpsc;
 
-use super::permissions::Answered;
 use crate::config::managed::ManagedRoot;
 use crate::config::project::{self, List, WriteError};
-
-/// What came of an answer's record.
-#[derive(Debug)]
-pub(super) enum Recorded {
-    /// The answer records nothing.
-    NotAsked,
-    Kept,
-    /// It could not be written: a grant holds for this bridge only.
-    Lost(String),
-}
 
 /// Disk work finished off the loop.
 #[derive(Debug)]
 pub(super) enum DiskDone {
+    /// An answer's record: `Err` says why it could not be made.
     Recorded {
-        answered: Box<Answered>,
-        recorded: Recorded,
+        session: String,
+        list: List,
+        entry: String,
+        result: Result<(), String>,
     },
     Approved {
         root: PathBuf,
-        result: Result<(), WriteError>,
+        result: Result<(), String>,
     },
     /// A project's template and ledger, on its first session.
     Prepared { root: PathBuf },
+}
+
+/// Runs `work`, turning a panic into an error the loop hears about.
+fn guarded<T>(work: impl FnOnce() -> Result<T, WriteError>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("zcode-acp failed while writing it (a bug: please report it)".into()),
+    }
 }
 
 /// The loop's handle on disk work: starts it, and receives what is done.
@@ -58,28 +61,28 @@ impl Disk {
         Disk { tx, rx, pending: 0 }
     }
 
-    /// Records `entry` in `root`'s `list`, then hands `answered` back.
+    /// Records `entry` in `root`'s `list` for the answer given on
+    /// `session`.
     pub fn record(
         &mut self,
         managed: &ManagedRoot,
         root: PathBuf,
         list: List,
         entry: String,
-        answered: Answered,
+        session: String,
     ) {
         let (tx, managed) = (self.tx.clone(), managed.clone());
         self.pending += 1;
         tokio::task::spawn_blocking(move || {
-            let recorded = match project::append(&root, list, &entry, &managed) {
-                Ok(()) => Recorded::Kept,
-                Err(e) => {
-                    tracing::warn!(root = %root.display(), "could not record `{entry}` in sandbox.json ({e}); it holds for this session only");
-                    Recorded::Lost(e.to_string())
-                }
-            };
+            let result = guarded(|| project::append(&root, list, &entry, &managed));
+            if let Err(e) = &result {
+                tracing::warn!(root = %root.display(), "could not record `{entry}` in sandbox.json ({e}); it holds for this session only");
+            }
             let _ = tx.send(DiskDone::Recorded {
-                answered: Box::new(answered),
-                recorded,
+                session,
+                list,
+                entry,
+                result,
             });
         });
     }
@@ -89,7 +92,7 @@ impl Disk {
         let (tx, managed) = (self.tx.clone(), managed.clone());
         self.pending += 1;
         tokio::task::spawn_blocking(move || {
-            let result = project::approve_current(&root, &managed);
+            let result = guarded(|| project::approve_current(&root, &managed));
             let _ = tx.send(DiskDone::Approved { root, result });
         });
     }
@@ -102,7 +105,9 @@ impl Disk {
         let (tx, managed) = (self.tx.clone(), managed.clone());
         self.pending += 1;
         tokio::task::spawn_blocking(move || {
-            project::load(&root, &managed);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                project::load(&root, &managed)
+            }));
             let _ = tx.send(DiskDone::Prepared { root });
         });
     }

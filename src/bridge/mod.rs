@@ -310,9 +310,12 @@ impl Bridge {
                 }
             }
             Event::Refused(v) => self.on_refused_in_log(v),
-            Event::Disk(disk::DiskDone::Recorded { answered, recorded }) => {
-                self.after_answer(*answered, recorded)
-            }
+            Event::Disk(disk::DiskDone::Recorded {
+                session,
+                list,
+                entry,
+                result,
+            }) => self.after_record(&session, list, &entry, result),
             Event::Disk(disk::DiskDone::Approved { root, result }) => {
                 self.after_approval(root, result)
             }

@@ -217,11 +217,15 @@ impl Bridge {
     ) -> Result<(), StartFailure> {
         self.generations_started += 1;
         let id = self.generations_started;
+        // The last generation's files go now (it was stopped before), and
+        // a refusal leaves nothing of it behind.
+        self.confinement = confinement;
         let backend = crate::confine::Command {
             argv: self.cfg.backend.clone(),
             ..Default::default()
         };
-        let argv = confinement
+        let argv = self
+            .confinement
             .wrap(&backend, Launch::Backend)
             .map_err(|e| match e {
                 ArmError::Empty => StartFailure::Failed(e.to_string()),
@@ -230,14 +234,12 @@ impl Bridge {
             })?;
         let cmd = PreparedCommand {
             argv,
-            confinement: confinement.describe(),
-            backend_profile: match &confinement {
+            confinement: self.confinement.describe(),
+            backend_profile: match &self.confinement {
                 Confinement::Armed(armed) => Some(armed.backend_profile.clone()),
                 _ => None,
             },
         };
-        // The last generation's files go now; it was stopped before.
-        self.confinement = confinement;
         // Before the agent starts, so its first refusals are seen too.
         self.watch_violations();
         let generation =

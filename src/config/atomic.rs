@@ -87,6 +87,82 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     result
 }
 
+/// Creates `path` with `bytes`, never replacing anything there, and so
+/// that no reader ever sees it partly written: a fresh temp file beside
+/// it, fsynced, renamed into place only if nothing is there yet
+/// (`renameat2(RENAME_NOREPLACE)`, macOS `renamex_np(RENAME_EXCL)`).
+/// Where the filesystem cannot rename that way, the file is created
+/// exclusively and written in place. Fails with `AlreadyExists` when
+/// something is there.
+pub fn create_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("no parent directory"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no file name"))?
+        .to_string_lossy();
+    let tmp = dir.join(format!(".{name}.new-{:016x}", rand::random::<u64>()));
+    let open_new = |p: &Path| {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(p)
+    };
+    let written = (|| {
+        let mut f = open_new(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    let placed = written.and_then(|()| rename_noreplace(&tmp, path));
+    match placed {
+        Ok(()) => File::open(dir)?.sync_all(),
+        Err(e)
+            if e.raw_os_error() == Some(nix::libc::EINVAL)
+                || e.raw_os_error() == Some(nix::libc::ENOTSUP) =>
+        {
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = open_new(path)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Renames `from` to `to` unless something is at `to` (EEXIST then).
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+        renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
+            .map_err(std::io::Error::from)
+    }
+    #[cfg(target_os = "macos")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::other("a path with a NUL byte"))
+        };
+        let (from, to) = (c(from)?, c(to)?);
+        // SAFETY: both pointers are to NUL-terminated strings that live
+        // until the call returns; renamex_np reads them and keeps nothing.
+        let rc =
+            unsafe { nix::libc::renamex_np(from.as_ptr(), to.as_ptr(), nix::libc::RENAME_EXCL) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
 /// Creates `rel` beneath `base` as real directories (missing ones with
 /// `mode`), refusing to go through a symlink anywhere below `base`. The walk
 /// holds a descriptor of each directory and creates the next one relative
@@ -207,6 +283,32 @@ mod tests {
         assert!(read_regular(&big, true).is_err());
         std::fs::write(d.path().join("ok"), "{}").unwrap();
         assert_eq!(read_regular(&d.path().join("ok"), true).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn created_files_appear_whole_and_never_replace_anything() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("sandbox.json");
+        create_atomic(&path, b"{\"enabled\": false}\n", 0o644).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"enabled\": false}\n");
+        // Something there (a user's file, a symlink) is never replaced.
+        std::fs::write(&path, b"mine").unwrap();
+        let e = create_atomic(&path, b"template", 0o644).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), b"mine");
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink("/nonexistent-target", &link).unwrap();
+        assert!(create_atomic(&link, b"x", 0o644).is_err());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // No temp file is left behind either way.
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
     }
 
     #[test]

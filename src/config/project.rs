@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::atomic::{create_real_dirs, plain_file, read_nofollow, write_atomic};
+use super::atomic::{create_atomic, create_real_dirs, plain_file, read_nofollow, write_atomic};
 use super::ledger::{Approved, Ledger};
 use super::managed::{project_key, ManagedRoot};
 
@@ -142,8 +142,11 @@ pub fn read_with(root: &Path, create_template: bool) -> ProjectRead {
                     state: FileState::Missing,
                 };
             }
+            // Placed whole: a reader in between (another session's
+            // decision, discovery) sees no file or the template, never an
+            // empty file it would take for a malformed one.
             let created = create_real_dirs(root, &CONFIG_DIR, 0o755)
-                .and_then(|dir| write_new(&dir.join(CONFIG_FILE), &template()));
+                .and_then(|dir| create_atomic(&dir.join(CONFIG_FILE), &template(), 0o644));
             ProjectRead {
                 config: ProjectConfig::default(),
                 state: if created.is_ok() {
@@ -182,19 +185,6 @@ pub fn read_with(root: &Path, create_template: bool) -> ProjectRead {
         },
         Err(e) => armed_without_entries(FileState::Malformed(format!("unreadable: {e}"))),
     }
-}
-
-fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
 }
 
 /// A project's approved entries, as written: plain values, which the
@@ -265,8 +255,14 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     }
 }
 
-/// Reads, applies the ledger and records what needs no approval.
+/// Reads, applies the ledger and records what needs no approval. Under the
+/// project's lock (it may wait for it), so a record being written (ledger
+/// first, then the file) is never seen half done and undone.
 pub fn load(root: &Path, managed: &ManagedRoot) -> Effective {
+    let lock = lock_project(root, managed);
+    if let Err(e) = &lock {
+        tracing::debug!(root = %root.display(), "reading sandbox.json without the project's lock: {e}");
+    }
     let read = read(root);
     let ledger = Ledger::new(managed.clone());
     let approved = ledger.load(root);

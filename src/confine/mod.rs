@@ -199,7 +199,10 @@ impl Sandbox {
                 Starter::ThisProcess => None,
             };
             input.profile_dir = dir.as_ref().map(|d| d.path.clone());
-            input.managed_root = managed.path.clone();
+            // Its real path: a symlinked `~/.zcode-acp` is protected where
+            // it leads.
+            input.managed_root =
+                crate::policy::resolve_real(&managed.path).unwrap_or_else(|_| managed.path.clone());
             let policy = Policy::build(&input);
             enforcer.prepare(&policy, dir.as_ref())?;
             Ok::<_, ArmError>(Armed {

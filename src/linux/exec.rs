@@ -583,9 +583,8 @@ struct MountContext<'a> {
 fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), LaunchError> {
     let root = Path::new("/");
     match op {
-        MountOp::PrivateRoot => sys_at(
+        MountOp::PrivateRoot => sys(
             Syscall::MakePrivate,
-            root,
             mount(
                 None::<&str>,
                 root,

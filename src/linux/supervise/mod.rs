@@ -123,8 +123,9 @@ pub struct Supervisor {
 
 /// Why the supervisor could not be prepared.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot open {path}: {errno}")]
+#[error("cannot {what} {path}: {errno}")]
 pub struct PrepareError {
+    pub what: &'static str,
     pub path: std::path::PathBuf,
     pub errno: nix::errno::Errno,
 }
@@ -135,14 +136,14 @@ impl Supervisor {
     /// (writable) mounts.
     pub fn prepare(dirs: &[Supervised], policy: Policy) -> Result<Supervisor, PrepareError> {
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
-        let failed = |path: &std::path::Path| {
+        let failed = |what: &'static str, path: &std::path::Path| {
             let path = path.to_path_buf();
-            move |errno| PrepareError { path, errno }
+            move |errno| PrepareError { what, path, errno }
         };
         let mut dir_fds = Vec::new();
         for d in dirs {
-            let fd = open(&d.dir, flags, Mode::empty()).map_err(failed(&d.dir))?;
-            let st = nix::sys::stat::fstat(&fd).map_err(failed(&d.dir))?;
+            let fd = open(&d.dir, flags, Mode::empty()).map_err(failed("open", &d.dir))?;
+            let st = nix::sys::stat::fstat(&fd).map_err(failed("stat", &d.dir))?;
             dir_fds.push((fd, st.st_dev, st.st_ino));
         }
         let proc = std::path::Path::new("/proc");
@@ -151,7 +152,7 @@ impl Supervisor {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(failed(proc))?;
+        .map_err(failed("open", proc))?;
         Ok(Supervisor {
             dirs: dirs.to_vec(),
             dir_fds,
