@@ -5,9 +5,14 @@
 
 use std::path::Path;
 
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
+
+/// Events with this target go to the log file only: what the user is told
+/// on stderr directly is not said there twice.
+pub const FILE_ONLY: &str = "zcode_acp::file_only";
 
 /// Installs the global subscriber. The level comes from `ZCODE_ACP_LOG`,
 /// else `RUST_LOG`, else `info`.
@@ -20,7 +25,9 @@ pub fn init(log_file: Option<&Path>) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
-        .with_filter(filter());
+        .with_filter(filter().and(tracing_subscriber::filter::filter_fn(|m| {
+            m.target() != FILE_ONLY
+        })));
     let file = match log_file {
         Some(path) => {
             let f = std::fs::OpenOptions::new()

@@ -52,12 +52,19 @@ struct Cli {
 #[derive(Args, Debug)]
 struct BridgeArgs {
     /// Largest frame accepted from either side (e.g. 256MiB).
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = relay::framing::parse_byte_size)]
+    // Negative numbers reach the parser, which refuses them plainly
+    // (clap would suggest `-- -5`, which would make it the backend).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", allow_negative_numbers = true, value_parser = relay::framing::parse_byte_size)]
     max_frame_bytes: usize,
 
     /// Milliseconds a backend gets between SIGTERM and SIGKILL when stopped.
-    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    #[arg(long, value_name = "MS", default_value = "3000", allow_negative_numbers = true, value_parser = relay::framing::parse_millis)]
     stop_grace_ms: u64,
+
+    /// Milliseconds zcode-acp waits, after giving up on an agent that keeps
+    /// crashing, before the editor's next request starts it again.
+    #[arg(long, value_name = "MS", default_value = "60000", allow_negative_numbers = true, value_parser = relay::framing::parse_millis)]
+    crash_cooldown_ms: u64,
 
     /// Run the agent unconfined on purpose, even where a sandbox is requested.
     #[arg(long)]
@@ -218,7 +225,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!(target: logging::FILE_ONLY, "{e:#}");
             eprintln!("zcode-acp: {e:#}");
             ExitCode::FAILURE
         }
@@ -226,15 +233,42 @@ fn main() -> ExitCode {
 }
 
 async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
-    let Some(backend) = config::resolve_backend(&args.backend)? else {
-        eprint!("{USAGE_HINT}");
-        return Ok(ExitCode::from(2));
+    // A broken user config never stops the bridge before the editor hears
+    // why: it answers with the file, the place and what is expected.
+    let (user, config_problem) = match config::load_user_config() {
+        Ok(user) => (user, None),
+        Err(e) => (config::UserConfig::default(), Some(e.to_string())),
     };
-    let user = config::load_user_config()?;
-    let state = zcode_acp::policy::backends::state_settings(&user, args.backend_profile.as_deref())
-        .map_err(anyhow::Error::msg)?;
+    let backend = config::resolve_backend(&args.backend).ok().flatten();
+    let (backend, cannot_start) = match (backend, &config_problem) {
+        (Some(backend), _) => (backend, None),
+        (None, Some(problem)) => (
+            Vec::new(),
+            Some(format!("zcode-acp has no agent to start: {problem}")),
+        ),
+        (None, None) => {
+            eprint!("{USAGE_HINT}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let state =
+        zcode_acp::policy::backends::state_settings(&user, args.backend_profile.as_deref())?;
     let managed = config::managed::ManagedRoot::user_default()?;
-    let sandbox = match config::sandbox_requested_globally(&user) {
+    // The config may have asked for the sandbox: unreadable, it is armed as
+    // if it had (fail closed), and the user is told why.
+    let requested = match (&config_problem, args.no_sandbox) {
+        (Some(problem), false) if cannot_start.is_none() => {
+            tracing::warn!(
+                "{problem}; until it is fixed, the sandbox is armed as if it were enabled"
+            );
+            Some(format!("the user config could not be read ({problem})"))
+        }
+        _ => config::sandbox_requested_globally(&user),
+    };
+    let startup_note = config_problem.as_ref().filter(|_| cannot_start.is_none() && !args.no_sandbox).map(|problem| {
+        format!("The sandbox is armed because {problem}; until it is fixed, zcode-acp arms it as if it were enabled.")
+    });
+    let sandbox = match requested {
         Some(requested_by) if !args.no_sandbox => {
             let sandbox = Sandbox::detect(requested_by);
             if sandbox.arms() {
@@ -249,6 +283,13 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!("the sandbox is requested ({requested_by}) but --no-sandbox was given: the agent runs UNCONFINED");
             Sandbox::Off
         }
+        None if config_problem.is_some() && args.no_sandbox => {
+            tracing::warn!(
+                "{}; --no-sandbox was given: the agent runs UNCONFINED",
+                config_problem.as_deref().unwrap_or_default()
+            );
+            Sandbox::Off
+        }
         // A project may still turn it on (see `honor_project_switch`).
         None => Sandbox::Off,
     };
@@ -258,9 +299,12 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         stop_grace: Duration::from_millis(args.stop_grace_ms),
         crash_limit: 3,
         crash_window: Duration::from_secs(30),
+        crash_cooldown: Duration::from_millis(args.crash_cooldown_ms),
         honor_project_switch: !args.no_sandbox,
         managed,
         state,
+        startup_note,
+        cannot_start,
     };
     bridge::Bridge::run(cfg, sandbox).await?;
     Ok(ExitCode::SUCCESS)

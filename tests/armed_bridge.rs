@@ -731,3 +731,48 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
     assert_eq!(now["permissions"]["allow"][0], "Bash(ls)");
     assert!(!outside.join("pwned").exists() && !outside.join("fsmonitor").exists());
 }
+
+#[test]
+fn a_malformed_user_config_arms_the_bridge_and_says_why() {
+    if !require_kernel_features() {
+        return;
+    }
+    // The config may have asked for the sandbox; unreadable, the bridge
+    // arms it as if it had (fail closed) and tells the user why.
+    let home = tempfile::tempdir_in(scratch_base()).unwrap();
+    let config = home.path().join("config/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        "{\n  \"sandbox\": {\"enabled\": tru\n}\n",
+    )
+    .unwrap();
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_at = Some(home.path().to_path_buf());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    let state = ed
+        .wait_for("the sandbox state", |v| {
+            v["params"]["update"]["sessionUpdate"] == "tool_call"
+        })
+        .value;
+    let update = &state["params"]["update"];
+    assert_eq!(state["params"]["sessionId"], sid.as_str());
+    assert!(
+        update["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("Sandbox: Linux namespaces+Landlock"),
+        "{state}"
+    );
+    let text = update["content"].to_string();
+    assert!(
+        text.contains("config.json is not valid at line 3")
+            && text.contains("not valid JSON")
+            && text.contains("arms it as if it were enabled"),
+        "{text}"
+    );
+}

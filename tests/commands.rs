@@ -378,3 +378,82 @@ fn a_hooks_path_that_does_not_exist_yet_is_protected() {
     assert!(verdict.contains("protected"), "{verdict}");
     assert!(check(&h, &h.ws.join("src/main.rs")).contains("allowed"));
 }
+
+/// Every bad input gets a message that says what to do, once, in the
+/// user's terms.
+#[test]
+fn bad_input_gets_a_message_a_user_can_act_on() {
+    let h = home();
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    // A workspace that does not exist is named, for every command.
+    let missing = h.ws.join("no-such-dir");
+    for cmd in [
+        vec!["profile", "--workspace", missing.to_str().unwrap()],
+        vec!["doctor", "--workspace", missing.to_str().unwrap()],
+        vec![
+            "run",
+            "--workspace",
+            missing.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    ] {
+        let out = zcode(&h, &cmd);
+        assert!(!out.status.success(), "{cmd:?}");
+        let e = stderr(&out);
+        assert!(
+            e.contains(&format!(
+                "the workspace {} does not exist",
+                missing.display()
+            )),
+            "{cmd:?}: {e}"
+        );
+    }
+    // A relative path is the workspace's, not the terminal's.
+    std::fs::create_dir_all(h.ws.join("build")).unwrap();
+    let out = ok(Command::new(BIN)
+        .args(["allow", "build", "--workspace", h.ws.to_str().unwrap()])
+        .current_dir("/")
+        .env("HOME", h.dir.path())
+        .env("XDG_CONFIG_HOME", h.dir.path().join("config"))
+        .output()
+        .unwrap());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&h.ws.join("build").display().to_string()),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A malformed sandbox.json: said once that nothing changed, and why.
+    std::fs::write(h.ws.join(".zcode/acp/sandbox.json"), "{\"enabled\": tru").unwrap();
+    let out = record(&h, "allow", &h.ws.join("other"));
+    let e = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        e.contains("malformed") && e.contains("nothing was changed"),
+        "{e}"
+    );
+    assert!(!e.contains("holds for this session"), "{e}");
+    assert_eq!(e.matches("nothing was changed").count(), 1, "{e}");
+    // Negative sizes are refused plainly, not taken for a backend.
+    for (flag, value) in [("--max-frame-bytes", "-5"), ("--stop-grace-ms", "-5")] {
+        let out = zcode(&h, &[flag, value, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2));
+        let e = stderr(&out);
+        assert!(e.contains("is negative") && !e.contains("-- -5"), "{e}");
+    }
+    // No Rust type names in what the user config's errors say.
+    std::fs::create_dir_all(h.dir.path().join("config/zcode-acp")).unwrap();
+    std::fs::write(
+        h.dir.path().join("config/zcode-acp/config.json"),
+        "{\n  \"backend\": 5\n}\n",
+    )
+    .unwrap();
+    let out = zcode(&h, &["profile", "--workspace", h.ws.to_str().unwrap()]);
+    let e = stderr(&out);
+    assert!(
+        e.contains("config.json is not valid at line 2")
+            && e.contains("expected a command, as a list of strings"),
+        "{e}"
+    );
+    assert!(!e.contains("BackendSpec") && !e.contains("untagged"), "{e}");
+}

@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{require_kernel_features, scratch_base, BIN};
+use common::{require_kernel_features, scratch_base, skip, BIN};
 
 fn host_mounts() -> String {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()
@@ -791,7 +791,7 @@ fn tiocsti(p: &Places, user: Option<&TestUser>) {
         .map(|s| s.trim() == "0")
         .unwrap_or(false)
     {
-        eprintln!("SKIPPED: TIOCSTI is disabled by this kernel (dev.tty.legacy_tiocsti=0), so the test could not fail");
+        skip("TIOCSTI is disabled by this kernel (dev.tty.legacy_tiocsti=0), so the test could not fail");
         return;
     }
     // `script` gives the sandbox a terminal it inherits on stdin.

@@ -376,40 +376,116 @@ fn a_session_that_cannot_be_restored_says_why_and_others_go_on() {
 }
 
 #[test]
-fn repeated_crashes_stop_the_restarts_but_not_the_connection() {
-    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_EXIT_AT_START", "1"));
-    // A request may reach a generation just before it dies (-32090); once
-    // the bridge gives up, every request gets -32091 with the reason.
-    let mut gave_up = None;
-    for _ in 0..20 {
-        let id = ed.request(
-            "initialize",
-            json!({"protocolVersion": 1, "clientCapabilities": {}}),
-        );
-        let r = ed.response(&id);
-        match error_code(&r) {
-            -32090 => std::thread::sleep(Duration::from_millis(100)),
-            -32091 => {
-                gave_up = Some(r);
-                break;
-            }
-            other => panic!("unexpected code {other}: {r}"),
-        }
-    }
-    let r = gave_up.expect("the bridge gives up after repeated crashes");
+fn a_backend_dead_at_start_answers_initialize_once_with_its_reason_and_is_retried_later() {
+    let gate = tempfile::NamedTempFile::new().unwrap();
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_EXIT_AT_START_IF", gate.path().to_str().unwrap())
+            .arg("--crash-cooldown-ms")
+            .arg("1500"),
+    );
+    let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
+    let id = ed.request("initialize", init.clone());
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32091, "{r}");
     let msg = r["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("stopped restarting") && msg.contains("exit status: 3"),
+        msg.contains("before it answered initialize (exit status: 3)")
+            && msg.contains("fake agent: cannot start, as asked"),
         "{msg}"
     );
-    let id = ed.request("session/new", json!({"cwd": "/", "mcpServers": []}));
+    // One answer, and no restart behind it: the agent ran once.
+    ed.drain_for(Duration::from_millis(300));
+    assert_eq!(ed.responses_to(&id), 1);
+    let starts = || {
+        std::fs::read_to_string(ed.home().join("received.log"))
+            .unwrap_or_default()
+            .len()
+    };
+    assert_eq!(starts(), 0, "the dead agent never got a frame");
+    // During the cool-down, the same final reason at once.
+    let id = ed.request("initialize", init.clone());
     assert_eq!(error_code(&ed.response(&id)), -32091);
+    // Fixed, and after the cool-down: the next request starts it again.
+    drop(gate);
+    std::thread::sleep(Duration::from_millis(1600));
+    let id = ed.request("initialize", init);
+    let r = ed.response(&id);
+    assert!(r["result"].is_object(), "{r}");
     assert!(
         ed.child.try_wait().unwrap().is_none(),
         "the bridge keeps the editor connection"
     );
+}
+
+#[test]
+fn the_third_crash_says_it_gave_up_and_why_and_the_cool_down_ends_it() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_RESUME", "1")
+            .arg("--crash-cooldown-ms")
+            .arg("1500"),
+    );
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    for n in 1..=3 {
+        let id = ed.prompt_request(&sid, "crash");
+        let r = ed.response(&id);
+        let msg = r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if n < 3 {
+            assert_eq!(error_code(&r), -32090, "{r}");
+            assert!(msg.contains("being restarted"), "{msg}");
+        } else {
+            // The truth: no restart is coming, and why.
+            assert_eq!(error_code(&r), -32091, "{r}");
+            assert!(
+                msg.contains("failed 3 times") && msg.contains("exit status: 9"),
+                "{msg}"
+            );
+            assert!(!msg.contains("being restarted"), "{msg}");
+        }
+    }
+    let id = ed.request("session/new", json!({"cwd": "/", "mcpServers": []}));
+    assert_eq!(error_code(&ed.response(&id)), -32091);
+    // After the cool-down the next request starts the agent again.
+    std::thread::sleep(Duration::from_millis(1600));
+    let r = ed.call("_test/echo", json!({"x": "back"}));
+    assert_eq!(r["echo"]["x"], "back");
     ed.close_stdin();
     assert_eq!(ed.wait_exit(), Some(0));
+}
+
+#[test]
+fn a_malformed_user_config_is_answered_to_the_editor_not_fatal() {
+    // No backend but the one the broken config would name: every request
+    // says what is wrong, where, and what is expected there.
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.json"), "{\n  \"backend\": 5\n}\n").unwrap();
+    let mut opts = Options::new(vec![]).env("ZCODE_ACP_BACKEND", "");
+    opts.home_at = Some(home.path().to_path_buf());
+    let mut ed = Editor::start_with(opts);
+    let id = ed.request(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let r = ed.response(&id);
+    assert_eq!(error_code(&r), -32091, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("config.json is not valid at line 2")
+            && msg.contains("expected a command, as a list of strings"),
+        "{msg}"
+    );
+    assert!(!msg.contains("BackendSpec"), "{msg}");
+    assert!(
+        ed.child.try_wait().unwrap().is_none(),
+        "the bridge stays up"
+    );
 }
 
 #[test]

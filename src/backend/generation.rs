@@ -20,6 +20,52 @@ use crate::relay::framing::{FrameReader, ReadItem};
 /// reported as crashed.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
 
+/// How many of the backend's last stderr lines are kept for messages.
+const TAIL_LINES: usize = 12;
+/// Each kept line is cut at this many bytes.
+const TAIL_LINE_BYTES: usize = 300;
+
+/// The backend's last lines on stderr, for the messages that say why it
+/// stopped.
+#[derive(Debug, Default)]
+struct Tail {
+    lines: std::collections::VecDeque<String>,
+    /// The line being read (bounded).
+    partial: Vec<u8>,
+}
+
+impl Tail {
+    fn feed(&mut self, chunk: &[u8]) {
+        for piece in chunk.split_inclusive(|b| *b == b'\n') {
+            let room = TAIL_LINE_BYTES.saturating_sub(self.partial.len());
+            let content = piece.strip_suffix(b"\n").unwrap_or(piece);
+            self.partial
+                .extend_from_slice(&content[..content.len().min(room)]);
+            if piece.ends_with(b"\n") {
+                self.end_line();
+            }
+        }
+    }
+
+    fn end_line(&mut self) {
+        let line = String::from_utf8_lossy(&std::mem::take(&mut self.partial))
+            .trim_end()
+            .to_owned();
+        if line.is_empty() {
+            return;
+        }
+        if self.lines.len() == TAIL_LINES {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+
+    fn take(&mut self) -> Vec<String> {
+        self.end_line();
+        self.lines.drain(..).collect()
+    }
+}
+
 /// What a generation reports to the bridge.
 #[derive(Debug)]
 pub enum BackendEvent {
@@ -32,6 +78,8 @@ pub enum BackendEvent {
     /// after every frame it wrote.
     Lost {
         status: Option<ExitStatus>,
+        /// Its last lines on stderr (passed on as they came, too).
+        stderr_tail: Vec<String>,
     },
 }
 
@@ -71,6 +119,30 @@ impl Generation {
             }
             // Sender dropped: dropping `stdin` closes the pipe, which is the
             // polite way to ask an ACP agent to exit.
+        });
+
+        // Its stderr reaches ours as it comes (the editor's log), and its
+        // last lines are kept for the message that says why it stopped.
+        let tail = std::sync::Arc::new(std::sync::Mutex::new(Tail::default()));
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut stderr = spawned.stderr;
+        let kept = tail.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut ours = tokio::io::stderr();
+            let mut buf = vec![0u8; 8192];
+            loop {
+                match stderr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if let Ok(mut t) = kept.lock() {
+                            t.feed(&buf[..n]);
+                        }
+                        let _ = ours.write_all(&buf[..n]).await;
+                    }
+                }
+            }
+            let _ = closed_tx.send(());
         });
 
         let (exited_tx, exited_rx) = watch::channel(false);
@@ -113,7 +185,17 @@ impl Generation {
                     s
                 }
             };
-            let _ = events.send((id, BackendEvent::Lost { status }));
+            // Its last words: stderr closes when it (and whatever it left
+            // holding stderr) is gone; not waited on for long.
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, closed_rx).await;
+            let stderr_tail = tail.lock().map(|mut t| t.take()).unwrap_or_default();
+            let _ = events.send((
+                id,
+                BackendEvent::Lost {
+                    status,
+                    stderr_tail,
+                },
+            ));
         });
 
         Ok(Generation {

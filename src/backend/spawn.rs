@@ -3,7 +3,7 @@
 
 use std::process::Stdio;
 
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
 /// The command to run for one generation.
 #[derive(Debug, Clone)]
@@ -34,9 +34,11 @@ pub struct Spawned {
     pub pid: i32,
     pub stdin: ChildStdin,
     pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
 }
 
-/// Starts `cmd` with piped stdin/stdout, stderr passed through, in its own
+/// Starts `cmd` with piped stdin/stdout/stderr (its stderr is passed on by
+/// the generation, which keeps its last lines), in its own
 /// process group (so the whole group can be signalled), and with a
 /// parent-death signal so it dies even if the editor SIGKILLs the bridge.
 pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
@@ -46,7 +48,7 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
     #[cfg(target_os = "linux")]
@@ -74,10 +76,12 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     let stdin = child.stdin.take().expect("stdin was piped");
     let stdout = child.stdout.take().expect("stdout was piped");
+    let stderr = child.stderr.take().expect("stderr was piped");
     Ok(Spawned {
         child,
         pid,
         stdin,
         stdout,
+        stderr,
     })
 }

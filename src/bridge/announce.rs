@@ -85,6 +85,9 @@ impl Bridge {
         if let Some(note) = self.dangerous_note() {
             text = format!("{text}\n{note}");
         }
+        if let Some(note) = &self.cfg.startup_note {
+            text = format!("{text}\n{note}");
+        }
         let title = self.state_title();
         self.announce(session, title, text);
     }

@@ -122,6 +122,7 @@ impl Bridge {
                                         // Only an answer the editor gets is
                                         // replayed to later generations.
                                         Ok(e) => {
+                                            self.life.initialized();
                                             edited = e;
                                             self.caps = track::restore_caps(
                                                 frame.payload_raw().unwrap_or("null"),
@@ -263,7 +264,7 @@ impl Bridge {
     }
 
     /// The backend died (or closed its stdout) without being asked to.
-    pub(super) fn on_backend_lost(&mut self, status: Option<ExitStatus>) {
+    pub(super) fn on_backend_lost(&mut self, status: Option<ExitStatus>, last_words: Vec<String>) {
         let Some(generation) = self.generation.take() else {
             return;
         };
@@ -292,13 +293,9 @@ impl Bridge {
         if self.setup.take().is_some() {
             error!("the agent backend died while being set up");
         }
-        self.fail_in_flight(
-            generation.id,
-            codes::BACKEND_CRASHED,
-            &format!("the agent crashed ({how}) and is being restarted; send the request again once it is back"),
-        );
+        let id = generation.id;
         self.dying.push(generation);
-        self.on_crash(&how);
+        self.on_crash(&how, &last_words, Some(id));
     }
 }
 

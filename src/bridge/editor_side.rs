@@ -46,9 +46,15 @@ impl Bridge {
             return self.on_editor_response(id, frame);
         }
         match self.life.phase() {
-            Phase::Failed(message) => {
+            Phase::GaveUp { message, .. } => {
                 let message = message.clone();
                 if let FrameKind::Request { id, .. } = &frame.kind {
+                    if self.life.request_arrived(std::time::Instant::now()) {
+                        tracing::info!(
+                            "starting the agent again: the cool-down after its crashes is over"
+                        );
+                        return self.routes.hold(frame);
+                    }
                     self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
                 }
             }

@@ -10,8 +10,16 @@
 //!        |  crashed (backoff)             restart_asked
 //!        +------------------ Draining <---------------+
 //!                        (drained: old one stopped)
-//!   any --crashed too often / refused--> Failed       any --shut_down--> ShuttingDown
+//!   any --crashed too often / refused--> GaveUp      any --shut_down--> ShuttingDown
+//!   GaveUp --an editor request after the cool-down--> Starting
 //! ```
+//!
+//! Crashes are forgiven with time: a restart waits longer after each recent
+//! crash (backoff), too many within the window make the bridge give up for
+//! a cool-down only, and the editor's next request after it starts the
+//! agent again. An agent that has never answered `initialize` is not
+//! restarted at all: it is broken, not unlucky, and the editor hears why
+//! at once.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -29,8 +37,13 @@ pub(super) enum Phase {
     /// A restart waits for the editor's requests in flight to finish;
     /// new editor requests wait (cancellations pass).
     Draining,
-    /// The bridge gave up on the backend; requests get this message.
-    Failed(String),
+    /// The bridge gave up on the backend; requests get `message`. From
+    /// `retry_after` on (never, when `None`: the sandbox cannot be armed),
+    /// the editor's next request starts it again.
+    GaveUp {
+        message: String,
+        retry_after: Option<Instant>,
+    },
     /// The bridge is ending: the backend may still answer until `deadline`.
     ShuttingDown { deadline: Instant },
 }
@@ -77,12 +90,21 @@ pub(super) struct Lifecycle {
     crashes: VecDeque<Instant>,
     crash_limit: usize,
     crash_window: Duration,
+    /// How long a give-up after crashes lasts.
+    cooldown: Duration,
+    /// Whether any generation has answered `initialize`.
+    initialized: bool,
 }
 
 impl Lifecycle {
     /// The first generation starts at once, so the agent warms up while
     /// the editor is still connecting.
-    pub fn new(now: Instant, crash_limit: usize, crash_window: Duration) -> Lifecycle {
+    pub fn new(
+        now: Instant,
+        crash_limit: usize,
+        crash_window: Duration,
+        cooldown: Duration,
+    ) -> Lifecycle {
         Lifecycle {
             phase: Phase::Starting { at: now },
             cause: Cause::FirstStart,
@@ -90,6 +112,32 @@ impl Lifecycle {
             crashes: VecDeque::new(),
             crash_limit,
             crash_window,
+            cooldown,
+            initialized: false,
+        }
+    }
+
+    /// A generation answered `initialize`: from now on it is restarted
+    /// after a crash.
+    pub fn initialized(&mut self) {
+        self.initialized = true;
+    }
+
+    /// An editor request arrived while the bridge had given up: after the
+    /// cool-down it starts the agent again (true: hold the request for
+    /// it), with a clean slate of crashes.
+    pub fn request_arrived(&mut self, now: Instant) -> bool {
+        match &self.phase {
+            Phase::GaveUp {
+                retry_after: Some(at),
+                ..
+            } if now >= *at => {
+                self.crashes.clear();
+                self.cause = Cause::Asked("the cool-down after the agent's crashes is over".into());
+                self.phase = Phase::Starting { at: now };
+                true
+            }
+            _ => false,
         }
     }
 
@@ -116,7 +164,7 @@ impl Lifecycle {
     /// part of it.
     pub fn restart_asked(&mut self, why: &str) -> bool {
         match self.phase {
-            Phase::Failed(_) | Phase::ShuttingDown { .. } => false,
+            Phase::GaveUp { .. } | Phase::ShuttingDown { .. } => false,
             Phase::Running => {
                 self.phase = Phase::Draining;
                 self.cause = Cause::Asked(why.to_owned());
@@ -159,10 +207,28 @@ impl Lifecycle {
         (cause, self.pending.take())
     }
 
-    /// The generation died, or could not be started (`how`, in words).
-    pub fn crashed(&mut self, now: Instant, how: &str) -> AfterCrash {
-        if matches!(self.phase, Phase::Failed(_) | Phase::ShuttingDown { .. }) {
+    /// The generation died, or could not be started (`how`, in words;
+    /// `last_words`: its last lines on stderr, quoted when the bridge
+    /// gives up).
+    pub fn crashed(&mut self, now: Instant, how: &str, last_words: &[String]) -> AfterCrash {
+        if matches!(
+            self.phase,
+            Phase::GaveUp { .. } | Phase::ShuttingDown { .. }
+        ) {
             return AfterCrash::Ignored;
+        }
+        let again = format!(
+            "zcode-acp starts it again at your next request after {} s{}",
+            self.cooldown.as_secs_f64(),
+            quoted(last_words)
+        );
+        // `again` ends the message: the agent's own lines come last.
+        if !self.initialized {
+            let message = format!(
+                "the agent stopped before it answered initialize ({how}), so zcode-acp did not restart it; check the agent command and its messages; {again}"
+            );
+            self.give_up(message.clone(), Some(now + self.cooldown));
+            return AfterCrash::GiveUp(message);
         }
         self.crashes.push_back(now);
         while self
@@ -174,11 +240,11 @@ impl Lifecycle {
         }
         if self.crashes.len() >= self.crash_limit {
             let message = format!(
-                "the agent failed {} times within {} s (last: {how}), so zcode-acp stopped restarting it; see the agent's messages in the log, then restart the agent from your editor",
+                "the agent failed {} times within {} s (last: {how}), so zcode-acp stopped restarting it; {again}",
                 self.crashes.len(),
                 self.crash_window.as_secs(),
             );
-            self.fail(message.clone());
+            self.give_up(message.clone(), Some(now + self.cooldown));
             return AfterCrash::GiveUp(message);
         }
         // A restart asked for meanwhile is part of this one, which starts
@@ -193,11 +259,19 @@ impl Lifecycle {
         AfterCrash::Retry { at }
     }
 
-    /// Gives up for good, with `message` for every later request.
+    /// Gives up for good (retrying cannot help), with `message` for
+    /// every later request.
     pub fn fail(&mut self, message: String) {
+        self.give_up(message, None);
+    }
+
+    fn give_up(&mut self, message: String, retry_after: Option<Instant>) {
         if !self.is_shutting_down() {
             self.pending = None;
-            self.phase = Phase::Failed(message);
+            self.phase = Phase::GaveUp {
+                message,
+                retry_after,
+            };
         }
     }
 
@@ -223,12 +297,30 @@ impl Lifecycle {
     }
 }
 
+/// The agent's last lines on stderr, for a message.
+fn quoted(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(". The agent's last lines on stderr:");
+    for line in lines {
+        out.push_str("\n  ");
+        out.push_str(line);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const COOLDOWN: Duration = Duration::from_secs(60);
+
+    /// A lifecycle whose agent has answered initialize once.
     fn life(now: Instant) -> Lifecycle {
-        Lifecycle::new(now, 3, Duration::from_secs(30))
+        let mut l = Lifecycle::new(now, 3, Duration::from_secs(30), COOLDOWN);
+        l.initialized();
+        l
     }
 
     #[test]
@@ -290,7 +382,7 @@ mod tests {
         let mut l = life(t0);
         l.started();
         l.set_up();
-        let at = match l.crashed(t0, "exit status: 1") {
+        let at = match l.crashed(t0, "exit status: 1", &[]) {
             AfterCrash::Retry { at } => at,
             other => panic!("{other:?}"),
         };
@@ -298,26 +390,69 @@ mod tests {
         assert_eq!(l.wake_at(), Some(at));
         l.started();
         assert_eq!(
-            l.crashed(t0 + Duration::from_secs(1), "exit status: 1"),
+            l.crashed(t0 + Duration::from_secs(1), "exit status: 1", &[]),
             AfterCrash::Retry {
                 at: t0 + Duration::from_secs(1) + Duration::from_millis(400)
             }
         );
         l.started();
         l.set_up();
-        match l.crashed(t0 + Duration::from_secs(2), "signal: 9") {
+        match l.crashed(t0 + Duration::from_secs(2), "signal: 9", &[]) {
             AfterCrash::GiveUp(m) => {
                 assert!(m.contains("3 times within 30 s (last: signal: 9)"), "{m}")
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(l.phase(), Phase::Failed(_)));
+        assert!(matches!(
+            l.phase(),
+            Phase::GaveUp { retry_after: Some(at), .. } if *at == t0 + Duration::from_secs(2) + COOLDOWN
+        ));
         // Given up: no restart comes, and later crashes change nothing.
         assert!(!l.restart_asked("SIGHUP"));
         assert_eq!(
-            l.crashed(t0 + Duration::from_secs(3), "x"),
+            l.crashed(t0 + Duration::from_secs(3), "x", &[]),
             AfterCrash::Ignored
         );
+        // Until the cool-down is over: the next request starts it again,
+        // with the crashes forgotten.
+        assert!(!l.request_arrived(t0 + Duration::from_secs(30)));
+        let later = t0 + Duration::from_secs(2) + COOLDOWN;
+        assert!(l.request_arrived(later));
+        assert_eq!(l.phase(), &Phase::Starting { at: later });
+        l.started();
+        assert_eq!(
+            l.set_up().0.announced(),
+            Some("the cool-down after the agent's crashes is over")
+        );
+        assert!(matches!(
+            l.crashed(later, "exit status: 1", &[]),
+            AfterCrash::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn an_agent_that_never_answered_initialize_is_not_restarted() {
+        let t0 = Instant::now();
+        let mut l = Lifecycle::new(t0, 3, Duration::from_secs(30), COOLDOWN);
+        l.started();
+        let words = ["Error: cannot find module 'x'".to_owned()];
+        match l.crashed(t0, "exit status: 3", &words) {
+            AfterCrash::GiveUp(m) => {
+                assert!(
+                    m.contains("before it answered initialize (exit status: 3)"),
+                    "{m}"
+                );
+                assert!(
+                    m.contains("after 60 s") && m.ends_with("\n  Error: cannot find module 'x'"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Refused for good (the sandbox cannot be armed): never retried.
+        let mut refused = life(t0);
+        refused.fail("the sandbox cannot be armed".into());
+        assert!(!refused.request_arrived(t0 + COOLDOWN * 10));
     }
 
     #[test]
@@ -329,7 +464,7 @@ mod tests {
             l.set_up();
             let at = t0 + Duration::from_secs(31 * i);
             assert_eq!(
-                l.crashed(at, "exit status: 1"),
+                l.crashed(at, "exit status: 1", &[]),
                 AfterCrash::Retry {
                     at: at + Duration::from_millis(200)
                 }
@@ -343,7 +478,7 @@ mod tests {
         let mut l = life(now);
         l.started();
         l.set_up();
-        l.crashed(now, "exit status: 2");
+        l.crashed(now, "exit status: 2", &[]);
         l.started();
         assert_eq!(
             l.set_up().0,
@@ -355,7 +490,7 @@ mod tests {
         l.drained(now);
         l.started();
         l.restart_asked("SIGHUP");
-        l.crashed(now + Duration::from_secs(60), "exit status: 3");
+        l.crashed(now + Duration::from_secs(60), "exit status: 3", &[]);
         l.started();
         assert_eq!(l.set_up(), (Cause::Asked("re-arm".into()), None));
         assert_eq!(l.phase(), &Phase::Running);
@@ -371,7 +506,7 @@ mod tests {
         assert!(l.is_shutting_down());
         assert_eq!(l.wake_at(), Some(now + Duration::from_secs(2)));
         assert!(!l.restart_asked("SIGHUP"));
-        assert_eq!(l.crashed(now, "exit status: 0"), AfterCrash::Ignored);
+        assert_eq!(l.crashed(now, "exit status: 0", &[]), AfterCrash::Ignored);
         l.fail("x".into());
         assert!(l.is_shutting_down());
     }

@@ -55,6 +55,9 @@ pub struct BridgeConfig {
     /// Stop restarting after this many crashes within `crash_window`.
     pub crash_limit: usize,
     pub crash_window: Duration,
+    /// How long a give-up after crashes lasts; the editor's next request
+    /// after it starts the agent again.
+    pub crash_cooldown: Duration,
     /// Honour a project's `"enabled": true` (false with --no-sandbox): arm
     /// the bridge for it, or refuse its sessions where nothing can be armed.
     pub honor_project_switch: bool,
@@ -62,6 +65,12 @@ pub struct BridgeConfig {
     pub managed: crate::config::managed::ManagedRoot,
     /// How the agent's own state directories are chosen.
     pub state: crate::policy::backends::StateSettings,
+    /// Said with the first session's announcement (why the sandbox is
+    /// armed when the user did not ask for it).
+    pub startup_note: Option<String>,
+    /// Why no agent can be started at all: every request is answered with
+    /// it (the editor's log would otherwise be the only place to see it).
+    pub cannot_start: Option<String>,
 }
 
 use routing::{AtEditor, Origin, Routes, Terminal};
@@ -191,7 +200,8 @@ impl Bridge {
             hup: signal(SignalKind::hangup())?,
             chld: signal(SignalKind::child())?,
         };
-        let (crash_limit, crash_window) = (cfg.crash_limit, cfg.crash_window);
+        let (crash_limit, crash_window, crash_cooldown) =
+            (cfg.crash_limit, cfg.crash_window, cfg.crash_cooldown);
         let mut bridge = Bridge {
             cfg,
             sandbox,
@@ -202,7 +212,12 @@ impl Bridge {
             backend_rx,
             disk: disk::Disk::new(),
             signals,
-            life: lifecycle::Lifecycle::new(Instant::now(), crash_limit, crash_window),
+            life: lifecycle::Lifecycle::new(
+                Instant::now(),
+                crash_limit,
+                crash_window,
+                crash_cooldown,
+            ),
             setup: None,
             generation: None,
             dying: Vec::new(),
@@ -220,6 +235,10 @@ impl Bridge {
             violations: None,
             audit: None,
         };
+        if let Some(why) = bridge.cfg.cannot_start.clone() {
+            error!("{why}");
+            bridge.life.fail(why);
+        }
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.
         bridge.editor_out.take();
@@ -289,7 +308,10 @@ impl Bridge {
                     BackendEvent::TooLarge { prefix, size } => {
                         self.on_backend_too_large(&prefix, size)
                     }
-                    BackendEvent::Lost { status } => self.on_backend_lost(status),
+                    BackendEvent::Lost {
+                        status,
+                        stderr_tail,
+                    } => self.on_backend_lost(status, stderr_tail),
                 }
             }
             Event::Terminate(signal) => self.begin_shutdown(&format!("received {signal}")),

@@ -167,7 +167,7 @@ impl Bridge {
             }
             Err(StartFailure::Failed(why)) => {
                 error!("starting the agent backend failed: {why}");
-                self.on_crash(&why);
+                self.on_crash(&why, &[], None);
             }
         }
     }
@@ -259,20 +259,35 @@ impl Bridge {
     }
 
     /// A crash (or failed start) counted: another start is scheduled, or
-    /// the bridge gives up.
-    pub(super) fn on_crash(&mut self, how: &str) {
-        match self.life.crashed(Instant::now(), how) {
+    /// the bridge gives up. What `generation` left in flight is told which:
+    /// being restarted, or given up and why.
+    pub(super) fn on_crash(&mut self, how: &str, last_words: &[String], generation: Option<u64>) {
+        let outcome = self.life.crashed(Instant::now(), how, last_words);
+        let (code, message) = match &outcome {
             AfterCrash::Retry { at } => {
                 let delay = at.saturating_duration_since(Instant::now());
                 if !delay.is_zero() {
                     info!(?delay, "waiting before starting the agent backend again");
                 }
+                (
+                    codes::BACKEND_CRASHED,
+                    format!("the agent crashed ({how}) and is being restarted; send the request again once it is back"),
+                )
             }
             AfterCrash::GiveUp(message) => {
                 error!("{message}");
-                self.answer_queue(codes::BACKEND_UNAVAILABLE, &message);
+                (codes::BACKEND_UNAVAILABLE, message.clone())
             }
-            AfterCrash::Ignored => {}
+            AfterCrash::Ignored => (
+                codes::BACKEND_UNAVAILABLE,
+                format!("the agent stopped ({how})"),
+            ),
+        };
+        if let Some(generation) = generation {
+            self.fail_in_flight(generation, code, &message);
+        }
+        if let AfterCrash::GiveUp(message) = &outcome {
+            self.answer_queue(codes::BACKEND_UNAVAILABLE, message);
         }
     }
 
@@ -345,6 +360,7 @@ impl Bridge {
         match step {
             Step::Initialize => match outcome {
                 CallOutcome::Ok(result) => {
+                    self.life.initialized();
                     let caps = super::track::restore_caps(&result);
                     if caps != self.caps {
                         warn!(?caps, previous = ?self.caps, "the restarted agent advertises different session capabilities");
@@ -419,11 +435,12 @@ impl Bridge {
     /// generation is stopped and counted as a failure.
     fn setup_failed(&mut self, why: String) {
         error!("starting the agent backend failed: {why}");
-        if let Some(g) = self.generation.take() {
-            self.fail_in_flight(g.id, codes::BACKEND_CRASHED, &why);
+        let generation = self.generation.take().map(|g| {
+            let id = g.id;
             self.dying.push(g);
-        }
-        self.on_crash(&why);
+            id
+        });
+        self.on_crash(&why, &[], generation);
     }
 
     fn begin_restore(&mut self, login_problem: Option<String>) {

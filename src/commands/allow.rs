@@ -12,7 +12,8 @@ use crate::policy::{resolve_real, Kind, Op, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// The path to allow (or deny) writes beneath.
+    /// The path to allow (or deny) writes beneath (a relative one is taken
+    /// from the workspace).
     pub path: PathBuf,
     /// The project whose sandbox.json records it (default: the current directory).
     #[arg(long, value_name = "DIR")]
@@ -35,7 +36,9 @@ fn workspace(given: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
 /// when it must not be, or cannot be, recorded.
 pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
     let root = workspace(&args.workspace)?;
-    let path = resolve_real(&crate::policy::resolve::absolutize(&args.path)?)?;
+    // Relative to the project it is recorded for, as an entry in its file
+    // would be read, not to wherever the terminal happens to be.
+    let path = resolve_real(&root.join(&args.path))?;
     let managed = ManagedRoot::user_default()?;
     if list == List::Allow {
         let home = crate::policy::offerable::real_home();

@@ -101,7 +101,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     println!("backend profile: {}", detected.describe());
     for (root, eff) in &projects {
         println!(
-            "\nworkspace {}: sandbox.json {:?}, armed by the project: {}",
+            "\nworkspace {}: sandbox.json {}, armed by the project: {}",
             root.display(),
             eff.state,
             eff.armed

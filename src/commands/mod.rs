@@ -3,14 +3,29 @@
 use std::path::PathBuf;
 
 /// The `--workspace` arguments made absolute; the current directory when
-/// none was given.
-pub fn workspaces(given: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+/// none was given. A workspace that is not an existing directory is an
+/// error that names it: judging a typo would judge nothing.
+pub fn workspaces(given: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     if given.is_empty() {
         return Ok(vec![std::env::current_dir()?]);
     }
     given
         .iter()
-        .map(|w| crate::policy::resolve::absolutize(w))
+        .map(|w| {
+            let abs = crate::policy::resolve::absolutize(w)?;
+            if !abs.is_dir() {
+                anyhow::bail!(
+                    "the workspace {} {}; give an existing directory with --workspace",
+                    abs.display(),
+                    if abs.exists() {
+                        "is not a directory"
+                    } else {
+                        "does not exist"
+                    }
+                );
+            }
+            Ok(abs)
+        })
         .collect()
 }
 

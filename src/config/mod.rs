@@ -63,11 +63,39 @@ pub fn sandbox_requested_globally(user: &UserConfig) -> Option<String> {
         .then(|| "\"sandbox\": {\"enabled\": true} in the user config".to_owned())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// The backend command as the user wrote it.
+#[derive(Debug)]
 pub enum BackendSpec {
     Argv(Vec<String>),
     Line(String),
+}
+
+/// Read by hand, so a wrong value is described in the user's terms (what
+/// was found, what is expected), never by a Rust type's name.
+impl<'de> Deserialize<'de> for BackendSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Spec;
+        impl<'de> serde::de::Visitor<'de> for Spec {
+            type Value = BackendSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#"a command, as a list of strings (["codex-acp"]) or one string ("gemini --acp")"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BackendSpec, E> {
+                Ok(BackendSpec::Line(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BackendSpec, A::Error> {
+                let mut argv = Vec::new();
+                while let Some(word) = seq.next_element::<String>()? {
+                    argv.push(word);
+                }
+                Ok(BackendSpec::Argv(argv))
+            }
+        }
+        d.deserialize_any(Spec)
+    }
 }
 
 impl BackendSpec {
@@ -87,23 +115,62 @@ pub fn user_config_path() -> Option<PathBuf> {
     dirs::config_dir().map(|d| d.join("zcode-acp").join("config.json"))
 }
 
+/// The user config file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UserConfigError {
+    #[error("the user config {path} is not valid at line {line}, column {column}: {what}; fix it (see \"Command line\" in zcode-acp's README) or remove it")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        what: String,
+    },
+    #[error("cannot read the user config {path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Reads the user config. A missing file is an empty config; a broken one
-/// is an error that names the file, so the user can fix it.
-pub fn load_user_config() -> anyhow::Result<UserConfig> {
+/// is an error that names the file, the place and what is expected there.
+pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
     let Some(path) = user_config_path() else {
         return Ok(UserConfig::default());
     };
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow::anyhow!("{} is not valid: {e}; fix or remove it", path.display())),
+        Ok(bytes) => parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
+            line: e.line(),
+            column: e.column(),
+            what: without_position(&e),
+            path,
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(UserConfig::default()),
-        Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        Err(source) => Err(UserConfigError::Unreadable { path, source }),
+    }
+}
+
+pub fn parse_user_config(bytes: &[u8]) -> Result<UserConfig, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+/// serde_json's message without its own " at line L column C", saying
+/// plainly when the text is not JSON at all.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let text = match text.rfind(" at line ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    };
+    match e.classify() {
+        serde_json::error::Category::Data => text,
+        _ => format!("this is not valid JSON ({text})"),
     }
 }
 
 /// The backend command: the command line first, then `ZCODE_ACP_BACKEND`,
 /// then the user config.
-pub fn resolve_backend(cli: &[String]) -> anyhow::Result<Option<Vec<String>>> {
+pub fn resolve_backend(cli: &[String]) -> Result<Option<Vec<String>>, UserConfigError> {
     if !cli.is_empty() {
         return Ok(Some(cli.to_vec()));
     }
@@ -131,6 +198,28 @@ mod tests {
         let c: UserConfig =
             serde_json::from_str(r#"{"backend":["codex-acp","-c","x y"]}"#).unwrap();
         assert_eq!(c.backend.unwrap().argv(), vec!["codex-acp", "-c", "x y"]);
+    }
+
+    #[test]
+    fn a_wrong_value_is_described_in_the_users_terms() {
+        for (text, expected) in [
+            (
+                r#"{"backend": 5}"#,
+                "expected a command, as a list of strings",
+            ),
+            (r#"{"backend": ["codex-acp", 1]}"#, "expected a string"),
+            (r#"{"sandbox": {"enabled": "yes"}}"#, "expected a boolean"),
+            ("{\n  \"backend\": \"x\",\n}", "trailing comma"),
+        ] {
+            let e = parse_user_config(text.as_bytes()).unwrap_err();
+            let what = without_position(&e);
+            assert!(what.contains(expected), "{text}: {what}");
+            assert!(
+                !what.contains("BackendSpec") && !what.contains("enum"),
+                "{what}"
+            );
+            assert!(e.line() >= 1);
+        }
     }
 
     #[test]

@@ -210,6 +210,20 @@ pub struct Effective {
     pub state: FileState,
 }
 
+impl std::fmt::Display for FileState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileState::Ok => f.write_str("read"),
+            FileState::Created => f.write_str("created just now (disarmed)"),
+            FileState::Missing => f.write_str("missing"),
+            FileState::Malformed(why) => write!(f, "malformed ({why}): armed, its entries ignored"),
+            FileState::Untrusted(why) => {
+                write!(f, "not trusted ({why}): armed, only its deny entries read")
+            }
+        }
+    }
+}
+
 /// Applies the ledger to what was read.
 pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     let mut ledger = approved.clone();
@@ -316,7 +330,7 @@ pub enum WriteError {
     Untrusted,
     #[error("sandbox.json is malformed ({0}); fix it by hand first")]
     Malformed(String),
-    #[error("sandbox.json cannot be approved as it is: {0:?}")]
+    #[error("sandbox.json cannot be approved as it is: it is {0}")]
     NotApprovable(FileState),
     #[error("cannot read or write {path}: {source}")]
     Io {

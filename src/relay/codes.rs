@@ -19,7 +19,7 @@ pub const AUTH_REQUIRED: i64 = -32000;
 /// (it may have had side effects), so the editor may send it again.
 pub const BACKEND_CRASHED: i64 = -32090;
 /// The agent backend crashed repeatedly and the bridge stopped restarting
-/// it, or it could not be started at all.
+/// it (until its cool-down is over), or it could not be started at all.
 pub const BACKEND_UNAVAILABLE: i64 = -32091;
 /// The session could not be carried over to a restarted backend.
 pub const SESSION_NOT_RESTORED: i64 = -32092;

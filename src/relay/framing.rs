@@ -99,9 +99,26 @@ fn finish(mut line: Vec<u8>, size: usize, oversize: bool) -> ReadItem {
     ReadItem::Frame(line)
 }
 
+/// Parses a number of milliseconds (`3000`), refusing negatives plainly.
+pub fn parse_millis(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.starts_with('-') {
+        return Err(format!(
+            "`{text}` is negative; give a number of milliseconds such as 3000"
+        ));
+    }
+    t.parse()
+        .map_err(|_| format!("`{text}` is not a number of milliseconds; write it like 3000"))
+}
+
 /// Parses a byte size such as `16777216`, `64K`, `16MiB` or `1G`.
 pub fn parse_byte_size(text: &str) -> Result<usize, String> {
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(format!(
+            "`{text}` is negative; a size is a positive number such as 64K or 16MiB"
+        ));
+    }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
     let n: usize = digits
@@ -179,6 +196,9 @@ mod tests {
         assert_eq!(parse_byte_size("16MiB").unwrap(), 16 << 20);
         assert_eq!(parse_byte_size("64K").unwrap(), 64 << 10);
         assert_eq!(parse_byte_size("123").unwrap(), 123);
+        assert!(parse_byte_size("-5").unwrap_err().contains("negative"));
+        assert_eq!(parse_millis("250"), Ok(250));
+        assert!(parse_millis("-5").unwrap_err().contains("negative"));
         assert!(parse_byte_size("0").is_err());
         assert!(parse_byte_size("12Q").is_err());
         assert!(parse_byte_size("lots").is_err());

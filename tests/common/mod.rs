@@ -546,13 +546,16 @@ pub fn require_seatbelt() -> bool {
     skip("needs /usr/bin/sandbox-exec")
 }
 
-/// Says why a sandbox test does not run (false), or fails it where CI
-/// requires every test.
+/// Says why a test does not run (false), or fails it where CI requires
+/// every test. The reason is written to the real stderr, past the test
+/// harness's capture, so `cargo test` shows it beside the `ok`.
 pub fn skip(reason: &str) -> bool {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
     if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_some() {
-        panic!("a sandbox test would be skipped: {reason}");
+        panic!("{test} would be skipped (ZCODE_ACP_REQUIRE_ALL_TESTS is set): {reason}");
     }
-    eprintln!("SKIPPED: {reason}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
     false
 }
 
