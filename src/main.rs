@@ -109,6 +109,16 @@ enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Internal: the keeper between the bridge and an unconfined backend.
+    #[cfg(target_os = "linux")]
+    #[command(name = "__keeper", hide = true)]
+    Keeper {
+        /// The bridge whose death ends the agent's whole tree.
+        #[arg(long)]
+        bridge: i32,
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
@@ -154,6 +164,10 @@ fn main() -> ExitCode {
     };
     #[cfg(target_os = "linux")]
     let cli = match cli.command {
+        Some(Command::Keeper { bridge, command }) => {
+            let code = zcode_acp::backend::keeper::run(bridge, &command);
+            return ExitCode::from(code.clamp(0, 255) as u8);
+        }
         Some(Command::Sandbox {
             spec,
             consume,
@@ -210,7 +224,7 @@ fn main() -> ExitCode {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
             #[cfg(target_os = "linux")]
-            Some(Command::Sandbox { .. } | Command::Doctor(_)) => {
+            Some(Command::Sandbox { .. } | Command::Doctor(_) | Command::Keeper { .. }) => {
                 unreachable!("handled before the runtime starts")
             }
             #[cfg(any(target_os = "linux", target_os = "macos"))]

@@ -298,3 +298,40 @@ fn the_first_session_is_told_the_agent_runs_unconfined() {
         "Sandbox: unconfined (no sandbox)"
     );
 }
+
+#[test]
+fn a_sigkilled_unconfined_bridge_leaves_nothing_of_the_agents_tree_alive() {
+    let mut ed = Editor::start(shell_agent());
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    // A command still running when the bridge dies, and a setsid daemon
+    // that left the agent's process group.
+    let _turn = ed.prompt_request(
+        &sid,
+        "echo $PPID > agent.pid; setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' >/dev/null 2>&1 </dev/null & echo $$ > command.pid; sleep 300",
+    );
+    let read = |f: &str| -> Option<i32> {
+        std::fs::read_to_string(ws.join(f))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    wait_until("the agent's tree is running", || {
+        ["agent.pid", "daemon.pid", "command.pid"]
+            .iter()
+            .all(|f| read(f).is_some())
+    });
+    let tree: Vec<i32> = ["agent.pid", "daemon.pid", "command.pid"]
+        .iter()
+        .map(|f| read(f).unwrap())
+        .collect();
+    assert!(tree.iter().all(|p| alive(*p)), "{tree:?}");
+    // SAFETY: kill(2) on the bridge this test started.
+    unsafe { libc::kill(ed.pid(), libc::SIGKILL) };
+    ed.wait_exit();
+    wait_until("nothing of the agent's tree is alive", || {
+        tree.iter().all(|p| !alive(*p))
+    });
+}

@@ -1,6 +1,8 @@
 //! Backend processes: how a generation is spawned, watched and stopped.
 
 pub mod generation;
+#[cfg(target_os = "linux")]
+pub mod keeper;
 pub mod procs;
 pub mod spawn;
 

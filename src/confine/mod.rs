@@ -237,6 +237,16 @@ impl Confinement {
             return Err(ArmError::Empty);
         }
         match self {
+            // A backend gets a keeper (Linux): nothing of its tree outlives
+            // a bridge that is killed.
+            #[cfg(target_os = "linux")]
+            Confinement::Unconfined if launch == Launch::Backend => {
+                let exe = std::env::current_exe().map_err(ArmError::OwnPath)?;
+                Ok(crate::backend::keeper::wrap(
+                    &exe.to_string_lossy(),
+                    &command.argv,
+                ))
+            }
             Confinement::Unconfined => Ok(command.argv.clone()),
             Confinement::Refused(why) => Err(ArmError::Refused(why.clone())),
             Confinement::Armed(armed) => armed.enforcer.wrap(armed, command, launch),
@@ -400,9 +410,18 @@ mod tests {
             Starter::Spawned,
         );
         assert_eq!(
-            c.wrap(&command(), Launch::Backend).unwrap(),
+            c.wrap(&command(), Launch::Terminal).unwrap(),
             ["make", "-j2"]
         );
+        // A backend runs under its keeper on Linux (nothing of its tree
+        // outlives a killed bridge), otherwise as given.
+        let backend = c.wrap(&command(), Launch::Backend).unwrap();
+        if cfg!(target_os = "linux") {
+            assert_eq!(backend[1], "__keeper");
+            assert_eq!(backend[backend.len() - 3..], ["--", "make", "-j2"]);
+        } else {
+            assert_eq!(backend, ["make", "-j2"]);
+        }
         assert_eq!(c.describe(), "unconfined (no sandbox)");
         assert!(c.policy().is_none());
         let empty = Command::default();
