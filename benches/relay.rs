@@ -89,11 +89,22 @@ impl Peer {
     }
 
     fn agent_pid(&self) -> Option<u32> {
-        // The bridge's only child is the agent.
-        let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.child.id()))
-                .ok()?;
-        children.split_whitespace().next()?.parse().ok()
+        // The bridge's only child is the agent, or the keeper in front of
+        // an unconfined one (Linux), whose only child is the agent.
+        let only_child = |pid: u32| -> Option<u32> {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        let child = only_child(self.child.id())?;
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if cmdline.split(|b| *b == 0).any(|a| a == b"__keeper") {
+            return only_child(child);
+        }
+        Some(child)
     }
 }
 
@@ -102,6 +113,88 @@ impl Drop for Peer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The bridge's peak memory while the agent streams `n` small
+/// notifications to an editor that reads them as fast as it can, against
+/// the bound the bridge promises: 15 MB plus twice the largest frame in
+/// flight.
+fn streamed_notifications(n: usize) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
+    let mut child = Command::new(BIN)
+        .args(["--", "python3", agent])
+        .env("FAKE_AGENT_DIR", dir.path())
+        .env("HOME", dir.path())
+        .env("XDG_CONFIG_HOME", dir.path().join("config"))
+        .env("ZCODE_ACP_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+    let mut largest = 0usize;
+    let mut line = String::new();
+    let mut until_id = |stdin: &mut ChildStdin, frame: String, id: u64| -> String {
+        stdin.write_all(frame.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+        let tag = format!(r#""id":{id}"#);
+        loop {
+            line.clear();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "the bridge closed stdout"
+            );
+            largest = largest.max(line.len());
+            if line.contains(&tag) && !line.contains("\"method\"") {
+                return line.clone();
+            }
+        }
+    };
+    until_id(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#.into(),
+        1,
+    );
+    let ws = dir.path().join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    let answer = until_id(
+        &mut stdin,
+        format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+            ws.display()
+        ),
+        2,
+    );
+    let sid = answer
+        .split(r#""sessionId":""#)
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_owned();
+    until_id(
+        &mut stdin,
+        format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"flood {n}"}}]}}}}"#
+        ),
+        3,
+    );
+    let peak = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    drop(stdin);
+    let _ = child.wait();
+    let bound_kib = (15_000_000 + 2 * largest as u64) / 1024;
+    format!(
+        "| peak RSS of the bridge while the agent streams {n} notifications to a reading editor, vs the bound (15 MB + 2 x the largest frame) | {bound_kib} KiB (bound) | {peak} KiB (bridge) | {:.2}x |",
+        peak as f64 / bound_kib as f64
+    )
 }
 
 fn time<F: FnMut()>(mut f: F) -> Duration {
@@ -429,6 +522,7 @@ fn main() {
         rss.0,
         rss.0 as f64 / rss.1.max(1) as f64
     ));
+    rows.push(streamed_notifications(if full { 1_000_000 } else { 1000 }));
     rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
     rows.push(judged_writes(if full { 200 } else { 2 }));
     rows.extend(supervised_file_work(

@@ -825,3 +825,103 @@ fn a_crash_during_a_restore_never_hides_a_sessions_updates() {
     let (_, text) = ed.prompt(&sid, "notify 3");
     assert_eq!(text, "0\n1\n2\n", "the session's updates reach the editor");
 }
+
+#[test]
+fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
+    use std::io::{BufRead, Write};
+    // A raw editor: the test harness's always reads, and this one stops.
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .arg("--")
+        .args(fake_agent())
+        .env("HOME", home.path())
+        .env("FAKE_AGENT_DIR", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("ZCODE_ACP_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut send = |v: Value| writeln!(stdin, "{v}").unwrap();
+    let mut read_until = |pred: &dyn Fn(&Value) -> bool| -> Value {
+        loop {
+            let mut line = String::new();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "the bridge closed stdout"
+            );
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if pred(&v) {
+                return v;
+            }
+        }
+    };
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": 1, "clientCapabilities": {}}}));
+    read_until(&|v| v["id"] == 1);
+    let ws = home.path().join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                "params": {"cwd": ws, "mcpServers": []}}));
+    let sid = read_until(&|v| v["id"] == 2)["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    const N: usize = 100_000;
+    send(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!("flood {N}")}]}}),
+    );
+
+    // The editor reads nothing now: the agent must block once the bounded
+    // buffers on the way are full, far short of everything.
+    let count = || -> usize {
+        std::fs::read_to_string(home.path().join("flood.count"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut last = (count(), 0);
+    while last.1 < 10 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = count();
+        last = if now == last.0 {
+            (now, last.1 + 1)
+        } else {
+            (now, 0)
+        };
+    }
+    let stalled = last.0;
+    let frame_bytes = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"fake-000000-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"100000\n"}}}}"#.len();
+    assert!(
+        stalled < N,
+        "the agent wrote all {N} notifications to an editor that reads nothing"
+    );
+    // What is in flight: the bridge's budget (4 MiB), its read buffer
+    // (1 MiB) and the two pipes, with room to spare; never the backlog.
+    assert!(
+        stalled * frame_bytes < 8 << 20,
+        "{stalled} notifications ({} MiB) went out before the agent was slowed",
+        (stalled * frame_bytes) >> 20
+    );
+
+    // Reading again: every notification arrives, in order, then the answer.
+    let mut next = 0usize;
+    loop {
+        let v = read_until(&|v| v["id"] == 3 || v["method"] == "session/update");
+        if v["id"] == 3 {
+            break;
+        }
+        if v["params"]["update"]["sessionUpdate"] == "agent_message_chunk" {
+            let text = v["params"]["update"]["content"]["text"].as_str().unwrap();
+            assert_eq!(text.trim().parse::<usize>().unwrap(), next);
+            next += 1;
+        }
+    }
+    assert_eq!(next, N);
+    // The editor leaves: the bridge stops the agent and exits.
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}

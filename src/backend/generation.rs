@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::procs;
 use super::spawn::{spawn, PreparedCommand, SpawnError};
+use crate::relay::budget::{Budget, Permit};
 use crate::relay::framing::{FrameReader, ReadItem};
 
 /// How long after the process exits we still wait for its stdout to close.
@@ -69,7 +70,8 @@ impl Tail {
 /// What a generation reports to the bridge.
 #[derive(Debug)]
 pub enum BackendEvent {
-    Frame(Vec<u8>),
+    /// A frame, with its share of the bytes in flight toward the editor.
+    Frame(Vec<u8>, Permit),
     TooLarge {
         prefix: Vec<u8>,
         size: usize,
@@ -93,7 +95,7 @@ pub struct Generation {
     pub confinement: String,
     /// Which backend profile chose the agent's writable state, and why.
     pub backend_profile: Option<String>,
-    stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    stdin: Option<mpsc::UnboundedSender<(Vec<u8>, Option<Permit>)>>,
     exited: watch::Receiver<bool>,
 }
 
@@ -103,19 +105,22 @@ impl Generation {
         cmd: &PreparedCommand,
         max_frame_bytes: usize,
         events: EventSender,
+        to_editor: Budget,
     ) -> Result<Generation, SpawnError> {
         let spawned = spawn(cmd)?;
         let pid = spawned.pid;
 
-        let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<(Vec<u8>, Option<Permit>)>();
         let mut stdin = spawned.stdin;
         tokio::spawn(async move {
-            while let Some(mut frame) = stdin_rx.recv().await {
+            while let Some((mut frame, permit)) = stdin_rx.recv().await {
                 frame.push(b'\n');
                 if let Err(e) = stdin.write_all(&frame).await {
                     debug!(generation = id, "backend stdin closed: {e}");
                     return;
                 }
+                // Written: its bytes are no longer in flight.
+                drop(permit);
             }
             // Sender dropped: dropping `stdin` closes the pipe, which is the
             // polite way to ask an ACP agent to exit.
@@ -157,7 +162,12 @@ impl Generation {
             loop {
                 tokio::select! {
                     item = reader.next() => match item {
-                        Ok(ReadItem::Frame(bytes)) => { let _ = events.send((id, BackendEvent::Frame(bytes))); }
+                        Ok(ReadItem::Frame(bytes)) => {
+                            // Waits while the editor is behind: the agent's
+                            // stdout then fills, and its writes block.
+                            let permit = to_editor.take(bytes.len()).await;
+                            let _ = events.send((id, BackendEvent::Frame(bytes, permit)));
+                        }
                         Ok(ReadItem::TooLarge { prefix, size }) => {
                             let _ = events.send((id, BackendEvent::TooLarge { prefix, size }));
                         }
@@ -210,7 +220,15 @@ impl Generation {
 
     /// Queues one frame (without terminator) for the backend's stdin.
     pub fn send(&self, frame: Vec<u8>) -> bool {
-        self.stdin.as_ref().is_some_and(|tx| tx.send(frame).is_ok())
+        self.send_carrying(frame, None)
+    }
+
+    /// As [`Generation::send`], the frame carrying its share of the bytes
+    /// in flight toward the backend until it is written.
+    pub fn send_carrying(&self, frame: Vec<u8>, permit: Option<Permit>) -> bool {
+        self.stdin
+            .as_ref()
+            .is_some_and(|tx| tx.send((frame, permit)).is_ok())
     }
 
     /// Closes the backend's stdin: the polite way to ask an ACP agent to

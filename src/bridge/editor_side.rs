@@ -53,7 +53,7 @@ impl Bridge {
                         tracing::info!(
                             "starting the agent again: the cool-down after its crashes is over"
                         );
-                        return self.routes.hold(frame);
+                        return self.hold(frame);
                     }
                     self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
                 }
@@ -73,8 +73,33 @@ impl Bridge {
                     method = frame.method(),
                     "queued an editor message until the backend restart completes"
                 );
-                self.routes.hold(frame);
+                self.hold(frame);
             }
+        }
+    }
+
+    /// Holds an editor frame until the backend is back. Past the queue's
+    /// bound a request is answered at once, and a notification dropped
+    /// (and logged): the bridge does not grow without end while the agent
+    /// restarts.
+    fn hold(&mut self, frame: Frame) {
+        let Err(frame) = self.routes.hold(frame) else {
+            return;
+        };
+        match &frame.kind {
+            FrameKind::Request { id, method } => {
+                warn!(method, "the restart queue is full; answered at once");
+                let message = format!(
+                    "zcode-acp is restarting the agent and already holds {} messages (or {} MiB) for it; send this again once it is back",
+                    super::routing::MAX_HELD_FRAMES,
+                    super::routing::MAX_HELD_BYTES >> 20
+                );
+                self.answer_error(id, codes::QUEUE_FULL, &message);
+            }
+            _ => warn!(
+                method = frame.method(),
+                "the restart queue is full; an editor notification was dropped"
+            ),
         }
     }
 
@@ -109,8 +134,7 @@ impl Bridge {
         let Some(generation) = self.generation.as_ref().map(|g| g.id) else {
             // No backend right now (it just died): hold the frame for the
             // next generation.
-            self.routes.hold(frame);
-            return;
+            return self.hold(frame);
         };
         match frame.kind.clone() {
             FrameKind::Notification { method } => {
@@ -288,7 +312,7 @@ impl Bridge {
 
     fn send_to_backend(&mut self, bytes: Vec<u8>) {
         match &self.generation {
-            Some(g) if g.send(bytes) => {}
+            Some(g) if g.send_carrying(bytes, self.carried.take()) => {}
             _ => debug!("the backend is gone; its stdin no longer takes frames"),
         }
     }

@@ -36,6 +36,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::{procs, BackendEvent, Generation};
 use crate::confine::{Confinement, Sandbox};
+use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
 use crate::relay::envelope::{error_response, recover_id};
 use crate::relay::framing::{FrameReader, ReadItem};
@@ -76,8 +77,12 @@ pub struct BridgeConfig {
 use routing::{AtEditor, Origin, Routes, Terminal};
 
 enum EditorEvent {
-    Frame(Vec<u8>),
-    TooLarge { prefix: Vec<u8>, size: usize },
+    /// A frame, with its share of the bytes in flight toward the backend.
+    Frame(Vec<u8>, Permit),
+    TooLarge {
+        prefix: Vec<u8>,
+        size: usize,
+    },
     Closed,
 }
 
@@ -106,7 +111,13 @@ pub struct Bridge {
     sandbox: Sandbox,
     /// What the running generation (and its terminals) run under.
     confinement: Confinement,
-    editor_out: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    editor_out: Option<mpsc::UnboundedSender<(Vec<u8>, Option<Permit>)>>,
+    /// The bytes in flight toward the editor, shared by every generation's
+    /// reader (see `relay::budget`).
+    to_editor_budget: Budget,
+    /// The permit of the frame being handled: it goes with the first frame
+    /// that handling sends on, and is released when handling ends.
+    carried: std::cell::Cell<Option<Permit>>,
     editor_in: mpsc::Receiver<EditorEvent>,
     backend_tx: crate::backend::EventSender,
     backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
@@ -153,12 +164,19 @@ impl Bridge {
         let (editor_tx, editor_in) = mpsc::channel(64);
         let reader_tx = editor_tx.clone();
         let max = cfg.max_frame_bytes;
+        let to_backend = Budget::new(crate::relay::budget::DEFAULT_BYTES);
+        let to_editor_budget = Budget::new(crate::relay::budget::DEFAULT_BYTES);
         tokio::spawn(async move {
             let mut reader =
                 FrameReader::new(BufReader::with_capacity(1 << 20, tokio::io::stdin()), max);
             loop {
                 let event = match reader.next().await {
-                    Ok(ReadItem::Frame(bytes)) => EditorEvent::Frame(bytes),
+                    Ok(ReadItem::Frame(bytes)) => {
+                        // Waits while the backend is behind: the editor's
+                        // writes then block on a full pipe.
+                        let permit = to_backend.take(bytes.len()).await;
+                        EditorEvent::Frame(bytes, permit)
+                    }
                     Ok(ReadItem::TooLarge { prefix, size }) => {
                         EditorEvent::TooLarge { prefix, size }
                     }
@@ -175,10 +193,10 @@ impl Bridge {
             }
         });
 
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<(Vec<u8>, Option<Permit>)>();
         let writer = tokio::spawn(async move {
             let mut stdout = tokio::io::stdout();
-            while let Some(mut frame) = out_rx.recv().await {
+            while let Some((mut frame, permit)) = out_rx.recv().await {
                 frame.push(b'\n');
                 if let Err(e) = async {
                     stdout.write_all(&frame).await?;
@@ -190,6 +208,8 @@ impl Bridge {
                     let _ = editor_tx.send(EditorEvent::Closed).await;
                     return;
                 }
+                // Written: its bytes are no longer in flight.
+                drop(permit);
             }
         });
 
@@ -207,6 +227,8 @@ impl Bridge {
             sandbox,
             confinement: Confinement::Refused("no backend generation is armed yet".into()),
             editor_out: Some(out_tx),
+            to_editor_budget,
+            carried: std::cell::Cell::new(None),
             editor_in,
             backend_tx,
             backend_rx,
@@ -279,8 +301,17 @@ impl Bridge {
     }
 
     fn handle(&mut self, event: Event) {
+        self.handle_one(event);
+        // What handling did not send on is no longer in flight.
+        self.carried.take();
+    }
+
+    fn handle_one(&mut self, event: Event) {
         match event {
-            Event::Editor(EditorEvent::Frame(bytes)) => self.on_editor_bytes(bytes),
+            Event::Editor(EditorEvent::Frame(bytes, permit)) => {
+                self.carried.set(Some(permit));
+                self.on_editor_bytes(bytes)
+            }
             Event::Editor(EditorEvent::TooLarge { prefix, size }) => {
                 let id = recover_id(&prefix);
                 error!(size, limit = self.cfg.max_frame_bytes, id = ?id, "dropped a frame from the editor that exceeds --max-frame-bytes");
@@ -304,7 +335,10 @@ impl Bridge {
                     return;
                 }
                 match event {
-                    BackendEvent::Frame(bytes) => self.on_backend_bytes(bytes),
+                    BackendEvent::Frame(bytes, permit) => {
+                        self.carried.set(Some(permit));
+                        self.on_backend_bytes(bytes)
+                    }
                     BackendEvent::TooLarge { prefix, size } => {
                         self.on_backend_too_large(&prefix, size)
                     }
@@ -368,7 +402,7 @@ impl Bridge {
 
     fn to_editor(&self, frame: Vec<u8>) {
         if let Some(out) = &self.editor_out {
-            let _ = out.send(frame);
+            let _ = out.send((frame, self.carried.take()));
         }
     }
 

@@ -242,9 +242,14 @@ impl Bridge {
         };
         // Before the agent starts, so its first refusals are seen too.
         self.watch_violations();
-        let generation =
-            Generation::start(id, &cmd, self.cfg.max_frame_bytes, self.backend_tx.clone())
-                .map_err(|e| StartFailure::Failed(e.to_string()))?;
+        let generation = Generation::start(
+            id,
+            &cmd,
+            self.cfg.max_frame_bytes,
+            self.backend_tx.clone(),
+            self.to_editor_budget.clone(),
+        )
+        .map_err(|e| StartFailure::Failed(e.to_string()))?;
         info!(
             generation = id,
             pid = generation.pid,

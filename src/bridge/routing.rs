@@ -85,6 +85,11 @@ pub(super) struct Orphans {
     pub at_editor: Vec<u64>,
 }
 
+/// The most editor frames held while the backend restarts...
+pub(super) const MAX_HELD_FRAMES: usize = 1024;
+/// ...and the most bytes (a frame above this alone is still held).
+pub(super) const MAX_HELD_BYTES: usize = 64 << 20;
+
 #[derive(Debug, Default)]
 pub(super) struct Routes {
     next_id: u64,
@@ -258,8 +263,15 @@ impl Routes {
 
     // ---- Frames held while the backend restarts, in arrival order.
 
-    pub fn hold(&mut self, frame: Frame) {
+    /// Holds `frame` until the backend is back, unless the queue is full
+    /// ([`MAX_HELD_FRAMES`], [`MAX_HELD_BYTES`]): then it is handed back.
+    pub fn hold(&mut self, frame: Frame) -> Result<(), Box<Frame>> {
+        let bytes: usize = self.held.iter().map(|f| f.bytes.len()).sum();
+        if self.held.len() >= MAX_HELD_FRAMES || bytes + frame.bytes.len() > MAX_HELD_BYTES {
+            return Err(Box::new(frame));
+        }
         self.held.push_back(frame);
+        Ok(())
     }
 
     /// Held ahead of everything else (the request that caused a re-arm).
@@ -378,8 +390,8 @@ mod tests {
     #[test]
     fn held_frames_keep_their_order_and_can_be_cancelled() {
         let mut r = Routes::default();
-        r.hold(request("1"));
-        r.hold(request("2"));
+        assert!(r.hold(request("1")).is_ok());
+        assert!(r.hold(request("2")).is_ok());
         r.hold_first(request("0"));
         assert!(r.cancel_held(&RawId("1".into())));
         assert!(!r.cancel_held(&RawId("1".into())));
@@ -390,6 +402,17 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, ["0", "2"]);
+    }
+
+    #[test]
+    fn the_restart_queue_is_bounded() {
+        let mut r = Routes::default();
+        for i in 0..MAX_HELD_FRAMES {
+            assert!(r.hold(request(&format!("\"{i}\""))).is_ok());
+        }
+        let back = r.hold(request("\"over\"")).unwrap_err();
+        assert!(matches!(back.kind, FrameKind::Request { .. }));
+        assert_eq!(r.take_held().len(), MAX_HELD_FRAMES);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const FRAME_TOO_LARGE: i64 = -32094;
 pub const SANDBOX_UNAVAILABLE: i64 = -32095;
 /// The sandbox policy denies what the agent asked the editor to write.
 pub const WRITE_DENIED: i64 = -32096;
+/// The agent is being restarted and the queue of what waits for it is full.
+pub const QUEUE_FULL: i64 = -32098;
 /// The agent asked the editor to do something that would run outside the
 /// sandbox, which the armed bridge does not allow (yet).
 pub const NOT_WHILE_ARMED: i64 = -32097;
