@@ -166,6 +166,28 @@ fn oversize_frames_are_refused_with_a_clear_error() {
 
     let ok = ed.call("_test/echo", json!({"small": true}));
     assert_eq!(ok["echo"]["small"], true);
+
+    // A too-large answer from the editor to the agent's question reaches
+    // the agent as an error, and the editor hears nothing for it: no
+    // stray answer to an id of the editor's own.
+    let asked = ed.request("_test/ask", json!({}));
+    let question = ed
+        .wait_for("the question", |v| v["method"] == "_test/question")
+        .value;
+    let qid = question["id"].clone();
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":{qid},"result":{{"pad":"{}"}}}}"#,
+        "a".repeat(2 << 20)
+    ));
+    let r = ed.response(&asked);
+    assert_eq!(r["result"]["editorSaid"]["code"], -32094, "{r}");
+    ed.drain_for(Duration::from_millis(200));
+    assert_eq!(
+        ed.responses_to(&qid),
+        0,
+        "the editor got an answer to its own answer"
+    );
+    assert_eq!(ed.responses_to(&asked), 1);
 }
 
 #[test]
@@ -203,9 +225,10 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
         .as_str()
         .unwrap()
         .contains("batch"));
-    // Not JSON-RPC 2.0, with a readable id: answered, never forwarded.
+    // Not JSON-RPC 2.0, with a readable id: answered, never forwarded. (A
+    // frame without `jsonrpc` is taken, as ACP's own libraries take it.)
     ed.send_raw(r#"{"id":7,"method":"_test/echo","params":{"x":"no-version"}}"#);
-    assert_eq!(error_code(&ed.response(&json!(7))), -32600);
+    assert_eq!(ed.response(&json!(7))["result"]["echo"]["x"], "no-version");
     ed.send_raw(r#"{"jsonrpc":"1.0","id":"v1","method":"_test/echo","params":{"x":"v1"}}"#);
     assert_eq!(error_code(&ed.response(&json!("v1"))), -32600);
     // Ids that are neither strings nor integers, and nesting past the bound:
@@ -223,8 +246,8 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
         &format!(
             r#"{{"jsonrpc":"2.0","id":9,"method":"_test/echo","params":{{"x":"deep",
         "y":{}0{}}}}}"#,
-            "[".repeat(500),
-            "]".repeat(500)
+            "[".repeat(1100),
+            "]".repeat(1100)
         )
         .replace('\n', ""),
     );
@@ -253,7 +276,6 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
     let received = read_log(&ed, "received.log").join("\n");
     for never in [
         "batch",
-        "no-version",
         "\"v1\"",
         "object-id",
         "fraction-id",
@@ -924,4 +946,65 @@ fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
     // The editor leaves: the bridge stops the agent and exits.
     drop(stdin);
     assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn an_editor_that_hangs_up_ends_the_bridge_even_when_the_agent_stopped_reading() {
+    use std::io::{BufRead, Write};
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .args(["--stop-grace-ms", "300", "--"])
+        .args(fake_agent())
+        .env("HOME", home.path())
+        .env("FAKE_AGENT_DIR", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("ZCODE_ACP_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"_test/stop-reading"}}"#
+    )
+    .unwrap();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains(r#""ok":true"#), "{line}");
+    // More than the bridge's budget toward an agent that reads nothing (the
+    // reader then waits with the last frame in hand), then the editor
+    // hangs up.
+    let writer = std::thread::spawn(move || {
+        let pad = "p".repeat(900 << 10);
+        for i in 0..5 {
+            let frame = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"_test/echo","params":{{"pad":"{pad}"}}}}"#,
+                10 + i
+            );
+            if writeln!(stdin, "{frame}").is_err() {
+                return;
+            }
+        }
+        // Dropping stdin here is the hang-up.
+    });
+    // The bridge ends: every request answered (shutting down), the hung
+    // agent stopped, exit 0; the editor's side is read to the end.
+    let mut answered = 0;
+    loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if line.contains("-32093") {
+            answered += 1;
+        }
+    }
+    writer.join().unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        answered, 5,
+        "every request the editor sent is answered once"
+    );
 }

@@ -164,8 +164,19 @@ impl Generation {
                     item = reader.next() => match item {
                         Ok(ReadItem::Frame(bytes)) => {
                             // Waits while the editor is behind: the agent's
-                            // stdout then fills, and its writes block.
-                            let permit = to_editor.take(bytes.len()).await;
+                            // stdout then fills, and its writes block. Its
+                            // exit is still noticed meanwhile, so stopping
+                            // it never waits on the editor.
+                            let permit = loop {
+                                tokio::select! {
+                                    p = to_editor.take(bytes.len()) => break p,
+                                    s = child.wait(), if status.is_none() => {
+                                        status = Some(s.ok());
+                                        let _ = exited_tx.send(true);
+                                        deadline = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+                                    }
+                                }
+                            };
                             let _ = events.send((id, BackendEvent::Frame(bytes, permit)));
                         }
                         Ok(ReadItem::TooLarge { prefix, size }) => {

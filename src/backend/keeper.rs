@@ -20,7 +20,9 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, getppid, ForkResult, Pid};
 
-/// The argv that runs `argv` under a keeper tied to this process.
+/// The argv that runs `argv` under a keeper tied to this process, which
+/// starts it (`exe`: `/proc/self/exe`, which still runs this program after
+/// an upgrade replaced its file).
 pub fn wrap(exe: &str, argv: &[String]) -> Vec<String> {
     let mut out = vec![
         exe.to_owned(),
@@ -95,6 +97,9 @@ pub fn run(bridge: i32, argv: &[String]) -> i32 {
         match signal {
             Signal::SIGCHLD => {
                 if let Some(status) = reap(agent) {
+                    // Nothing of the agent outlives it, whoever is there
+                    // to clean up after.
+                    end_the_tree();
                     exit_like(status);
                 }
             }
@@ -111,6 +116,12 @@ pub fn run(bridge: i32, argv: &[String]) -> i32 {
 
 /// In the forked child: the signal mask it had, then the agent.
 fn exec_agent(argv: &[String], mask: &SigSet) -> ! {
+    // Rust ignores SIGPIPE in its own processes; the agent (and the shell
+    // pipelines it runs) get the default back, as any spawned command does.
+    // SAFETY: resetting a disposition to the default in a single-threaded
+    // child before exec.
+    let _ =
+        unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(mask), None);
     let _ = nix::sys::prctl::set_pdeathsig(None);
     let args: Vec<CString> = argv
@@ -142,6 +153,8 @@ fn exit_like(status: WaitStatus) -> ! {
     match status {
         WaitStatus::Exited(_, code) => std::process::exit(code),
         WaitStatus::Signaled(_, signal, _) => {
+            // Raised again for its status only: no core dump of the keeper.
+            let _ = nix::sys::prctl::set_dumpable(false);
             // SAFETY: resetting a disposition to the default.
             let _ =
                 unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) };

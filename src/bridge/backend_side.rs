@@ -8,7 +8,7 @@ use super::editor_side::{cancel_target, rewrite_request_id};
 use super::restart::CallOutcome;
 use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, recover, recover_id, FrameError};
+use crate::relay::envelope::{error_response, recover, FrameError};
 use crate::relay::{Frame, FrameKind};
 
 impl Bridge {
@@ -227,39 +227,32 @@ impl Bridge {
         }
     }
 
+    /// A frame of the agent's over `--max-frame-bytes`: dropped, and
+    /// answered like an unreadable one, toward whoever waits on it (an
+    /// answer the agent gave reaches whoever asked as an error; a request
+    /// of its own is answered to it).
     pub(super) fn on_backend_too_large(&mut self, prefix: &[u8], size: usize) {
         let limit = self.cfg.max_frame_bytes;
-        let id = recover_id(prefix);
-        error!(size, limit, id = ?id, "dropped a frame from the backend that exceeds --max-frame-bytes");
-        let Some(id) = id else { return };
-        let message = format!(
-            "zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
-        );
-        if let Some(n) = id.as_bridge_number() {
-            if let Some(origin) = self.routes.backend_answered(n) {
-                match origin {
-                    Origin::Editor { id: editor_id, .. } => {
-                        self.answer_error(&editor_id, codes::FRAME_TOO_LARGE, &message);
-                    }
-                    Origin::Bridge => {
-                        self.on_bridge_answer(
-                            n,
-                            CallOutcome::Rejected {
-                                code: codes::FRAME_TOO_LARGE,
-                                message,
-                            },
-                        );
-                    }
-                }
-                return;
-            }
+        let found = recover(prefix);
+        error!(size, limit, id = ?found.id, "dropped a frame from the backend that exceeds --max-frame-bytes");
+        let Some(id) = found.id else { return };
+        let awaited = id
+            .as_bridge_number()
+            .is_some_and(|n| self.routes.awaits_backend(n));
+        if awaited && !found.method {
+            let message = format!(
+                "zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
+            );
+            let answer = error_response(&id, codes::FRAME_TOO_LARGE, &message, None);
+            return self.on_backend_bytes(answer);
         }
-        // Otherwise it was a request of the backend's own: answer it.
-        let message = format!(
-            "zcode-acp dropped this request: it is {size} bytes, over the limit of {limit} bytes"
-        );
-        if let Some(g) = &self.generation {
-            g.send(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
+        if found.method || !found.answer {
+            let message = format!(
+                "zcode-acp dropped this request: it is {size} bytes, over the limit of {limit} bytes"
+            );
+            if let Some(g) = &self.generation {
+                g.send(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
+            }
         }
     }
 

@@ -16,6 +16,33 @@ impl Bridge {
         }
     }
 
+    /// A frame of the editor's over `--max-frame-bytes`: dropped, and
+    /// answered toward whoever waits on it, as an unreadable one is.
+    pub(super) fn on_editor_too_large(&mut self, prefix: &[u8], size: usize) {
+        let limit = self.cfg.max_frame_bytes;
+        let found = recover(prefix);
+        tracing::error!(size, limit, id = ?found.id, "dropped a frame from the editor that exceeds --max-frame-bytes");
+        let Some(id) = found.id else { return };
+        let awaited = id
+            .as_bridge_number()
+            .is_some_and(|n| self.routes.awaits_editor(n));
+        if awaited && !found.method {
+            let message = format!(
+                "zcode-acp dropped the editor's answer: it is {size} bytes, over the limit of {limit} bytes"
+            );
+            if let Ok(frame) =
+                Frame::parse(error_response(&id, codes::FRAME_TOO_LARGE, &message, None))
+            {
+                self.on_editor_response(id, frame);
+            }
+            return;
+        }
+        let message = format!(
+            "zcode-acp dropped this request: the frame is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
+        );
+        self.answer_error(&id, codes::FRAME_TOO_LARGE, &message);
+    }
+
     /// A frame the bridge cannot route exactly is never passed on: a
     /// request is answered with an error where its id can be read, an
     /// unreadable answer to a request the editor was asked is routed as an
@@ -90,7 +117,7 @@ impl Bridge {
             FrameKind::Request { id, method } => {
                 warn!(method, "the restart queue is full; answered at once");
                 let message = format!(
-                    "zcode-acp is restarting the agent and already holds {} messages (or {} MiB) for it; send this again once it is back",
+                    "zcode-acp is restarting the agent and its queue for it is full (at most {} messages or {} MiB); send this again once it is back",
                     super::routing::MAX_HELD_FRAMES,
                     super::routing::MAX_HELD_BYTES >> 20
                 );

@@ -38,7 +38,7 @@ use crate::backend::{procs, BackendEvent, Generation};
 use crate::confine::{Confinement, Sandbox};
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, recover_id};
+use crate::relay::envelope::error_response;
 use crate::relay::framing::{FrameReader, ReadItem};
 use crate::relay::RawId;
 use crate::session::SessionTable;
@@ -77,8 +77,9 @@ pub struct BridgeConfig {
 use routing::{AtEditor, Origin, Routes, Terminal};
 
 enum EditorEvent {
-    /// A frame, with its share of the bytes in flight toward the backend.
-    Frame(Vec<u8>, Permit),
+    /// A frame, with its share of the bytes in flight toward the backend
+    /// (none once the editor hung up: what is left is read to the end).
+    Frame(Vec<u8>, Option<Permit>),
     TooLarge {
         prefix: Vec<u8>,
         size: usize,
@@ -166,15 +167,30 @@ impl Bridge {
         let max = cfg.max_frame_bytes;
         let to_backend = Budget::new(crate::relay::budget::DEFAULT_BYTES);
         let to_editor_budget = Budget::new(crate::relay::budget::DEFAULT_BYTES);
+        let hangup = stdin_hangup_watch();
         tokio::spawn(async move {
             let mut reader =
                 FrameReader::new(BufReader::with_capacity(1 << 20, tokio::io::stdin()), max);
+            let mut hung_up = false;
+            let mut hangup = std::pin::pin!(stdin_hung_up(hangup));
             loop {
                 let event = match reader.next().await {
                     Ok(ReadItem::Frame(bytes)) => {
                         // Waits while the backend is behind: the editor's
-                        // writes then block on a full pipe.
-                        let permit = to_backend.take(bytes.len()).await;
+                        // writes then block on a full pipe. An editor that
+                        // hangs up meanwhile is not kept waiting: what it
+                        // sent is read to the end, and the bridge ends.
+                        let permit = if hung_up {
+                            None
+                        } else {
+                            tokio::select! {
+                                p = to_backend.take(bytes.len()) => Some(p),
+                                _ = &mut hangup => {
+                                    hung_up = true;
+                                    None
+                                }
+                            }
+                        };
                         EditorEvent::Frame(bytes, permit)
                     }
                     Ok(ReadItem::TooLarge { prefix, size }) => {
@@ -309,19 +325,11 @@ impl Bridge {
     fn handle_one(&mut self, event: Event) {
         match event {
             Event::Editor(EditorEvent::Frame(bytes, permit)) => {
-                self.carried.set(Some(permit));
+                self.carried.set(permit);
                 self.on_editor_bytes(bytes)
             }
             Event::Editor(EditorEvent::TooLarge { prefix, size }) => {
-                let id = recover_id(&prefix);
-                error!(size, limit = self.cfg.max_frame_bytes, id = ?id, "dropped a frame from the editor that exceeds --max-frame-bytes");
-                if let Some(id) = id {
-                    let message = format!(
-                        "zcode-acp dropped this request: the frame is {size} bytes, over the limit of {} bytes; raise it with --max-frame-bytes",
-                        self.cfg.max_frame_bytes
-                    );
-                    self.to_editor(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
-                }
+                self.on_editor_too_large(&prefix, size)
             }
             Event::Editor(EditorEvent::Closed) => {
                 self.begin_shutdown("the editor closed the connection")
@@ -517,6 +525,47 @@ impl Bridge {
         // The user's answers reach sandbox.json before the process exits.
         self.disk.settle(Duration::from_secs(5)).await;
     }
+}
+
+/// A watch on this process's stdin for the editor hanging up (its end of
+/// the pipe closed), which shows even while unread frames are still in
+/// the pipe: a thread of its own waits in poll(2) for POLLHUP alone (no
+/// readiness for reading is asked, so unread data never wakes it). Where
+/// stdin is a file it never fires, and EOF says the same.
+fn stdin_hangup_watch() -> Option<tokio::sync::oneshot::Receiver<()>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("stdin-hangup".into())
+        .spawn(move || loop {
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::empty())];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_)
+                    if fds[0].revents().is_some_and(|r| {
+                        r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+                    }) =>
+                {
+                    let _ = tx.send(());
+                    return;
+                }
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        })
+        .ok()?;
+    Some(rx)
+}
+
+/// Resolves when the editor hangs up; never without a watch.
+async fn stdin_hung_up(watch: Option<tokio::sync::oneshot::Receiver<()>>) {
+    if let Some(rx) = watch {
+        if rx.await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// Sleeps until `at`, or forever without one.

@@ -152,6 +152,11 @@ impl Routes {
         Some(entry.origin)
     }
 
+    /// Whether bridge id `bid` awaits the editor's answer.
+    pub fn awaits_editor(&self, bid: u64) -> bool {
+        self.at_editor.contains_key(&bid)
+    }
+
     /// Whether bridge id `bid` awaits the backend's answer.
     pub fn awaits_backend(&self, bid: u64) -> bool {
         self.at_backend.contains_key(&bid)
@@ -267,7 +272,9 @@ impl Routes {
     /// ([`MAX_HELD_FRAMES`], [`MAX_HELD_BYTES`]): then it is handed back.
     pub fn hold(&mut self, frame: Frame) -> Result<(), Box<Frame>> {
         let bytes: usize = self.held.iter().map(|f| f.bytes.len()).sum();
-        if self.held.len() >= MAX_HELD_FRAMES || bytes + frame.bytes.len() > MAX_HELD_BYTES {
+        let full = self.held.len() >= MAX_HELD_FRAMES
+            || (!self.held.is_empty() && bytes + frame.bytes.len() > MAX_HELD_BYTES);
+        if full {
             return Err(Box::new(frame));
         }
         self.held.push_back(frame);

@@ -240,13 +240,9 @@ impl Confinement {
             // A backend gets a keeper (Linux): nothing of its tree outlives
             // a bridge that is killed.
             #[cfg(target_os = "linux")]
-            Confinement::Unconfined if launch == Launch::Backend => {
-                let exe = std::env::current_exe().map_err(ArmError::OwnPath)?;
-                Ok(crate::backend::keeper::wrap(
-                    &exe.to_string_lossy(),
-                    &command.argv,
-                ))
-            }
+            Confinement::Unconfined if launch == Launch::Backend => Ok(
+                crate::backend::keeper::wrap("/proc/self/exe", &command.argv),
+            ),
             Confinement::Unconfined => Ok(command.argv.clone()),
             Confinement::Refused(why) => Err(ArmError::Refused(why.clone())),
             Confinement::Armed(armed) => armed.enforcer.wrap(armed, command, launch),

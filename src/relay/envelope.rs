@@ -6,7 +6,8 @@
 //! span the old one occupied, so every other byte, unknown fields, `_meta`,
 //! key order and whitespace included, reaches the other side unchanged.
 //!
-//! Strict at the edge: a frame is a JSON object with `"jsonrpc": "2.0"`;
+//! Strict at the edge: a frame is a JSON object whose `jsonrpc`, when
+//! present, is `"2.0"`;
 //! an id is a string or an integer (null only in an error answer to an
 //! unreadable request), of bounded size; nesting is bounded; an array (a
 //! batch, which ACP does not use) is refused. What the bridge cannot route
@@ -57,9 +58,10 @@ pub struct Frame {
     payload_span: Option<Range<usize>>,
 }
 
-/// The deepest nesting of arrays and objects a frame may have (serde_json's
-/// own default limit, which agents built on it apply anyway).
-pub const MAX_DEPTH: usize = 128;
+/// The deepest nesting of arrays and objects a frame may have: far above
+/// anything ACP carries (a tool's input included), far below what would
+/// exhaust a peer's parser.
+pub const MAX_DEPTH: usize = 1024;
 /// The longest id, as JSON text (quotes included).
 pub const MAX_ID_BYTES: usize = 256;
 
@@ -222,12 +224,17 @@ fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
             "nested more than {MAX_DEPTH} levels deep"
         )));
     }
-    match env
-        .jsonrpc
-        .map(|v| serde_json::from_str::<Cow<'_, str>>(v.get()))
-    {
-        Some(Ok(v)) if v == "2.0" => {}
-        _ => return Err(FrameError::Invalid("`jsonrpc` must be \"2.0\"".into())),
+    // Missing is accepted, as ACP's own libraries accept it (editors and
+    // agents that predate the field's use still omit it); present, it must
+    // say 2.0.
+    if let Some(v) = env.jsonrpc {
+        if serde_json::from_str::<Cow<'_, str>>(v.get())
+            .ok()
+            .as_deref()
+            != Some("2.0")
+        {
+            return Err(FrameError::Invalid("`jsonrpc` must be \"2.0\"".into()));
+        }
     }
     if let Some(id) = env.id {
         let null_error = id.get() == "null" && env.error.is_some() && env.method.is_none();
@@ -545,8 +552,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"x"}"#,
             r#""str""#,
             r#"7"#,
-            // jsonrpc missing or wrong.
-            r#"{"id":1,"method":"x"}"#,
+            // jsonrpc wrong (missing is accepted).
             r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#,
             r#"{"jsonrpc":2.0,"id":1,"method":"x"}"#,
             // Ids that are neither strings nor integers.
@@ -580,6 +586,7 @@ mod tests {
         );
         for good in [
             ok_depth.as_str(),
+            r#"{"id":0,"method":"initialize","params":{}}"#,
             r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"m"}}"#,
             r#"{"jsonrpc":"2.0","id":"a\"b","method":"x","params":{"s":"\\"}}"#,
         ] {

@@ -1,0 +1,7 @@
+#[path = "../../targets.rs"]
+#[allow(dead_code)]
+mod targets;
+
+fn main() {
+    afl::fuzz!(|data: &[u8]| targets::sbpl_quote(data));
+}
