@@ -237,6 +237,9 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
         r#"{"jsonrpc":"2.0","id":{"a":1},"method":"_test/echo","params":{"x":"object-id"}}"#,
     );
     ed.send_raw(r#"{"jsonrpc":"2.0","id":1.5,"method":"_test/echo","params":{"x":"fraction-id"}}"#);
+    // An id JSON-RPC allows but the bridge does not route by: refused, and
+    // the refusal answered to it as written.
+    assert_eq!(error_code(&ed.response(&json!(1.5))), -32600);
     ed.send_raw(&format!(
         r#"{{"jsonrpc":"2.0","id":{}1{},"method":"_test/echo","params":{{"x":"deep-id"}}}}"#,
         "[".repeat(100_000),
@@ -851,21 +854,8 @@ fn a_crash_during_a_restore_never_hides_a_sessions_updates() {
 #[test]
 fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
     use std::io::{BufRead, Write};
-    // A raw editor: the test harness's always reads, and this one stops.
     let home = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .arg("--")
-        .args(fake_agent())
-        .env("HOME", home.path())
-        .env("FAKE_AGENT_DIR", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("ZCODE_ACP_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut stdin, mut stdout) = raw_bridge(home.path(), &[]);
     let mut send = |v: Value| writeln!(stdin, "{v}").unwrap();
     let mut read_until = |pred: &dyn Fn(&Value) -> bool| -> Value {
         loop {
@@ -952,19 +942,7 @@ fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
 fn an_editor_that_hangs_up_ends_the_bridge_even_when_the_agent_stopped_reading() {
     use std::io::{BufRead, Write};
     let home = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .args(["--stop-grace-ms", "300", "--"])
-        .args(fake_agent())
-        .env("HOME", home.path())
-        .env("FAKE_AGENT_DIR", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("ZCODE_ACP_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut stdin, mut stdout) = raw_bridge(home.path(), &["--stop-grace-ms", "300"]);
     let mut line = String::new();
     writeln!(
         stdin,
@@ -1007,4 +985,31 @@ fn an_editor_that_hangs_up_ends_the_bridge_even_when_the_agent_stopped_reading()
         answered, 5,
         "every request the editor sent is answered once"
     );
+}
+
+/// The bridge in front of the scripted agent, driven by a raw editor: the
+/// harness's always reads, and these tests need one that stops.
+fn raw_bridge(
+    home: &std::path::Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .arg("--")
+        .args(fake_agent())
+        .env("HOME", home)
+        .env("FAKE_AGENT_DIR", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("ZCODE_ACP_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    (child, stdin, stdout)
 }

@@ -210,7 +210,17 @@ impl Bridge {
         let preview = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
         warn!("dropped a malformed frame from the backend ({err}): {preview}");
         let found = recover(bytes);
-        let Some(id) = found.id else { return };
+        let Some(id) = found.id else {
+            // An id it may use but the bridge does not route by: its
+            // request is still answered.
+            if let (Some(id), false) = (&found.reply_id, found.answer) {
+                let message = format!("zcode-acp could not read this message: {err}");
+                if let Some(g) = &self.generation {
+                    g.send(error_response(id, err.code(), &message, None));
+                }
+            }
+            return;
+        };
         let awaited = id
             .as_bridge_number()
             .is_some_and(|n| self.routes.awaits_backend(n));

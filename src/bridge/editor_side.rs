@@ -60,6 +60,12 @@ impl Bridge {
                 }
             }
             Some(id) => self.answer_error(&id, err.code(), &message),
+            // An id JSON-RPC allows but the bridge does not route by
+            // (`null`, a fraction): the refusal is answered to it as written.
+            None if found.reply_id.is_some() && !found.answer => {
+                let id = found.reply_id.clone().unwrap_or(RawId("null".into()));
+                self.answer_error(&id, err.code(), &message)
+            }
             None if matches!(err, FrameError::Batch) => {
                 self.answer_error(&RawId("null".into()), err.code(), &message)
             }

@@ -5,7 +5,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The largest configuration or spec file read: more is refused, so a
 /// file (or what an agent made of it) cannot grow memory without bound.
@@ -56,11 +56,24 @@ pub fn read_regular(path: &Path, follow: bool) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Writes `bytes` to `path` atomically: a fresh temp file in the same
-/// directory (created exclusively, so a planted file or symlink makes it
-/// fail), fsynced, renamed over the target (rename replaces a symlink
-/// rather than following it), then the directory fsynced.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+/// A file created exclusively, never through a symlink (a planted file or
+/// link makes it fail).
+fn open_new(path: &Path, mode: u32) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// `bytes` written and fsynced into a fresh temp file beside `path`; its
+/// directory and path.
+fn temp_beside<'p>(
+    path: &'p Path,
+    bytes: &[u8],
+    mode: u32,
+) -> std::io::Result<(&'p Path, PathBuf)> {
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("no parent directory"))?;
@@ -69,22 +82,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
         .ok_or_else(|| std::io::Error::other("no file name"))?
         .to_string_lossy();
     let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&tmp)?;
+    let written = open_new(&tmp, mode).and_then(|mut f| {
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
+        f.sync_all()
+    });
+    match written {
+        Ok(()) => Ok((dir, tmp)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a fresh temp file in the same
+/// directory (created exclusively, so a planted file or symlink makes it
+/// fail), fsynced, renamed over the target (rename replaces a symlink
+/// rather than following it), then the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let (dir, tmp) = temp_beside(path, bytes, mode)?;
+    let placed = std::fs::rename(&tmp, path).and_then(|()| File::open(dir)?.sync_all());
+    if placed.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    placed
 }
 
 /// Creates `path` with `bytes`, never replacing anything there, and so
@@ -95,36 +116,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
 /// exclusively and written in place. Fails with `AlreadyExists` when
 /// something is there.
 pub fn create_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| std::io::Error::other("no parent directory"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("no file name"))?
-        .to_string_lossy();
-    let tmp = dir.join(format!(".{name}.new-{:016x}", rand::random::<u64>()));
-    let open_new = |p: &Path| {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(p)
-    };
-    let written = (|| {
-        let mut f = open_new(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
-    let placed = written.and_then(|()| rename_noreplace(&tmp, path));
-    match placed {
+    let (dir, tmp) = temp_beside(path, bytes, mode)?;
+    match rename_noreplace(&tmp, path) {
         Ok(()) => File::open(dir)?.sync_all(),
         Err(e)
             if e.raw_os_error() == Some(nix::libc::EINVAL)
                 || e.raw_os_error() == Some(nix::libc::ENOTSUP) =>
         {
             let _ = std::fs::remove_file(&tmp);
-            let mut f = open_new(path)?;
+            let mut f = open_new(path, mode)?;
             f.write_all(bytes)?;
             f.sync_all()
         }

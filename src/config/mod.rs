@@ -139,12 +139,20 @@ pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
         return Ok(UserConfig::default());
     };
     match std::fs::read(&path) {
-        Ok(bytes) => parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
-            line: e.line(),
-            column: e.column(),
-            what: without_position(&e),
-            path,
-        }),
+        Ok(bytes) => {
+            for key in unknown_sandbox_keys(&bytes) {
+                tracing::warn!(
+                    "the user config {} has `sandbox.{key}`, which zcode-acp does not know (it knows enabled, statePaths and backendProfile); it is ignored",
+                    path.display()
+                );
+            }
+            parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
+                line: e.line(),
+                column: e.column(),
+                what: without_position(&e),
+                path,
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(UserConfig::default()),
         Err(source) => Err(UserConfigError::Unreadable { path, source }),
     }
@@ -152,6 +160,24 @@ pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
 
 pub fn parse_user_config(bytes: &[u8]) -> Result<UserConfig, serde_json::Error> {
     serde_json::from_slice(bytes)
+}
+
+/// Keys of the `sandbox` settings no setting has: a misspelled `enable`
+/// would otherwise leave the sandbox off without a word. (Unknown keys
+/// elsewhere are a newer version's, and are left alone.)
+fn unknown_sandbox_keys(bytes: &[u8]) -> Vec<String> {
+    const KNOWN: &[&str] = &["enabled", "statePaths", "backendProfile"];
+    let Ok(serde_json::Value::Object(top)) = serde_json::from_slice(bytes) else {
+        return Vec::new();
+    };
+    match top.get("sandbox") {
+        Some(serde_json::Value::Object(sandbox)) => sandbox
+            .keys()
+            .filter(|k| !KNOWN.contains(&k.as_str()))
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// serde_json's message without its own " at line L column C", saying
@@ -220,6 +246,17 @@ mod tests {
             );
             assert!(e.line() >= 1);
         }
+    }
+
+    #[test]
+    fn a_misspelled_sandbox_setting_is_named() {
+        assert_eq!(
+            unknown_sandbox_keys(
+                br#"{"sandbox": {"enable": true, "enabled": false}, "future": 1}"#
+            ),
+            ["enable"]
+        );
+        assert!(unknown_sandbox_keys(br#"{"sandbox": {"enabled": true}}"#).is_empty());
     }
 
     #[test]

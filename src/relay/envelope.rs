@@ -342,7 +342,12 @@ fn too_deep(bytes: &[u8], limit: usize) -> bool {
 /// answer, as far as the scan got.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {
+    /// An id the bridge can route by (a string or an integer).
     pub id: Option<RawId>,
+    /// The id as written, when it is one JSON-RPC allows but the bridge
+    /// does not route by (`null`, a fraction): a refusal is still answered
+    /// to it.
+    pub reply_id: Option<RawId>,
     /// A `method` key was seen: a request (or notification).
     pub method: bool,
     /// A `result` or `error` key was seen: an answer.
@@ -396,6 +401,11 @@ pub fn recover(bytes: &[u8]) -> Recovered {
             found.id = text
                 .filter(|t| check_id(t).is_ok())
                 .map(|t| RawId(t.to_owned()));
+            let number = |t: &str| serde_json::from_str::<serde_json::Number>(t).is_ok();
+            found.reply_id = found.id.clone().or_else(|| {
+                text.filter(|t| t.len() <= MAX_ID_BYTES && (*t == "null" || number(t)))
+                    .map(|t| RawId(t.to_owned()))
+            });
         }
         i = skip_ws(bytes, value_end);
         match bytes.get(i) {
@@ -637,6 +647,13 @@ mod tests {
         assert_eq!(recover_id(b"garbage"), None);
         assert_eq!(recover_id(br#"{"id":{"nested":1}}"#), None);
         assert_eq!(recover_id(br#"{"id":1.5,"method":"x"}"#), None);
+        let r = recover(br#"{"id":1.5,"method":"x"}"#);
+        assert_eq!(r.reply_id, Some(RawId("1.5".into())));
+        assert_eq!(
+            recover(br#"{"id":null,"method":"x"}"#).reply_id,
+            Some(RawId("null".into()))
+        );
+        assert_eq!(recover(br#"{"id":{"a":1},"method":"x"}"#).reply_id, None);
         assert_eq!(recover_id(br#"{"id":1,"method":"x","id":2,"#), None);
         let r = recover(br#"{"jsonrpc":"1.0","id":3,"result":{"#);
         assert_eq!(
