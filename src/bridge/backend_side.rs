@@ -8,8 +8,8 @@ use super::editor_side::{cancel_target, rewrite_request_id};
 use super::restart::CallOutcome;
 use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, recover, FrameError};
-use crate::relay::{Frame, FrameKind};
+use crate::relay::envelope::{error_response, recover, FrameError, Recovered};
+use crate::relay::{Frame, FrameKind, RawId};
 
 impl Bridge {
     pub(super) fn on_backend_bytes(&mut self, bytes: Vec<u8>) {
@@ -203,66 +203,71 @@ impl Bridge {
 
     /// A frame too large to relay still must not leave its peer waiting.
     /// A frame of the agent's the bridge cannot route exactly is logged
-    /// and never passed on. Whoever waits on it is not left in silence: an
-    /// answer the agent garbled reaches whoever asked as an error, and a
-    /// request of the agent's own is answered with one.
+    /// and never passed on; whoever waits on it hears why.
     fn on_malformed_backend_frame(&mut self, bytes: &[u8], err: &FrameError) {
         let preview = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
         warn!("dropped a malformed frame from the backend ({err}): {preview}");
-        let found = recover(bytes);
-        let Some(id) = found.id else {
-            // An id it may use but the bridge does not route by: its
-            // request is still answered.
-            if let (Some(id), false) = (&found.reply_id, found.answer) {
-                let message = format!("zcode-acp could not read this message: {err}");
-                if let Some(g) = &self.generation {
-                    g.send(error_response(id, err.code(), &message, None));
-                }
-            }
-            return;
-        };
-        let awaited = id
-            .as_bridge_number()
-            .is_some_and(|n| self.routes.awaits_backend(n));
-        if awaited && !found.method {
-            let message = format!("the agent's answer could not be read ({err})");
-            let garbled = error_response(&id, codes::INTERNAL_ERROR, &message, None);
-            return self.on_backend_bytes(garbled);
-        }
-        if !found.answer || found.method {
-            let message = format!("zcode-acp could not read this message: {err}");
-            if let Some(g) = &self.generation {
-                g.send(error_response(&id, err.code(), &message, None));
-            }
-        }
+        self.refuse_backend_frame(
+            &recover(bytes),
+            (
+                codes::INTERNAL_ERROR,
+                format!("the agent's answer could not be read ({err})"),
+            ),
+            (
+                err.code(),
+                format!("zcode-acp could not read this message: {err}"),
+            ),
+        );
     }
 
     /// A frame of the agent's over `--max-frame-bytes`: dropped, and
-    /// answered like an unreadable one, toward whoever waits on it (an
-    /// answer the agent gave reaches whoever asked as an error; a request
-    /// of its own is answered to it).
+    /// answered like an unreadable one.
     pub(super) fn on_backend_too_large(&mut self, prefix: &[u8], size: usize) {
         let limit = self.cfg.max_frame_bytes;
         let found = recover(prefix);
         error!(size, limit, id = ?found.id, "dropped a frame from the backend that exceeds --max-frame-bytes");
-        let Some(id) = found.id else { return };
-        let awaited = id
-            .as_bridge_number()
+        self.refuse_backend_frame(
+            &found,
+            (
+                codes::FRAME_TOO_LARGE,
+                format!("zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"),
+            ),
+            (
+                codes::FRAME_TOO_LARGE,
+                format!("zcode-acp dropped this request: it is {size} bytes, over the limit of {limit} bytes"),
+            ),
+        );
+    }
+
+    /// Answers an agent frame that is not passed on, toward whoever waits
+    /// on it: an answer to a request in flight reaches whoever asked as the
+    /// error `to_asker`; a request of the agent's own (also one whose id
+    /// the bridge does not route by, `null` or a fraction) gets `to_agent`.
+    fn refuse_backend_frame(
+        &mut self,
+        found: &Recovered,
+        to_asker: (i64, String),
+        to_agent: (i64, String),
+    ) {
+        let awaited = found
+            .id
+            .as_ref()
+            .and_then(RawId::as_bridge_number)
             .is_some_and(|n| self.routes.awaits_backend(n));
-        if awaited && !found.method {
-            let message = format!(
-                "zcode-acp dropped the agent's answer: it is {size} bytes, over the limit of {limit} bytes; raise it with --max-frame-bytes"
-            );
-            let answer = error_response(&id, codes::FRAME_TOO_LARGE, &message, None);
+        if let (Some(id), true, false) = (&found.id, awaited, found.method) {
+            let answer = error_response(id, to_asker.0, &to_asker.1, None);
             return self.on_backend_bytes(answer);
         }
-        if found.method || !found.answer {
-            let message = format!(
-                "zcode-acp dropped this request: it is {size} bytes, over the limit of {limit} bytes"
-            );
-            if let Some(g) = &self.generation {
-                g.send(error_response(&id, codes::FRAME_TOO_LARGE, &message, None));
-            }
+        let id = match &found.id {
+            Some(id) if found.method || !found.answer => id,
+            None if !found.answer => match &found.reply_id {
+                Some(id) => id,
+                None => return,
+            },
+            _ => return,
+        };
+        if let Some(g) = &self.generation {
+            g.send(error_response(id, to_agent.0, &to_agent.1, None));
         }
     }
 

@@ -341,11 +341,13 @@ impl Sandbox {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::policy::build::{ProjectRules, RootInput};
 
-    fn input(home: &std::path::Path, platform: Platform) -> PolicyInput {
+    /// One workspace root, `home/ws`, and nothing else: what the
+    /// platforms' own tests arm too.
+    pub(crate) fn input(home: &std::path::Path, platform: Platform) -> PolicyInput {
         PolicyInput {
             platform,
             home: home.to_path_buf(),

@@ -101,26 +101,12 @@ mod tests {
     use super::*;
     use crate::config::managed::ManagedRoot;
     use crate::confine::{Confinement, Sandbox, Starter};
-    use crate::policy::build::{ProjectRules, RootInput};
     use crate::policy::PolicyInput;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
 
     fn input(home: &Path) -> PolicyInput {
-        PolicyInput {
-            platform: Platform::Macos,
-            home: home.to_path_buf(),
-            roots: vec![RootInput {
-                path: home.join("ws"),
-                project: ProjectRules::default(),
-                repos: vec![],
-            }],
-            backend_state: vec![],
-            temp_and_caches: vec![],
-            once_allows: vec![],
-            profile_dir: None,
-            managed_root: PathBuf::new(),
-        }
+        crate::confine::tests::input(home, Platform::Macos)
     }
 
     /// Any existing file stands in for sandbox-exec: nothing is run.
