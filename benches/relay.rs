@@ -247,6 +247,105 @@ fn sandboxed_spawn(n: usize) -> String {
     )
 }
 
+/// One `run_code` call of `pass` in python through a running `zcode-acp
+/// mcp` (JSON-RPC over its stdio, as an agent calls it: staging, arming
+/// the sandbox, the run, collecting outputs, removing its directory)
+/// against running the same interpreter bare with `-c pass`.
+fn run_code_call(n: usize) -> String {
+    let python = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty());
+    let Some(python) = python else {
+        return "| `run_code` of `pass` (python) vs bare `python3 -c pass` | skipped: no python3 | | |".into();
+    };
+    let ws = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let config = home.path().join(".config/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        serde_json::json!({"runCode": {"interpreters": {"python": [&python]}}}).to_string(),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["mcp", "--workspace", ws.path().to_str().unwrap()])
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join(".config"))
+        .env("ZCODE_ACP_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut call = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
+        if id == u64::MAX {
+            let msg = serde_json::json!({"jsonrpc": "2.0", "method": method});
+            writeln!(stdin, "{msg}").unwrap();
+            return serde_json::Value::Null;
+        }
+        let msg =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{msg}").unwrap();
+        loop {
+            line.clear();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "zcode-acp mcp exited"
+            );
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == id {
+                return v;
+            }
+        }
+    };
+    call(
+        0,
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}),
+    );
+    // A notification through the same closure: its answer is never awaited.
+    call(u64::MAX, "notifications/initialized", serde_json::json!({}));
+    let args = serde_json::json!({"name": "run_code", "arguments": {"language": "python", "source": "pass"}});
+    // The first call probes the interpreters: not timed.
+    let first = call(1, "tools/call", args.clone());
+    assert_eq!(
+        first["result"]["structuredContent"]["ok"], true,
+        "run_code failed: {first}"
+    );
+    let timed: Vec<Duration> = (0..n)
+        .map(|i| {
+            let start = Instant::now();
+            let r = call(2 + i as u64, "tools/call", args.clone());
+            let took = start.elapsed();
+            assert_eq!(r["result"]["structuredContent"]["ok"], true, "{r}");
+            took
+        })
+        .collect();
+    drop(stdin);
+    let _ = child.wait();
+    let bare: Vec<Duration> = (0..n)
+        .map(|_| {
+            let start = Instant::now();
+            let status = Command::new(&python).args(["-c", "pass"]).status().unwrap();
+            assert!(status.success());
+            start.elapsed()
+        })
+        .collect();
+    let (bare, via) = (median(bare), median(timed));
+    format!(
+        "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each) | {:.1} ms | {:.1} ms | {:.2}x |",
+        bare.as_secs_f64() * 1e3,
+        via.as_secs_f64() * 1e3,
+        via.as_secs_f64() / bare.as_secs_f64()
+    )
+}
+
 /// Writes the agent asks the editor to make (`fs/write_text_file`, from
 /// the shell agent's `/write`), through a bridge without the sandbox and
 /// through an armed one, which resolves and judges each path against the
@@ -524,6 +623,7 @@ fn main() {
     ));
     rows.push(streamed_notifications(if full { 1_000_000 } else { 1000 }));
     rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
+    rows.push(run_code_call(if full { 30 } else { 2 }));
     rows.push(judged_writes(if full { 200 } else { 2 }));
     rows.extend(supervised_file_work(
         if full { 9 } else { 1 },

@@ -15,6 +15,7 @@ pub mod linux;
 pub mod logging;
 pub mod policy;
 pub mod relay;
+pub mod run_code;
 pub mod seatbelt;
 pub mod session;
 pub mod shell_agent;

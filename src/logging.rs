@@ -15,11 +15,11 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 pub const FILE_ONLY: &str = "zcode_acp::file_only";
 
 /// Installs the global subscriber. The level comes from `ZCODE_ACP_LOG`,
-/// else `RUST_LOG`, else `info`.
+/// else `RUST_LOG`, else `info` (the MCP SDK's own chatter at `warn`).
 pub fn init(log_file: Option<&Path>) -> anyhow::Result<()> {
     let directives = std::env::var("ZCODE_ACP_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| "info,rmcp=warn".into());
     let filter = || EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let stderr = fmt::layer()
         .with_writer(std::io::stderr)

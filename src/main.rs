@@ -70,6 +70,11 @@ struct BridgeArgs {
     #[arg(long)]
     no_sandbox: bool,
 
+    /// Offer every session the run_code tool (an MCP server this bridge adds
+    /// to the session's mcpServers); also "codeExec": true in the user config.
+    #[arg(long)]
+    code_exec: bool,
+
     /// Whose state the agent may write: claude, codex, gemini, zcode or none
     /// (default: read from the backend command; also ZCODE_ACP_BACKEND_PROFILE).
     #[arg(long, value_name = "PROFILE")]
@@ -84,6 +89,8 @@ struct BridgeArgs {
 enum Command {
     /// Run the embedded shell agent (an ACP agent whose prompts are shell commands).
     ShellAgent,
+    /// Serve the run_code and which_languages tools over MCP on stdio.
+    Mcp(zcode_acp::run_code::server::McpArgs),
     /// Run a scripted editor against the bridge and the shell agent, and print what happens.
     Demo,
     /// Print the sandbox profile for workspaces, or the decision for one path.
@@ -123,8 +130,11 @@ enum Command {
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
     Sandbox {
-        #[arg(long)]
-        spec: PathBuf,
+        #[arg(long, required_unless_present = "spec_fd")]
+        spec: Option<PathBuf>,
+        /// Read the spec from this inherited descriptor instead.
+        #[arg(long, conflicts_with = "spec")]
+        spec_fd: Option<i32>,
         /// Remove the spec file once read (terminals' one-shot specs).
         #[arg(long)]
         consume: bool,
@@ -170,10 +180,17 @@ fn main() -> ExitCode {
         }
         Some(Command::Sandbox {
             spec,
+            spec_fd,
             consume,
             die_with_parent,
         }) => {
-            return match zcode_acp::linux::helper::helper(&spec, consume, die_with_parent) {
+            use zcode_acp::linux::helper::SpecSource;
+            let source = match (spec, spec_fd) {
+                (Some(path), _) => SpecSource::File { path, consume },
+                (None, Some(fd)) => SpecSource::Fd(fd),
+                (None, None) => unreachable!("clap requires one of them"),
+            };
+            return match zcode_acp::linux::helper::helper(&source, die_with_parent) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     eprintln!("zcode-acp: {e}");
@@ -193,6 +210,24 @@ fn main() -> ExitCode {
         }
         command => Cli { command, ..cli },
     };
+    // The MCP server decides its confinement first: probing the kernel
+    // forks, which wants no threads.
+    let (cli, mcp_runner) = match cli.command {
+        Some(Command::Mcp(args)) => match zcode_acp::run_code::server::prepare(&args) {
+            Ok(runner) => (
+                Cli {
+                    command: Some(Command::Mcp(args)),
+                    ..cli
+                },
+                Some(runner),
+            ),
+            Err(e) => {
+                eprintln!("zcode-acp: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+        command => (Cli { command, ..cli }, None),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -208,6 +243,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Some(Command::ShellAgent) => shell_agent::run().await.map(|_| ExitCode::SUCCESS),
+            Some(Command::Mcp(_)) => match mcp_runner {
+                Some(runner) => zcode_acp::run_code::server::serve(runner)
+                    .await
+                    .map(|_| ExitCode::SUCCESS),
+                None => unreachable!("prepared before the runtime starts"),
+            },
             Some(Command::Demo) => demo::run().await.map(|_| ExitCode::SUCCESS),
             Some(Command::Allow(args)) => {
                 zcode_acp::commands::allow::run(zcode_acp::config::project::List::Allow, args)
@@ -307,6 +348,39 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         // A project may still turn it on (see `honor_project_switch`).
         None => Sandbox::Off,
     };
+    let code_exec = match (args.code_exec, user.code_exec) {
+        (true, _) => Some("--code-exec"),
+        (false, true) => Some("\"codeExec\": true in the user config"),
+        (false, false) => None,
+    };
+    // Projects may turn it on too (an approved `codeExec: true`), so the
+    // path the agent starts the server by is found either way.
+    // The path goes into JSON: it must be text.
+    let exe = std::env::current_exe().and_then(|exe| match exe.to_str() {
+        Some(_) => Ok(exe),
+        None => Err(std::io::Error::other(format!(
+            "its path {} is not UTF-8",
+            exe.display()
+        ))),
+    });
+    let code_exec = match (exe, code_exec) {
+        (Ok(exe), everywhere) => {
+            if let Some(by) = everywhere {
+                tracing::info!("sessions are offered the run_code tool ({by})");
+            }
+            Some(zcode_acp::run_code::inject::CodeExec {
+                exe,
+                everywhere: everywhere.map(str::to_owned),
+            })
+        }
+        (Err(e), Some(by)) => anyhow::bail!(
+            "code execution is on ({by}), but zcode-acp cannot find its own path to offer it: {e}"
+        ),
+        (Err(e), None) => {
+            tracing::debug!("run_code cannot be offered to projects that ask for it: {e}");
+            None
+        }
+    };
     let cfg = bridge::BridgeConfig {
         backend,
         max_frame_bytes: args.max_frame_bytes,
@@ -319,6 +393,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         state,
         startup_note,
         cannot_start,
+        code_exec,
     };
     bridge::Bridge::run(cfg, sandbox).await?;
     Ok(ExitCode::SUCCESS)

@@ -233,6 +233,8 @@ struct Run {
     /// its edits through the editor when it can).
     editor_writes: bool,
     extra_env: Vec<(String, String)>,
+    /// Options for the bridge itself (`--code-exec`).
+    bridge_args: Vec<String>,
 }
 
 impl Run {
@@ -243,6 +245,7 @@ impl Run {
             sandbox: true,
             editor_writes: true,
             extra_env: Vec::new(),
+            bridge_args: Vec::new(),
         }
     }
 
@@ -264,6 +267,9 @@ impl Run {
         // The bridge's own shutdown ends the agent (codex-acp ignores a
         // closed stdin, so it gets SIGTERM after this grace).
         opts = opts.arg("--stop-grace-ms").arg("1000");
+        for a in &self.bridge_args {
+            opts = opts.arg(a);
+        }
         let mut ed = Editor::start_with(opts);
         ed.drop_grace = Duration::from_secs(20);
         ed.call(
@@ -809,4 +815,132 @@ fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
     assert_eq!(summary["stopReason"], "end_turn", "{summary}");
     let offered = format!("Allow the agent to write in {}?", w.outside.display());
     assert_eq!(summary["bridgePrompts"], json!([offered]), "{summary}");
+}
+
+/// With `--code-exec`, codex (armed, on its first run) gets the run_code
+/// server in its session, its mocked model calls the tool, and the code
+/// runs inside the agent's sandbox with its own layer: the write inside
+/// lands, the one outside does not, and the result says what confined it.
+#[test]
+fn codex_calls_run_code_through_the_bridge() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
+    run.bridge_args = vec!["--code-exec".into()];
+    // A key in the bridge's (and so the agent's) environment.
+    run.extra_env = vec![("ZCODE_TEST_SECRET".into(), "s3cr3t-value".into())];
+    let mut ed = run.start(&w);
+    let sid = ed.new_session(&w.ws);
+    let source = format!(
+        "open('from-run-code.txt', 'w').write('hi')\ntry:\n    open('{}/rc.txt', 'w')\nexcept OSError as e:\n    print('refused', e.errno)\nimport os\nprint('secret:', os.environ.get('ZCODE_TEST_SECRET'))\nprint('RUN' + '_CODE_DONE')",
+        w.outside.display()
+    );
+    let t = turn(
+        &mut ed,
+        &sid,
+        json!([{"tool": "mcp", "name": "run_code", "arguments": {"language": "python", "source": source}}]),
+        "reject-once",
+    );
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    let log = std::fs::read_to_string(&w.model.log).unwrap();
+    let offered = tools_offered(&log);
+    assert!(
+        offered.iter().any(|t| t.contains("run_code")),
+        "the model was not offered run_code: {offered:?}"
+    );
+    // What the tool returned, as the agent handed it to the model (the
+    // tool's description is in every request too, so the log as a whole
+    // proves nothing about the result).
+    let results = tool_outputs(&log);
+    let result = results
+        .iter()
+        .find(|r| r.contains("RUN_CODE_DONE"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the tool's result never reached the model: {}\n(offered: {offered:?}; outputs: {results:?})",
+                t.text
+            )
+        });
+    assert!(
+        result.contains("secret: None") && !log.contains("s3cr3t-value"),
+        "the bridge's environment reached the code: {result}"
+    );
+    assert!(
+        // Codex hands the model the structured result when there is one.
+        result.contains(r#""confinement":"inherited: linux namespaces+landlock""#)
+            || result.contains("confinement: inherited: linux namespaces+landlock"),
+        "the result does not say what confined the run: {result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.ws.join("from-run-code.txt")).unwrap(),
+        "hi"
+    );
+    assert!(
+        !w.outside.join("rc.txt").exists(),
+        "run_code wrote outside the project"
+    );
+}
+
+/// The outputs of tool calls the agent sent back to its model.
+fn tool_outputs(log: &str) -> Vec<String> {
+    let mut outputs = Vec::new();
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let body = v.get("body").unwrap_or(&v);
+        for item in body["input"].as_array().into_iter().flatten() {
+            if item["type"] == "function_call_output" {
+                let out = &item["output"];
+                outputs.push(
+                    out.as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| out.to_string()),
+                );
+            }
+        }
+    }
+    outputs
+}
+
+/// The names of the tools the agent offered its model, in every request.
+fn tools_offered(log: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let body = v.get("body").unwrap_or(&v);
+        for t in body["tools"].as_array().into_iter().flatten() {
+            let name = t["name"].as_str().or(t["function"]["name"].as_str());
+            if let Some(n) = name.filter(|n| !names.iter().any(|m| m == n)) {
+                names.push(n.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Without the opt-in, the editor's mcpServers reach the agent as sent.
+#[test]
+fn without_code_exec_the_agent_gets_no_run_code() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let mut ed = Run::new(Agent::Codex, Launch::NodeScript).start(&w);
+    let sid = ed.new_session(&w.ws);
+    turn(&mut ed, &sid, json!([shell("true".into())]), "reject-once");
+    let log = std::fs::read_to_string(&w.model.log).unwrap();
+    let offered = tools_offered(&log);
+    assert!(
+        !offered.is_empty(),
+        "no tools were seen: the check would prove nothing"
+    );
+    assert!(
+        !offered.iter().any(|t| t.contains("run_code")),
+        "run_code was offered without the opt-in: {offered:?}"
+    );
 }

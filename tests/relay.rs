@@ -1013,3 +1013,134 @@ fn raw_bridge(
     let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     (child, stdin, stdout)
 }
+
+/// Opens a session whose `mcpServers` is `servers` (raw text); returns
+/// its id and the line the agent received.
+fn session_with_servers(ed: &mut Editor, ws: &std::path::Path, servers: &str) -> (String, String) {
+    let cwd = serde_json::to_string(ws).unwrap();
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"new-1","method":"session/new","params":{{"cwd":{cwd},"mcpServers":{servers}}}}}"#
+    ));
+    let r = ed.wait_for("the new session", |v| v["id"] == "new-1").value;
+    let sid = r["result"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_owned();
+    let got = read_log(ed, "received.log")
+        .into_iter()
+        .find(|l| l.contains("\"session/new\""))
+        .unwrap();
+    (sid, got)
+}
+
+const EDITOR_SERVER: &str =
+    r#"{"name":"zcode-run-code","command":"theirs","args":["-x"],"env":[],"futureField":1.50}"#;
+
+#[test]
+fn code_exec_offers_run_code_in_every_session_and_restore_keeping_the_editors_servers() {
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent())
+            .env("FAKE_LOAD", "1")
+            .arg("--code-exec"),
+    );
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let (sid, got) = session_with_servers(&mut ed, &ws, &format!("[ {EDITOR_SERVER} ]"));
+    // The editor's entry arrives byte for byte, and its name is kept.
+    assert!(got.contains(EDITOR_SERVER), "{got}");
+    let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
+    let ours = |servers: &Value| -> Value {
+        let list = servers.as_array().unwrap();
+        assert_eq!(list.len(), 2, "{servers}");
+        assert_eq!(list[0]["command"], "theirs");
+        list[1].clone()
+    };
+    let entry = ours(servers);
+    assert_eq!(entry["name"], "zcode-run-code-2");
+    assert_eq!(
+        std::fs::canonicalize(entry["command"].as_str().unwrap()).unwrap(),
+        std::fs::canonicalize(BIN).unwrap()
+    );
+    assert_eq!(entry["args"], json!(["mcp", "--workspace", ws]));
+    // Unarmed: the server arms its own sandbox, so nothing is claimed.
+    assert_eq!(entry["env"], json!([]));
+
+    // A restored session gets it again, once.
+    restart(&ed);
+    let (r, _) = ed.prompt(&sid, "notify 1");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let load = read_log(&ed, "received.log")
+        .into_iter()
+        .find(|l| l.contains("\"session/load\""))
+        .expect("the session was restored with session/load");
+    let servers = &serde_json::from_str::<Value>(&load).unwrap()["params"]["mcpServers"];
+    assert_eq!(ours(servers)["args"], json!(["mcp", "--workspace", ws]));
+}
+
+#[test]
+fn without_code_exec_the_editors_servers_pass_byte_for_byte() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let servers = format!("[ {EDITOR_SERVER} ]");
+    let (_, got) = session_with_servers(&mut ed, &ws, &servers);
+    assert!(got.contains(&format!(r#""mcpServers":{servers}"#)), "{got}");
+    assert!(!got.contains("\"mcp\""), "{got}");
+}
+
+#[test]
+fn a_project_turns_code_exec_on_only_once_approved() {
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+    std::fs::write(
+        ws.join(".zcode/acp/sandbox.json"),
+        r#"{"enabled": false, "allow": [], "deny": [], "codeExec": true}"#,
+    )
+    .unwrap();
+    let (_, got) = session_with_servers(&mut ed, &ws, "[]");
+    assert!(
+        got.contains(r#""mcpServers":[]"#),
+        "not approved, yet offered: {got}"
+    );
+    let status = std::process::Command::new(BIN)
+        .arg("approve")
+        .arg("--workspace")
+        .arg(&ws)
+        .env("HOME", ed.home())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"new-2","method":"session/new","params":{{"cwd":{},"mcpServers":[]}}}}"#,
+        serde_json::to_string(&ws).unwrap()
+    ));
+    ed.wait_for("the second session", |v| v["id"] == "new-2");
+    let got = read_log(&ed, "received.log")
+        .into_iter()
+        .filter(|l| l.contains("\"session/new\""))
+        .nth(1)
+        .unwrap();
+    let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
+    assert_eq!(
+        servers[0]["args"],
+        json!(["mcp", "--workspace", ws]),
+        "{got}"
+    );
+    // A session elsewhere that only lists the project as an additional
+    // directory is not that project's session.
+    let elsewhere = workspace(&ed, "elsewhere");
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"new-3","method":"session/new","params":{{"cwd":{},"additionalDirectories":[{}],"mcpServers":[]}}}}"#,
+        serde_json::to_string(&elsewhere).unwrap(),
+        serde_json::to_string(&ws).unwrap()
+    ));
+    ed.wait_for("the third session", |v| v["id"] == "new-3");
+    let got = read_log(&ed, "received.log")
+        .into_iter()
+        .filter(|l| l.contains("\"session/new\""))
+        .nth(2)
+        .unwrap();
+    assert!(got.contains(r#""mcpServers":[]"#), "{got}");
+}

@@ -60,7 +60,7 @@ pub fn running_entries(config: &Path) -> Vec<(String, String)> {
         // and git reading it later blocks rather than runs anything.
         return Vec::new();
     }
-    let mut cmd = std::process::Command::new("git");
+    let mut cmd = crate::policy::git_cmd::command();
     cmd.args(["config", "--no-includes", "--file"])
         .arg(config)
         .args(["--list", "-z"]);
@@ -93,7 +93,7 @@ pub fn unset(config: &Path, keys: &[String]) {
         if !git_cmd::readable_config(config) {
             return;
         }
-        let mut cmd = std::process::Command::new("git");
+        let mut cmd = crate::policy::git_cmd::command();
         cmd.args(["config", "--file"])
             .arg(config)
             .args(["--unset-all", key]);

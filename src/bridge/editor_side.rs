@@ -270,16 +270,90 @@ impl Bridge {
                         }
                     }
                 }
+                let servers = self.with_code_server(&frame, &track);
                 let (bid, reused) =
                     self.routes
                         .editor_request(generation, id.clone(), method, track);
                 if reused {
                     warn!(%id, "the editor reused the id of a request still in flight");
                 }
-                self.send_to_backend(frame.with_id(&bid.to_string()));
+                let mut bytes = frame.with_id(&bid.to_string());
+                if let Some(servers) = servers {
+                    match crate::relay::splice::set(&bytes, &["params", "mcpServers"], &servers) {
+                        Ok(with) => bytes = with,
+                        Err(e) => warn!("cannot add the run_code server to this session ({e}); it is opened without it"),
+                    }
+                }
+                self.send_to_backend(bytes);
             }
             FrameKind::Response { .. } => unreachable!("responses are routed before dispatch"),
         }
+    }
+
+    /// The session's `mcpServers` with the `run_code` server added, when
+    /// code execution is on and `frame` opens a session; the editor's own
+    /// entries are kept as it wrote them.
+    fn with_code_server(&mut self, frame: &Frame, track: &track::Track) -> Option<String> {
+        let session = match track {
+            track::Track::Create(s) | track::Track::Reopen(s) => s,
+            _ => {
+                let opens = frame.method().is_some_and(|m| {
+                    matches!(
+                        m,
+                        "session/new" | "session/load" | "session/resume" | "session/fork"
+                    )
+                });
+                if opens
+                    && self
+                        .cfg
+                        .code_exec
+                        .as_ref()
+                        .is_some_and(|c| c.everywhere.is_some())
+                {
+                    warn!("this session's request could not be read, so run_code is not offered to it");
+                }
+                return None;
+            }
+        };
+        let code_exec = self.code_exec_for(session)?;
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            #[serde(rename = "mcpServers", default)]
+            mcp_servers: Option<Box<serde_json::value::RawValue>>,
+        }
+        let raw = frame.params_as::<Raw>().ok()?.mcp_servers;
+        crate::run_code::inject::with_code_server(
+            raw.as_ref().map(|r| r.get()),
+            &code_exec.exe,
+            &session.cwd,
+            self.confinement.confined_by().as_deref(),
+        )
+    }
+
+    /// How to offer `run_code` to `session`, if it is offered: everywhere
+    /// (`--code-exec`, the user config), or in a project whose approved
+    /// sandbox.json says `codeExec: true` (read only, as for the switch).
+    /// The project is the session's own (its `cwd`), never one of its
+    /// additional directories.
+    pub(super) fn code_exec_for(
+        &mut self,
+        session: &crate::session::Session,
+    ) -> Option<crate::run_code::inject::CodeExec> {
+        let code_exec = self.cfg.code_exec.clone()?;
+        if code_exec.everywhere.is_some() {
+            return Some(code_exec);
+        }
+        let real = crate::policy::resolve_real(&session.cwd).ok()?;
+        let project = crate::config::project::inspect(&real, &self.cfg.managed);
+        if project.ledger.code_exec == Some(false) && !project.code_exec {
+            // Turned off: recorded (off the loop), so turning it on again
+            // needs a new approval.
+            self.disk.prepare(&self.cfg.managed, real.clone());
+        }
+        if project.ignored.iter().any(|why| why.contains("codeExec")) {
+            warn!(root = %real.display(), "sandbox.json asks for run_code, but `codeExec: true` is not approved yet; approve it with `zcode-acp approve --workspace DIR`");
+        }
+        project.code_exec.then_some(code_exec)
     }
 
     /// Roots of a session being opened that the armed generation does not

@@ -72,6 +72,8 @@ pub struct BridgeConfig {
     /// Why no agent can be started at all: every request is answered with
     /// it (the editor's log would otherwise be the only place to see it).
     pub cannot_start: Option<String>,
+    /// Offer the `run_code` MCP server to every session (opt-in).
+    pub code_exec: Option<crate::run_code::inject::CodeExec>,
 }
 
 use routing::{AtEditor, Origin, Routes, Terminal};

@@ -506,6 +506,18 @@ impl Bridge {
         if !session.additional_directories.is_empty() {
             params["additionalDirectories"] = json!(session.additional_directories);
         }
+        if let Some(code_exec) = self.code_exec_for(&session) {
+            let servers = session.mcp_servers.to_string();
+            let with = crate::run_code::inject::with_code_server(
+                Some(&servers),
+                &code_exec.exe,
+                &session.cwd,
+                self.confinement.confined_by().as_deref(),
+            );
+            if let Some(with) = with.and_then(|t| serde_json::from_str(&t).ok()) {
+                params["mcpServers"] = with;
+            }
+        }
         let step = Step::Restore {
             session,
             method,

@@ -23,6 +23,9 @@ pub struct Approved {
     /// Approved `allow` entries, exactly as written in sandbox.json.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// The last approved value of `codeExec` (None: never recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_exec: Option<bool>,
 }
 
 pub struct Ledger {
@@ -81,6 +84,7 @@ mod tests {
             enabled: Some(true),
             strict_git: None,
             allow: vec!["/x".into()],
+            code_exec: Some(true),
         };
         ledger.save(&a).unwrap();
         assert_eq!(ledger.load(Path::new("/p")), a);

@@ -25,6 +25,12 @@ pub struct UserConfig {
     pub backend: Option<BackendSpec>,
     #[serde(default)]
     pub sandbox: SandboxSettings,
+    /// Offer the `run_code` tool to every session (`--code-exec`).
+    #[serde(default, rename = "codeExec")]
+    pub code_exec: bool,
+    /// How `run_code` runs code.
+    #[serde(default, rename = "runCode")]
+    pub run_code: crate::run_code::settings::RunCodeSettings,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -140,10 +146,18 @@ pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
     };
     match std::fs::read(&path) {
         Ok(bytes) => {
-            for key in unknown_sandbox_keys(&bytes) {
+            for key in unknown_keys(&bytes, "sandbox", SANDBOX_KEYS) {
                 tracing::warn!(
                     "the user config {} has `sandbox.{key}`, which zcode-acp does not know (it knows enabled, statePaths and backendProfile); it is ignored",
                     path.display()
+                );
+            }
+            let run_code_keys = crate::run_code::settings::KNOWN_KEYS;
+            for key in unknown_keys(&bytes, "runCode", run_code_keys) {
+                tracing::warn!(
+                    "the user config {} has `runCode.{key}`, which zcode-acp does not know (it knows {}); it is ignored",
+                    path.display(),
+                    run_code_keys.join(", ")
                 );
             }
             parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
@@ -162,18 +176,19 @@ pub fn parse_user_config(bytes: &[u8]) -> Result<UserConfig, serde_json::Error> 
     serde_json::from_slice(bytes)
 }
 
-/// Keys of the `sandbox` settings no setting has: a misspelled `enable`
+const SANDBOX_KEYS: &[&str] = &["enabled", "statePaths", "backendProfile"];
+
+/// Keys of the `section` settings no setting has: a misspelled `enable`
 /// would otherwise leave the sandbox off without a word. (Unknown keys
 /// elsewhere are a newer version's, and are left alone.)
-fn unknown_sandbox_keys(bytes: &[u8]) -> Vec<String> {
-    const KNOWN: &[&str] = &["enabled", "statePaths", "backendProfile"];
+fn unknown_keys(bytes: &[u8], section: &str, known: &[&str]) -> Vec<String> {
     let Ok(serde_json::Value::Object(top)) = serde_json::from_slice(bytes) else {
         return Vec::new();
     };
-    match top.get("sandbox") {
-        Some(serde_json::Value::Object(sandbox)) => sandbox
+    match top.get(section) {
+        Some(serde_json::Value::Object(settings)) => settings
             .keys()
-            .filter(|k| !KNOWN.contains(&k.as_str()))
+            .filter(|k| !known.contains(&k.as_str()))
             .cloned()
             .collect(),
         _ => Vec::new(),
@@ -251,12 +266,28 @@ mod tests {
     #[test]
     fn a_misspelled_sandbox_setting_is_named() {
         assert_eq!(
-            unknown_sandbox_keys(
-                br#"{"sandbox": {"enable": true, "enabled": false}, "future": 1}"#
+            unknown_keys(
+                br#"{"sandbox": {"enable": true, "enabled": false}, "future": 1}"#,
+                "sandbox",
+                SANDBOX_KEYS
             ),
             ["enable"]
         );
-        assert!(unknown_sandbox_keys(br#"{"sandbox": {"enabled": true}}"#).is_empty());
+        assert!(unknown_keys(
+            br#"{"sandbox": {"enabled": true}}"#,
+            "sandbox",
+            SANDBOX_KEYS
+        )
+        .is_empty());
+        let run_code = crate::run_code::settings::KNOWN_KEYS;
+        assert_eq!(
+            unknown_keys(
+                br#"{"runCode": {"memoryMB": 1, "memoryMb": 2}}"#,
+                "runCode",
+                run_code
+            ),
+            ["memoryMB"]
+        );
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct ProjectConfig {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
     pub strict_git: bool,
+    /// Offer this project's sessions the `run_code` tool.
+    pub code_exec: bool,
 }
 
 /// How the file was found.
@@ -95,6 +97,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProjectConfig, String> {
         allow: list("allow")?,
         deny: list("deny")?,
         strict_git: flag("strictGit")?,
+        code_exec: flag("codeExec")?,
     })
 }
 
@@ -201,6 +204,8 @@ pub struct Entries {
 pub struct Effective {
     pub armed: bool,
     pub rules: Entries,
+    /// Offer the project's sessions `run_code` (approved `codeExec: true`).
+    pub code_exec: bool,
     /// Each permissive difference from the ledger that was ignored, in
     /// words for the log and `doctor`.
     pub ignored: Vec<String>,
@@ -244,6 +249,18 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
         strict_git = true;
         ignored.push("`strictGit: false` was not approved: .git stays protected".to_owned());
     }
+    // Code execution is permissive: on only once approved; off at once
+    // (and turning it on again needs a new approval).
+    let mut code_exec = false;
+    if config.code_exec {
+        if approved.code_exec == Some(true) {
+            code_exec = true;
+        } else {
+            ignored.push("`codeExec: true` was not approved: run_code is not offered".to_owned());
+        }
+    } else if approved.code_exec == Some(true) {
+        ledger.code_exec = Some(false);
+    }
     // Entries removed from the file leave the ledger: adding them back
     // needs a new approval.
     ledger.allow.retain(|a| config.allow.contains(a));
@@ -263,6 +280,7 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
             deny: config.deny.clone(),
             strict_git,
         },
+        code_exec,
         ignored,
         ledger,
         state: read.state.clone(),
@@ -435,6 +453,7 @@ pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), WriteEr
         enabled: Some(read.config.enabled),
         strict_git: Some(read.config.strict_git),
         allow: read.config.allow.clone(),
+        code_exec: Some(read.config.code_exec),
     };
     Ledger::new(managed.clone())
         .save(&approved)
@@ -657,5 +676,42 @@ mod tests {
         // Something odd in the way reads as armed, never as "off".
         let r = read(&ro);
         assert!(r.config.enabled, "{r:?}");
+    }
+
+    #[test]
+    fn code_exec_counts_only_once_approved_and_turning_it_off_is_recorded() {
+        let read = |code_exec: bool| ProjectRead {
+            config: ProjectConfig {
+                code_exec,
+                ..ProjectConfig::default()
+            },
+            state: FileState::Ok,
+        };
+        let approved = |code_exec: Option<bool>| Approved {
+            root: "/p".into(),
+            code_exec,
+            ..Approved::default()
+        };
+        let asked = effective(&read(true), &approved(None));
+        assert!(!asked.code_exec);
+        assert!(
+            asked.ignored.iter().any(|w| w.contains("codeExec")),
+            "{:?}",
+            asked.ignored
+        );
+        assert!(effective(&read(true), &approved(Some(true))).code_exec);
+        // Off at once, and recorded: on again needs a new approval.
+        let off = effective(&read(false), &approved(Some(true)));
+        assert!(!off.code_exec);
+        assert_eq!(off.ledger.code_exec, Some(false));
+        assert!(!effective(&read(true), &off.ledger).code_exec);
+        // A malformed file never turns it on.
+        assert!(
+            !effective(
+                &armed_without_entries(FileState::Malformed("x".into())),
+                &approved(Some(true))
+            )
+            .code_exec
+        );
     }
 }

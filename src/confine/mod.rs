@@ -76,6 +76,10 @@ pub trait Enforce: Send + Sync {
     fn violation_tag(&self) -> Option<&str> {
         None
     }
+    /// What confines commands, as a confined tool names what it inherits
+    /// (`run_code`'s `inherited: ...`): the same words the sandbox's own
+    /// marker uses.
+    fn confined_by(&self) -> String;
     /// Writes what every command confined by `policy` shares into its
     /// private directory (Seatbelt's profile). Called once per arming.
     fn prepare(&self, _policy: &Policy, _dir: Option<&GenerationDir>) -> Result<(), ArmError> {
@@ -222,6 +226,15 @@ impl Sandbox {
 }
 
 impl Confinement {
+    /// What confines commands, as a confined tool names what it inherits
+    /// (`linux namespaces+landlock`); None when nothing does.
+    pub fn confined_by(&self) -> Option<String> {
+        match self {
+            Confinement::Armed(a) => Some(a.enforcer.confined_by()),
+            _ => None,
+        }
+    }
+
     /// The policy commands run under, when they are confined.
     pub fn policy(&self) -> Option<&Policy> {
         match self {

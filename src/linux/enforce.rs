@@ -68,6 +68,10 @@ impl Enforce for LinuxEnforcer {
         Platform::Linux
     }
 
+    fn confined_by(&self) -> String {
+        self.level.confined_by().into()
+    }
+
     fn describe(&self) -> String {
         match self.level {
             Level::Full => "Linux namespaces+Landlock",

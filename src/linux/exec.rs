@@ -68,6 +68,15 @@ pub enum Level {
 }
 
 impl Level {
+    /// What confines a command armed at this level, as `run_code` names it.
+    pub fn confined_by(self) -> &'static str {
+        match self {
+            Level::Full => "linux namespaces+landlock",
+            Level::MountsOnly => "linux namespaces (no landlock)",
+            Level::LandlockOnly => "linux landlock",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Level::Full => "full (namespaces+Landlock)",
@@ -78,6 +87,9 @@ impl Level {
         }
     }
 }
+
+/// Set in every confined command's environment: what confines it.
+pub use crate::run_code::confinement::CONFINED_ENV;
 
 /// This machine gives neither namespaces nor Landlock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -276,6 +288,10 @@ pub struct LaunchSpec {
     pub level: Option<Level>,
     #[serde(default)]
     pub landlock_abi: Option<i32>,
+    /// The command gets `env` alone, not the helper's environment with
+    /// `env` on top (`run_code`: an allowlist, never inherited).
+    #[serde(default)]
+    pub clear_env: bool,
 }
 
 impl LaunchSpec {
@@ -297,6 +313,7 @@ impl LaunchSpec {
             policy,
             level: None,
             landlock_abi: None,
+            clear_env: false,
         }
     }
 
@@ -324,6 +341,7 @@ pub enum Syscall {
     Tmpfs,
     Cover,
     SocketPair,
+    Subreaper,
     ForkInit,
     BlockSignals,
     DropCapabilities,
@@ -347,6 +365,7 @@ impl std::fmt::Display for Syscall {
             Syscall::Tmpfs => "tmpfs on",
             Syscall::Cover => "cover",
             Syscall::SocketPair => "socketpair for the supervisor",
+            Syscall::Subreaper => "become the reaper of what the command leaves",
             Syscall::ForkInit => "fork the namespace's init",
             Syscall::BlockSignals => "block signals",
             Syscall::DropCapabilities => "drop the helper's capabilities",
@@ -906,6 +925,10 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     if level != Level::Full {
         tracing::warn!("the sandbox is armed at a lower level: {}", level.name());
     }
+    // What confines the command, for a tool inside that confines its own
+    // runs (`run_code`): it reads this together with facts no process can
+    // undo (see `run_code::confinement`). Single-threaded: set_var is safe.
+    std::env::set_var(CONFINED_ENV, level.confined_by());
     let is_root = nix::unistd::getuid().is_root();
 
     // Signals the init forwards; blocked before forking so none is lost.
@@ -928,6 +951,18 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         )?),
         None => None,
     };
+
+    // Without a PID namespace nothing ends what the command leaves behind
+    // (a daemon it `setsid`s, a runaway grandchild): the helper becomes
+    // their reaper, so they stay in its tree, and ends them when the
+    // command exits, as the end of a PID namespace would.
+    let reaper = level == Level::LandlockOnly;
+    if reaper {
+        sys(
+            Syscall::Subreaper,
+            nix::sys::prctl::set_child_subreaper(true),
+        )?;
+    }
 
     // SAFETY: single-threaded process (documented precondition), so fork
     // cannot leave a lock held by another thread.
@@ -957,11 +992,20 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 Syscall::DropCapabilities,
                 sys::drop_all_capabilities(is_root),
             )?;
-            wait_for_init(child, &forwarded, supervisor)
+            let code = wait_for_init(child, &forwarded, supervisor)?;
+            if reaper {
+                end_leftovers();
+            }
+            Ok(code)
         }
         // Without a PID namespace there is no init to hold: the child is
         // the command (still in a new session, so not the caller's group).
         ForkResult::Child if level == Level::LandlockOnly => {
+            // The helper holds no namespace that would end the command with
+            // it: it goes when the helper does.
+            if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+                die("parent-death signal", e);
+            }
             drop(supervisor);
             confine(spec, is_root, true, channel.map(|(_, theirs)| theirs));
             command(spec, SigSet::empty())
@@ -1008,16 +1052,23 @@ fn wait_for_init(
     let mut check_child = true;
     loop {
         if check_child {
-            match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-                Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(e) => {
-                    return Err(LaunchError::Sys {
-                        step: Syscall::WaitForInit,
-                        path: None,
-                        errno: e,
-                    })
+            // Every child is reaped: as a subreaper the helper also adopts
+            // what the command left behind.
+            loop {
+                match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok(code),
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                        return Ok(128 + sig as i32)
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => break,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        return Err(LaunchError::Sys {
+                            step: Syscall::WaitForInit,
+                            path: None,
+                            errno: e,
+                        })
+                    }
                 }
             }
             check_child = false;
@@ -1068,6 +1119,21 @@ fn wait_for_init(
                     Err(_) => {}
                 }
             }
+        }
+    }
+}
+
+/// Ends every process the helper adopted (see `reaper` in [`run`]) and
+/// reaps them, until it has no child left.
+fn end_leftovers() {
+    loop {
+        for p in crate::backend::procs::my_descendants() {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(_) | Err(Errno::EINTR) => continue,
+            // ECHILD: nothing is left.
+            Err(_) => return,
         }
     }
 }
@@ -1168,6 +1234,15 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
     }
     if let Err(e) = sys::close_from(3) {
         die("close inherited fds", e);
+    }
+    if spec.clear_env {
+        let names: Vec<_> = std::env::vars_os()
+            .map(|(k, _)| k)
+            .filter(|k| k != CONFINED_ENV)
+            .collect();
+        for k in names {
+            std::env::remove_var(k);
+        }
     }
     for (k, v) in &spec.env {
         std::env::set_var(k, v);

@@ -92,18 +92,23 @@ pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> Result<(), Errno> {
 
 /// Drops every capability: bounding set, ambient set, and the effective,
 /// permitted and inheritable sets. As uid 0 the securebits are locked too,
-/// so exec cannot hand root's capabilities back.
+/// so exec cannot hand root's capabilities back. What is already dropped
+/// (inside another zcode-acp sandbox, where dropping again needs the very
+/// capability that is gone) is left as it is.
 pub fn drop_all_capabilities(is_root: bool) -> Result<(), Errno> {
     // SAFETY: prctl with integer arguments only.
     unsafe {
         let mut cap = 0;
         // Drop until the kernel says the capability number is past the last.
         loop {
-            let r = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            if r != 0 {
+            let held = libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0);
+            if held < 0 {
                 if Errno::last() == Errno::EINVAL {
                     break;
                 }
+                return Err(Errno::last());
+            }
+            if held == 1 && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
                 return Err(Errno::last());
             }
             cap += 1;
@@ -118,7 +123,10 @@ pub fn drop_all_capabilities(is_root: bool) -> Result<(), Errno> {
         if is_root {
             // NOROOT, NO_SETUID_FIXUP and KEEP_CAPS off, each locked.
             let bits = 0x01 | 0x02 | 0x04 | 0x08 | 0x20;
-            Errno::result(libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0))?;
+            let now = libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0);
+            if now < 0 || now & bits != bits {
+                Errno::result(libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0))?;
+            }
         }
     }
     #[repr(C)]

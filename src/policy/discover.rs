@@ -363,7 +363,7 @@ fn hooks_path(work_tree: &Path, git_dir: &Path, common_dir: &Path) -> Option<Pat
         tracing::warn!(git_dir = %git_dir.display(), "not asking git for core.hooksPath: it stalled on another repository moments ago");
         return written();
     }
-    let mut cmd = std::process::Command::new("git");
+    let mut cmd = crate::policy::git_cmd::command();
     cmd.arg("--git-dir")
         .arg(git_dir)
         .arg("--work-tree")

@@ -7,6 +7,66 @@ use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The git zcode-acp runs on repositories, found once on PATH, but never
+/// in a directory an agent (or a `run_code` run) may have been able to put
+/// a `git` in: git runs outside the sandbox, so a planted one would run
+/// unconfined. Taken only from an absolute PATH entry outside the home
+/// directory and the temp directories, owned by root and writable by no
+/// one else, and, for root (whose workspaces are root's too), under the
+/// system's prefixes. None: no such git (the checks that ask git are
+/// skipped, as where git is not installed).
+pub fn program() -> Option<&'static std::path::Path> {
+    static GIT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    GIT.get_or_init(|| {
+        let path = std::env::var_os("PATH")?;
+        let home = dirs::home_dir().and_then(|h| std::fs::canonicalize(h).ok());
+        let is_root = nix::unistd::geteuid().is_root();
+        let found = std::env::split_paths(&path).find_map(|dir| {
+            let dir = std::fs::canonicalize(&dir).ok().filter(|_| dir.is_absolute())?;
+            let git = std::fs::canonicalize(dir.join("git")).ok()?;
+            trusted_location(&git, home.as_deref(), is_root).then_some(git)
+        });
+        if found.is_none() {
+            tracing::warn!("no git on PATH in a directory the agent cannot write; the checks that ask git are skipped");
+        }
+        found
+    })
+    .as_deref()
+}
+
+/// Whether `git` (a real path) and every directory above it are beyond
+/// what a sandboxed process may have written.
+fn trusted_location(git: &std::path::Path, home: Option<&std::path::Path>, is_root: bool) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/user"];
+    const SYSTEM: &[&str] = &[
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/opt",
+        "/nix",
+        "/snap",
+        "/Library",
+        "/Applications",
+    ];
+    if home.is_some_and(|h| git.starts_with(h)) || TEMP.iter().any(|t| git.starts_with(t)) {
+        return false;
+    }
+    if is_root && !SYSTEM.iter().any(|p| git.starts_with(p)) {
+        return false;
+    }
+    std::fs::metadata(git).is_ok_and(|m| m.is_file())
+        && git.ancestors().all(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.uid() == 0 && m.permissions().mode() & 0o022 == 0)
+        })
+}
+
+/// A command running [`program`] (a path that cannot start when there is
+/// none, which callers read as "git is unavailable").
+pub fn command() -> Command {
+    Command::new(program().unwrap_or(std::path::Path::new("/nonexistent/zcode-acp/git")))
+}
+
 /// The longest one git call may take before it is killed.
 pub const LIMIT: Duration = Duration::from_secs(3);
 
@@ -128,9 +188,34 @@ mod tests {
             NoAnswer::Unavailable
         );
         assert!(started.elapsed() < Duration::from_secs(5));
-        let mut cmd = Command::new("git");
+        let mut cmd = command();
         cmd.arg("--version");
         let out = output(cmd, LIMIT).unwrap();
         assert!(out.status.success() && out.stdout.starts_with(b"git version"));
+    }
+
+    #[test]
+    fn git_is_never_taken_from_where_an_agent_can_write() {
+        let home = std::path::Path::new("/home/u");
+        let root_git = program().expect("a system git on this machine");
+        assert!(root_git.is_absolute());
+        let d = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let planted = d.path().join("git");
+        std::fs::write(&planted, "#!/bin/sh\n").unwrap();
+        let planted = std::fs::canonicalize(planted).unwrap();
+        // Outside the system's prefixes (root), or not root's: refused.
+        assert!(!trusted_location(&planted, Some(home), true));
+        assert!(!trusted_location(&planted, Some(home), false) || nix::unistd::geteuid().is_root());
+        assert!(!trusted_location(
+            std::path::Path::new("/tmp/x/git"),
+            None,
+            false
+        ));
+        assert!(!trusted_location(
+            std::path::Path::new("/home/u/.venv/bin/git"),
+            Some(home),
+            false
+        ));
+        assert!(trusted_location(root_git, Some(home), true));
     }
 }

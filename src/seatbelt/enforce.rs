@@ -53,6 +53,10 @@ impl Enforce for SeatbeltEnforcer {
         "macOS Seatbelt".into()
     }
 
+    fn confined_by(&self) -> String {
+        crate::run_code::confinement::MACOS_SEATBELT.into()
+    }
+
     fn violation_tag(&self) -> Option<&str> {
         Some(&self.tag)
     }

@@ -646,7 +646,7 @@ pub fn terminal_writes_inside_only(
 /// machine's mount table. macOS has no mount namespaces and its sandbox
 /// mounts nothing, so there this is nothing to do.
 #[cfg(target_os = "linux")]
-fn in_outer_mount_ns(cmd: &mut Command) {
+pub fn in_outer_mount_ns(cmd: &mut Command) {
     let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap();
@@ -681,4 +681,4 @@ fn in_outer_mount_ns(cmd: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn in_outer_mount_ns(_cmd: &mut Command) {}
+pub fn in_outer_mount_ns(_cmd: &mut Command) {}

@@ -1,0 +1,247 @@
+//! `zcode-acp mcp`: the `run_code` and `which_languages` tools as an MCP
+//! server on stdio, built on the official Rust MCP SDK (`rmcp`). Usable
+//! through the bridge (which adds it to every session's `mcpServers` when
+//! code execution is turned on) and on its own, by any MCP client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use base64::Engine;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ResourceContents, ServerCapabilities, ServerConfig,
+    Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+
+use super::runner::Runner;
+
+/// The server: one runner for one workspace.
+#[derive(Clone)]
+pub struct CodeServer {
+    runner: Arc<Runner>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {
+    /// The session's workspace: the code's working directory, and where it
+    /// may write (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+}
+
+/// Decides the confinement (it forks to probe the kernel, so this runs
+/// before the async runtime's threads exist) and builds the runner.
+pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
+    let workspace = match &args.workspace {
+        Some(w) => crate::commands::workspaces(std::slice::from_ref(w))?.remove(0),
+        None => std::env::current_dir()?,
+    };
+    let user = crate::config::load_user_config()?;
+    let settings = user.run_code.clone();
+    let confiner = super::confinement::Confiner::detect(&workspace, settings.allow_unconfined);
+    if let Some(why) = confiner.refusal() {
+        tracing::warn!("run_code cannot confine runs here, so every run is refused: {why}");
+    }
+    Ok(Runner::new(workspace, settings, confiner))
+}
+
+/// Serves MCP on stdin/stdout until the client goes.
+pub async fn serve(runner: Runner) -> anyhow::Result<()> {
+    let server = CodeServer {
+        runner: Arc::new(runner),
+    };
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;
+    running.waiting().await?;
+    Ok(())
+}
+
+impl CodeServer {
+    fn tools(&self) -> Vec<Tool> {
+        let limits = self.runner.limits();
+        let run_code = json!({
+            "type": "object",
+            "properties": {
+                "language": {
+                    "type": "string",
+                    "enum": ["python", "node", "typescript", "bash", "sh"],
+                    "description": "The language of `source`."
+                },
+                "source": {
+                    "type": "string",
+                    "description": "The program, run from a file (no quoting needed)."
+                },
+                "timeoutMs": {
+                    "type": "integer", "minimum": 1, "maximum": limits.max_timeout_ms,
+                    "description": format!("Wall-clock ceiling in milliseconds (default {}).", limits.default_timeout_ms)
+                },
+                "stdin": {"type": "string", "description": "Given to the program on stdin (default: none)."},
+                "files": {
+                    "type": "array",
+                    "description": "Input files, staged in $ZCODE_RUN_INPUTS and listed in the manifest at $ZCODE_RUN_MANIFEST.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "path": {"type": "string", "description": "Relative path inside the input directory."},
+                            "content": {"type": "string"}
+                        },
+                        "required": ["path", "content"],
+                        "additionalProperties": false
+                    }
+                }
+            },
+            "required": ["language", "source"],
+            "additionalProperties": false
+        });
+        let description = format!(
+            "Run a short program (python, node, typescript, bash or sh) in a fresh process and get back its stdout, stderr, exit code and output files. \
+             Nothing is kept between calls: to keep state, write a file. The working directory is the workspace {ws}; \
+             files written to $ZCODE_RUN_OUTPUTS are returned (at most {file} bytes each, {total} in all). \
+             Limits: {timeout} ms by default, {mem} MiB of memory for the whole process tree, {out} bytes kept of each output stream. \
+             Confinement: {conf}. \
+             The environment holds only PATH, LANG, TZ and the names the user configured.",
+            ws = self.runner.workspace().display(),
+            file = limits.output_file_bytes,
+            total = limits.outputs_total_bytes,
+            timeout = limits.default_timeout_ms,
+            mem = limits.memory_bytes >> 20,
+            out = limits.output_bytes,
+            conf = match self.runner.confinement().as_str() {
+                "none" => "none: nothing confines the code (the user accepted unconfined runs)".to_owned(),
+                label => format!("{label}: writes outside the workspace and the run's own directory are refused"),
+            },
+        );
+        vec![
+            Tool::new("run_code", description, as_object(run_code)),
+            Tool::new(
+                "which_languages",
+                "Which languages run_code can run here, with which interpreter and version (probed once).",
+                as_object(json!({"type": "object", "properties": {}, "additionalProperties": false})),
+            ),
+        ]
+    }
+
+    async fn run_code(&self, args: Value) -> CallToolResult {
+        let result = self.runner.run(&args).await;
+        let mut content = vec![ContentBlock::text(result.text())];
+        // Text files are in the text above (and the structured result);
+        // other files travel as resources with their MIME type.
+        for o in result.outputs.iter().flatten().filter(|o| o.returned) {
+            let Some(data) = &o.data else { continue };
+            let contents = ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(data),
+                format!("run-output:///{}", uri_path(&o.path)),
+            );
+            content.push(ContentBlock::resource(
+                contents.with_mime_type(&o.mime_type),
+            ));
+        }
+        let ok = result.ok;
+        let mut out = if ok {
+            CallToolResult::success(content)
+        } else {
+            CallToolResult::error(content)
+        };
+        out.structured_content = serde_json::to_value(&result).ok();
+        out
+    }
+
+    async fn which_languages(&self) -> CallToolResult {
+        let languages: Vec<_> = self.runner.languages().await.values().cloned().collect();
+        let mut text = format!("confinement: {}\n", self.runner.confinement());
+        for l in &languages {
+            if l.available {
+                text.push_str(&format!(
+                    "{}: {}{}\n",
+                    l.language,
+                    l.interpreter.join(" "),
+                    l.version
+                        .as_deref()
+                        .map(|v| format!(" ({v})"))
+                        .unwrap_or_default()
+                ));
+            } else {
+                text.push_str(&format!(
+                    "{}: not available: {}\n",
+                    l.language,
+                    l.reason.as_deref().unwrap_or("unknown")
+                ));
+            }
+        }
+        let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+        out.structured_content = Some(json!({
+            "confinement": self.runner.confinement(),
+            "languages": languages,
+        }));
+        out
+    }
+}
+
+/// `path` with every byte outside RFC 3986's unreserved set (and `/`)
+/// percent-encoded.
+fn uri_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn as_object(v: Value) -> serde_json::Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
+impl ServerHandler for CodeServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("zcode-acp-run-code", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "run_code runs one short program per call in a fresh, sandboxed process; which_languages says what can run.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        let result = match request.name.as_ref() {
+            // A cancelled call drops its run, which ends the run's tree.
+            "run_code" => tokio::select! {
+                result = self.run_code(args) => result,
+                _ = context.ct.cancelled() => {
+                    return Err(ErrorData::internal_error("the call was cancelled; its run was ended", None));
+                }
+            },
+            "which_languages" => self.which_languages().await,
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named {other:?}; the tools are run_code and which_languages"),
+                    None,
+                ))
+            }
+        };
+        Ok(result.into())
+    }
+}

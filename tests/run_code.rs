@@ -1,0 +1,781 @@
+//! `zcode-acp mcp`: the real server over stdio, driven by the official
+//! Rust MCP SDK's client, running real interpreters under the real
+//! sandbox. Every write is checked on disk, in a home where a user's is
+//! (never a temp directory, which is writable by design).
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+use common::{home_like_a_users, require_kernel_features, BIN};
+
+const AGENTS_BIN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/agents/node_modules/.bin"
+);
+
+/// A user's world: a home (not under a temp directory), a project in it,
+/// an "outside" folder beside the project, and the user config.
+struct World {
+    home: tempfile::TempDir,
+}
+
+impl World {
+    fn new(config: Value) -> World {
+        let home = home_like_a_users("zcode-runcode-");
+        let w = World { home };
+        std::fs::create_dir_all(w.workspace()).unwrap();
+        std::fs::create_dir_all(w.outside()).unwrap();
+        let cfg = w.path().join(".config/zcode-acp");
+        std::fs::create_dir_all(&cfg).unwrap();
+        std::fs::write(cfg.join("config.json"), config.to_string()).unwrap();
+        w
+    }
+
+    fn path(&self) -> PathBuf {
+        std::fs::canonicalize(self.home.path()).unwrap()
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.path().join("project")
+    }
+
+    fn outside(&self) -> PathBuf {
+        self.path().join("outside")
+    }
+
+    /// The server as an MCP client starts it: a cleared environment with
+    /// this home, a PATH that has tsx, and a secret it must not pass on.
+    async fn server(&self, extra_env: &[(&str, &str)]) -> Server {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.arg("mcp")
+            .arg("--workspace")
+            .arg(self.workspace())
+            .env_clear()
+            .env("HOME", self.path())
+            .env("XDG_CONFIG_HOME", self.path().join(".config"))
+            .env("PATH", format!("{AGENTS_BIN}:/usr/local/bin:/usr/bin:/bin"))
+            .env("LANG", "C.UTF-8")
+            .env("ZCODE_TEST_SECRET", "hunter2")
+            .env("ZCODE_TEST_ALLOWED", "shared-on-purpose")
+            .stderr(Stdio::inherit());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        common::in_outer_mount_ns(&mut cmd);
+        let transport = TokioChildProcess::new(tokio::process::Command::from(cmd))
+            .expect("start zcode-acp mcp");
+        let client = ().serve(transport).await.expect("MCP initialize");
+        Server { client }
+    }
+}
+
+struct Server {
+    client: RunningService<RoleClient, ()>,
+}
+
+impl Server {
+    async fn call(&self, tool: &'static str, args: Value) -> CallToolResult {
+        let Value::Object(args) = args else {
+            panic!("arguments must be an object")
+        };
+        self.client
+            .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+            .await
+            .expect("tools/call")
+    }
+
+    /// Runs code; returns the structured result and the text the model reads.
+    async fn run(&self, args: Value) -> (Value, String) {
+        let r = self.call("run_code", args).await;
+        let text = r
+            .content
+            .iter()
+            .find_map(|c| c.as_text().map(|t| t.text.clone()))
+            .unwrap_or_default();
+        (
+            r.structured_content.clone().expect("a structured result"),
+            text,
+        )
+    }
+}
+
+/// Processes on this machine whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if cmdline.contains(marker) && !zombie {
+            found.push(format!("{name}: {cmdline}"));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn every_language_runs_where_its_interpreter_exists_and_says_which() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    assert_eq!(
+        langs["confinement"], "linux: namespaces+landlock",
+        "{langs}"
+    );
+    let programs = [
+        (
+            "python",
+            "import sys\nprint('hello from', 'python', sys.version_info[0])",
+        ),
+        ("node", "console.log('hello from', 'node', typeof require)"),
+        (
+            "typescript",
+            "const who: string = 'typescript';\nconsole.log('hello from', who)",
+        ),
+        ("bash", "declare -a a=(hello from bash); echo \"${a[@]}\""),
+        ("sh", "echo hello from sh"),
+    ];
+    for (language, source) in programs {
+        let entry = langs["languages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["language"] == language)
+            .unwrap_or_else(|| panic!("{language} is not listed: {langs}"));
+        // CI installs every interpreter (tsx for typescript): here each must run.
+        assert_eq!(entry["available"], true, "{language}: {entry}");
+        let (r, text) = server
+            .run(json!({"language": language, "source": source}))
+            .await;
+        assert_eq!(r["ok"], true, "{language}: {r}");
+        assert_eq!(r["exitCode"], 0);
+        assert!(
+            r["stdout"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("hello from {language}")),
+            "{language}: {r}"
+        );
+        assert_eq!(r["interpreter"], entry["interpreter"]);
+        assert_eq!(r["confinement"], "linux: namespaces+landlock");
+        assert!(
+            text.contains("confinement: linux: namespaces+landlock"),
+            "{text}"
+        );
+    }
+    // An ES module and a CommonJS one both run as node.
+    let (r, _) = server
+        .run(json!({"language": "node", "source": "import os from 'node:os';\nconsole.log(typeof os.cpus)"}))
+        .await;
+    assert_eq!(r["stdout"], "function\n", "{r}");
+}
+
+#[tokio::test]
+async fn a_run_writes_in_the_workspace_and_its_own_directory_and_nowhere_else() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let outside = world.outside();
+    let home = world.path();
+    let source = format!(
+        r#"
+import os
+open("made-by-run.txt", "w").write("inside")
+for target in ["{o}/py.txt", "{h}/.bashrc-planted"]:
+    try:
+        open(target, "w").write("escaped")
+        print("WROTE", target)
+    except OSError as e:
+        print("refused", e.errno)
+"#,
+        o = outside.display(),
+        h = home.display()
+    );
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(!r["stdout"].as_str().unwrap().contains("WROTE"), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(world.workspace().join("made-by-run.txt")).unwrap(),
+        "inside"
+    );
+    assert!(!outside.join("py.txt").exists(), "python wrote outside");
+    assert!(
+        !home.join(".bashrc-planted").exists(),
+        "python wrote in the home"
+    );
+    let (r, _) = server
+        .run(json!({"language": "bash", "source": format!("echo x > {}/sh.txt; touch {}/t2; echo done", outside.display(), outside.display())}))
+        .await;
+    assert_eq!(r["stdout"], "done\n", "{r}");
+    assert!(!outside.join("sh.txt").exists() && !outside.join("t2").exists());
+}
+
+#[tokio::test]
+async fn staged_files_go_in_outputs_come_back_bounded_and_the_call_directory_goes() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world =
+        World::new(json!({"runCode": {"maxOutputFileBytes": 4096, "maxOutputsTotalBytes": 6000}}));
+    let server = world.server(&[]).await;
+    let source = r#"
+import json, os
+m = json.load(open(os.environ["ZCODE_RUN_MANIFEST"]))
+rows = open(m["inputs"][0]["absolutePath"]).read().split()
+print(os.environ["ZCODE_RUN_DIR"])
+print(len(rows), open(os.path.join(os.environ["ZCODE_RUN_INPUTS"], "data/b.txt")).read())
+out = os.environ["ZCODE_RUN_OUTPUTS"]
+open(os.path.join(out, "sum.txt"), "w").write(str(sum(map(int, rows))))
+open(os.path.join(out, "pixel.png"), "wb").write(b"\x89PNG\r\n\x1a\n\x00\x00")
+open(os.path.join(out, "huge.log"), "w").write("x" * 5000)
+os.makedirs(os.path.join(out, "sub"))
+open(os.path.join(out, "sub", "late.txt"), "w").write("y" * 3000)
+os.symlink("/etc/hostname", os.path.join(out, "link"))
+"#;
+    let (r, text) = server
+        .run(json!({"language": "python", "source": source, "files": [
+            {"path": "data/a.txt", "content": "1 2 3 4"},
+            {"path": "data/b.txt", "content": "bee"}
+        ]}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let stdout = r["stdout"].as_str().unwrap();
+    let mut lines = stdout.lines();
+    let call_dir = PathBuf::from(lines.next().unwrap());
+    assert_eq!(lines.next(), Some("4 bee"), "{r}");
+    assert!(
+        !call_dir.exists(),
+        "the call directory {} is still there",
+        call_dir.display()
+    );
+    let outputs = r["outputs"].as_array().unwrap();
+    let by = |p: &str| {
+        outputs
+            .iter()
+            .find(|o| o["path"] == p)
+            .unwrap_or_else(|| panic!("{p} not listed: {r}"))
+    };
+    assert_eq!(by("sum.txt")["text"], "10");
+    assert_eq!(by("pixel.png")["returned"], true);
+    assert_eq!(by("pixel.png")["mimeType"], "image/png");
+    assert_eq!(by("huge.log")["returned"], false);
+    assert_eq!(by("huge.log")["bytes"], 5000);
+    assert!(by("huge.log")["skipped"].as_str().unwrap().contains("4096"));
+    // 2 + 10 bytes returned before it: 3000 more would pass 6000? No: the
+    // total cap is reached only with both; "sub/late.txt" fits (12 + 3000).
+    assert_eq!(by("sub/late.txt")["returned"], true);
+    assert_eq!(by("link")["returned"], false);
+    assert!(
+        text.contains("huge.log (5000 bytes): NOT RETURNED"),
+        "{text}"
+    );
+    // The binary file is MCP resource content with its MIME type.
+    let res = server
+        .call("run_code", json!({"language": "python", "source": "import os\nopen(os.environ['ZCODE_RUN_OUTPUTS']+'/p.png','wb').write(bytes([137,80,78,71,0,1]))"}))
+        .await;
+    let blob = res
+        .content
+        .iter()
+        .find_map(|c| c.as_resource())
+        .expect("a resource");
+    let blob = serde_json::to_value(&blob.resource).unwrap();
+    assert_eq!(blob["mimeType"], "image/png", "{blob}");
+    assert_eq!(blob["blob"], "iVBORwAB", "{blob}");
+    // No output files: said, not pretended.
+    let (r, text) = server
+        .run(json!({"language": "sh", "source": "true"}))
+        .await;
+    assert_eq!(r["outputs"], json!([]));
+    assert!(text.contains("outputs: none"), "{text}");
+}
+
+#[tokio::test]
+async fn the_clock_ends_the_whole_tree_grandchildren_and_setsid_children_too() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let marker = format!(
+        "{}.{}",
+        4000 + std::process::id() % 1000,
+        std::process::id()
+    );
+    let source = format!(
+        "sleep {marker}1 &\nsetsid sleep {marker}2 &\n(sleep {marker}3 &)\nsh -c 'sleep {marker}4' &\nsleep 0.3\necho started\nsleep {marker}5\n"
+    );
+    let (r, text) = server
+        .run(json!({"language": "bash", "source": source, "timeoutMs": 1500}))
+        .await;
+    assert_eq!(r["timedOut"], true, "{r}");
+    assert_eq!(r["error"]["code"], "timeout");
+    assert_eq!(r["exitCode"], Value::Null);
+    assert_eq!(r["stdout"], "started\n");
+    assert!(text.contains("error: timeout"), "{text}");
+    common::wait_until("every process of the run to be gone", || {
+        processes_with(&marker).is_empty()
+    });
+    // What a run leaves behind when it ends on its own goes too.
+    let (r, _) = server
+        .run(json!({"language": "bash", "source": format!("setsid sleep {marker}6 &\n(sleep {marker}7 &)\necho bye")}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    common::wait_until("the run's leftovers to be gone", || {
+        processes_with(&marker).is_empty()
+    });
+}
+
+#[tokio::test]
+async fn the_memory_ceiling_stops_python_a_node_array_and_node_buffers() {
+    if !require_kernel_features() {
+        return;
+    }
+    // 256 MiB; each runaway stops by 4 GiB at the latest.
+    let world = World::new(json!({"runCode": {"memoryMb": 256}}));
+    let server = world.server(&[]).await;
+    for (language, source) in [
+        ("python", "a = []\nfor i in range(256):\n    a.append(bytearray(16 << 20))\nprint('survived')"),
+        ("node", "const a = [];\nfor (let i = 0; i < 4096; i++) a.push(new Array(131072).fill(i + 0.5));\nconsole.log('survived')"),
+        ("node", "const a = [];\nfor (let i = 0; i < 256; i++) a.push(Buffer.alloc(16 << 20, 1));\nconsole.log('survived')"),
+        ("typescript", "const a: Buffer[] = [];\nfor (let i = 0; i < 256; i++) a.push(Buffer.alloc(16 << 20, 1));\nconsole.log('survived')"),
+    ] {
+        let (r, text) = server.run(json!({"language": language, "source": source})).await;
+        assert_eq!(r["ok"], false, "{language}: {r}");
+        assert_eq!(r["error"]["code"], "memory", "{language}: {r}");
+        assert!(!r["stdout"].as_str().unwrap().contains("survived"), "{r}");
+        assert!(text.contains("error: memory"), "{text}");
+    }
+    // A modest program runs under the same ceiling.
+    let (r, _) = server
+        .run(json!({"language": "node", "source": "console.log(Buffer.alloc(32 << 20).length)"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+}
+
+#[tokio::test]
+async fn cut_output_is_flagged_and_visible() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"maxOutputBytes": 1000}}));
+    let server = world.server(&[]).await;
+    let (r, text) = server
+        .run(json!({"language": "python", "source": "import sys\nprint('a' * 100000)\nsys.stderr.write('e' * 10)"}))
+        .await;
+    assert_eq!(r["truncated"], true, "{r}");
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("stdout truncated: the first 1000 of 100001 bytes"),
+        "{stdout}"
+    );
+    assert!(text.contains("stdout truncated"), "{text}");
+    assert_eq!(r["stderr"], "eeeeeeeeee");
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "echo short"}))
+        .await;
+    assert_eq!(r["truncated"], false);
+}
+
+#[tokio::test]
+async fn the_code_gets_an_allowlisted_environment_and_stdin_only_when_given() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"env": ["ZCODE_TEST_ALLOWED"]}}));
+    let server = world.server(&[]).await;
+    let (r, _) = server
+        .run(json!({"language": "python", "source": "import os, sys\nprint(os.environ.get('ZCODE_TEST_SECRET'), os.environ.get('ZCODE_TEST_ALLOWED'), os.environ.get('HOME'), os.environ.get('LANG'))\nprint(repr(sys.stdin.read()))"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(
+        r["stdout"], "None shared-on-purpose None C.UTF-8\n''\n",
+        "{r}"
+    );
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "env; cat", "stdin": "from stdin"}))
+        .await;
+    let out = r["stdout"].as_str().unwrap();
+    assert!(!out.contains("hunter2"), "{out}");
+    assert!(out.ends_with("from stdin"), "{out}");
+}
+
+#[tokio::test]
+async fn egress_verbs_disabled_languages_and_bad_calls_are_refused_before_running() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"disable": ["node"]}}));
+    let server = world.server(&[]).await;
+    let ws = world.workspace();
+    for source in [
+        "touch ran-1; git push origin main",
+        "touch ran-2 && /usr/bin/git remote add x y",
+        "touch ran-3; env GIT_TRACE=1 command gh pr create",
+        "(touch ran-4; npm publish)",
+    ] {
+        let (r, text) = server
+            .run(json!({"language": "bash", "source": source}))
+            .await;
+        assert_eq!(r["error"]["code"], "egress_denied", "{source}: {r}");
+        assert_eq!(r["ok"], false);
+        assert!(text.contains("egress_denied"), "{text}");
+    }
+    for i in 1..=4 {
+        assert!(!ws.join(format!("ran-{i}")).exists(), "a refused run ran");
+    }
+    let (r, _) = server.run(json!({"language": "node", "source": "1"})).await;
+    assert_eq!(r["error"]["code"], "language_disabled", "{r}");
+    let (r, _) = server.run(json!({"language": "ruby", "source": "1"})).await;
+    assert_eq!(r["error"]["code"], "bad_request", "{r}");
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "true", "files": [{"path": "../../x", "content": ""}]}))
+        .await;
+    assert_eq!(r["error"]["code"], "bad_request", "{r}");
+}
+
+#[tokio::test]
+async fn where_nothing_can_be_armed_runs_are_refused_unless_the_user_accepts_unconfined() {
+    if !require_kernel_features() {
+        return;
+    }
+    let nothing = [
+        ("ZCODE_ACP_TEST_NO_LANDLOCK", "1"),
+        ("ZCODE_ACP_TEST_NO_NAMESPACES", "1"),
+    ];
+    let world = World::new(json!({}));
+    let server = world.server(&nothing).await;
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "touch ran"}))
+        .await;
+    assert_eq!(r["error"]["code"], "no_confinement", "{r}");
+    assert_eq!(r["confinement"], "none");
+    assert!(!world.workspace().join("ran").exists());
+
+    let world = World::new(json!({"runCode": {"allowUnconfined": true}}));
+    let server = world.server(&nothing).await;
+    let (r, text) = server
+        .run(json!({"language": "sh", "source": "echo ran"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["confinement"], "none");
+    assert!(
+        r["warning"].as_str().unwrap().starts_with("UNCONFINED"),
+        "{r}"
+    );
+    assert!(text.starts_with("UNCONFINED"), "{text}");
+}
+
+#[tokio::test]
+async fn inside_an_armed_sandbox_a_run_keeps_it_adds_its_own_layer_and_says_so() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let ws = world.workspace();
+    // The server itself under `zcode-acp run`, as inside an armed agent.
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("run")
+        .arg("--workspace")
+        .arg(&ws)
+        .arg("--backend-profile")
+        .arg("none")
+        .arg("--")
+        .arg(BIN)
+        .arg("mcp")
+        .arg("--workspace")
+        .arg(&ws)
+        .env_clear()
+        .env("HOME", world.path())
+        .env("XDG_CONFIG_HOME", world.path().join(".config"))
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .current_dir(&ws)
+        .stderr(Stdio::inherit());
+    common::in_outer_mount_ns(&mut cmd);
+    let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
+    let server = Server {
+        client: ().serve(transport).await.expect("initialize"),
+    };
+    let outside = world.outside();
+    let marker = format!(
+        "{}.{}",
+        5000 + std::process::id() % 1000,
+        std::process::id()
+    );
+    let (r, text) = server
+        .run(json!({"language": "bash", "source": format!(
+            "touch {o}/nested; echo in > inner.txt; setsid sleep {marker} & echo ok", o = outside.display())}))
+        .await;
+    assert_eq!(
+        r["confinement"], "inherited: linux namespaces+landlock",
+        "{r}"
+    );
+    assert!(
+        text.contains("confinement: inherited: linux namespaces+landlock"),
+        "{text}"
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(
+        !outside.join("nested").exists(),
+        "a nested run wrote outside"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("inner.txt")).unwrap(),
+        "in\n"
+    );
+    common::wait_until("the nested run's setsid child to be gone", || {
+        processes_with(&marker).is_empty()
+    });
+    let (r, _) = server
+        .run(json!({"language": "bash", "source": format!("setsid sleep {marker}9 & sleep 100"), "timeoutMs": 800}))
+        .await;
+    assert_eq!(r["error"]["code"], "timeout", "{r}");
+    common::wait_until("the nested run's tree to be gone after its timeout", || {
+        processes_with(&marker).is_empty()
+    });
+    // A call the client cancels mid-run takes its whole tree along (the
+    // server, and the sandbox it runs in, stay).
+    let Value::Object(args) = json!({"language": "bash", "source": format!(
+        "setsid sleep {marker}7 & (sleep {marker}8 &); sleep {marker}6"), "timeoutMs": 600000})
+    else {
+        unreachable!()
+    };
+    let request = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
+        CallToolRequestParams::new("run_code").with_arguments(args),
+    ));
+    let handle = server
+        .client
+        .peer()
+        .send_cancellable_request(request, rmcp::service::PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    wait_async("the cancelled run to start", || {
+        processes_with(&marker).len() >= 3
+    })
+    .await;
+    handle
+        .cancel(Some("the test cancels it".into()))
+        .await
+        .unwrap();
+    wait_async("the cancelled run's tree to be gone", || {
+        processes_with(&marker).is_empty()
+    })
+    .await;
+    // The server still runs calls.
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "echo still"}))
+        .await;
+    assert_eq!(r["stdout"], "still\n", "{r}");
+}
+
+/// Waits (without blocking the runtime) until `f` holds.
+async fn wait_async(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}: {:?}",
+            ()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn memory_kept_in_memfds_and_temp_files_counts_toward_the_ceiling() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"memoryMb": 256}}));
+    let server = world.server(&[]).await;
+    for source in [
+        "import os\nfd = os.memfd_create('x')\nfor i in range(256):\n    os.write(fd, b'm' * (16 << 20))\nprint('survived')",
+        "for i in range(256):\n    open('/tmp/big-%d' % i, 'wb').write(b't' * (16 << 20))\nprint('survived')",
+    ] {
+        let (r, _) = server.run(json!({"language": "python", "source": source})).await;
+        assert_eq!(r["error"]["code"], "memory", "{r}");
+        assert!(!r["stdout"].as_str().unwrap().contains("survived"), "{r}");
+    }
+}
+
+#[tokio::test]
+async fn an_output_directory_swapped_for_a_symlink_is_not_followed() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let outside = world.outside();
+    std::fs::write(outside.join("private.txt"), "not for the model").unwrap();
+    let server = world.server(&[]).await;
+    for target in ["/proc/self".to_owned(), outside.display().to_string()] {
+        let (r, text) = server
+            .run(json!({"language": "bash", "source": format!(
+                "rm -r \"$ZCODE_RUN_OUTPUTS\"; ln -s {target} \"$ZCODE_RUN_OUTPUTS\"")}))
+            .await;
+        let listed = r["outputs"].to_string();
+        assert!(!listed.contains("not for the model"), "{r}");
+        assert!(
+            !listed.contains("hunter2") && !text.contains("hunter2"),
+            "{r}"
+        );
+        assert_eq!(r["outputs"].as_array().unwrap().len(), 1, "{r}");
+        assert_eq!(r["outputs"][0]["returned"], false, "{r}");
+    }
+    // Symlinks inside it are listed, never followed.
+    let (r, _) = server
+        .run(json!({"language": "bash", "source": format!(
+            "ln -s {}/private.txt \"$ZCODE_RUN_OUTPUTS/link\"; mkfifo \"$ZCODE_RUN_OUTPUTS/fifo\"", outside.display())}))
+        .await;
+    assert!(
+        !r["outputs"].to_string().contains("not for the model"),
+        "{r}"
+    );
+    assert_eq!(r["outputs"].as_array().unwrap().len(), 2, "{r}");
+}
+
+#[tokio::test]
+async fn interpreter_probes_run_confined_like_runs() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A PATH with a directory a run can write (an activated virtualenv in
+    // the workspace): a run plants "python3" there for the next server.
+    let world = World::new(json!({}));
+    let venv = world.workspace().join(".venv/bin");
+    std::fs::create_dir_all(&venv).unwrap();
+    let real = which_python();
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", venv.display());
+    let planted = world.outside().join("PLANTED");
+    let planted_git = world.outside().join("PLANTED-GIT");
+    // A repository whose config makes zcode-acp ask git (core.hooksPath).
+    let git_init = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .arg(world.workspace())
+        .status()
+        .unwrap();
+    assert!(git_init.success());
+    std::fs::write(
+        world.workspace().join(".git/config"),
+        "[core]\n\thooksPath = .githooks\n",
+    )
+    .unwrap();
+    {
+        let server = world.server(&[("PATH", &path)]).await;
+        let plant = |name: &str, marker: &std::path::Path, real: &str| {
+            format!(
+                "printf '#!/bin/sh\\necho escaped > {m}\\nexec {real} \"$@\"\\n' > .venv/bin/{name}; chmod +x .venv/bin/{name}\n",
+                m = marker.display()
+            )
+        };
+        let source =
+            plant("python3", &planted, &real) + &plant("git", &planted_git, "/usr/bin/git");
+        let (r, _) = server
+            .run(json!({"language": "sh", "source": source}))
+            .await;
+        assert_eq!(r["ok"], true, "{r}");
+        assert!(
+            venv.join("git").exists() && venv.join("python3").exists(),
+            "{r}"
+        );
+    }
+    let server = world.server(&[("PATH", &path)]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    let python = &langs["languages"][0];
+    assert_eq!(python["language"], "python");
+    assert_eq!(
+        python["interpreter"][0],
+        venv.join("python3").display().to_string(),
+        "{langs}"
+    );
+    assert!(
+        !planted.exists(),
+        "the interpreter probe ran a planted binary unconfined"
+    );
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "true"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(
+        !planted_git.exists(),
+        "zcode-acp ran a planted git unconfined"
+    );
+}
+
+fn which_python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test]
+async fn a_huge_output_directory_is_listed_up_to_its_bound() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let (r, text) = server
+        .run(json!({"language": "python", "source": "import os\nout = os.environ['ZCODE_RUN_OUTPUTS']\nfor i in range(1500):\n    os.mkdir(os.path.join(out, 'd%04d' % i))\nfor i in range(1500):\n    open(os.path.join(out, 'f%04d' % i), 'w').close()"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let outputs = r["outputs"].as_array().unwrap();
+    assert!(outputs.len() <= 1001, "{} entries listed", outputs.len());
+    assert!(
+        outputs.iter().any(|o| o["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("more entries than"))),
+        "the cut is not said: {text}"
+    );
+}
+
+#[tokio::test]
+async fn the_run_directories_of_a_server_that_is_gone_are_swept() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A server killed mid-run could not remove its call directory.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    // The server's environment is cleared: its temp directory is /tmp.
+    let tmp = std::path::Path::new("/tmp");
+    let stale = tmp.join(format!("zcode-run-{dead}-testsweep"));
+    let live = tmp.join(format!("zcode-run-{}-testsweep", std::process::id()));
+    for d in [&stale, &live] {
+        std::fs::create_dir_all(d.join("out/deep")).unwrap();
+        std::fs::write(d.join("out/deep/big"), "x").unwrap();
+    }
+    let world = World::new(json!({}));
+    let _server = world.server(&[]).await;
+    assert!(!stale.exists(), "a dead server's run directory was left");
+    assert!(live.exists(), "a live process's run directory was removed");
+    std::fs::remove_dir_all(&live).unwrap();
+}
