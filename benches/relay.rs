@@ -247,6 +247,120 @@ fn sandboxed_spawn(n: usize) -> String {
     )
 }
 
+/// `n` notifications of `size` bytes streamed from the agent to the editor
+/// through the bridge, against `cat` relaying the same bytes (from the
+/// same file) in the same run: throughput, and its ratio to `cat`'s.
+fn stream_vs_cat(n: usize, size: usize) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = dir.path().join("frames.jsonl");
+    {
+        let head = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":""#;
+        let tail = "\"}}}}\n";
+        let text = "x".repeat(size.saturating_sub(head.len() + tail.len()));
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&frames).unwrap());
+        for _ in 0..n {
+            f.write_all(head.as_bytes()).unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+            f.write_all(tail.as_bytes()).unwrap();
+        }
+    }
+    let total = std::fs::metadata(&frames).unwrap().len() as f64;
+    let drain = |r: &mut dyn std::io::Read| {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0usize;
+        loop {
+            match r.read(&mut buf).unwrap() {
+                0 => return got,
+                k => got += k,
+            }
+        }
+    };
+    // Baseline: cat from the file to this process.
+    let started = Instant::now();
+    let mut cat = Command::new("cat")
+        .arg(&frames)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let got = drain(cat.stdout.as_mut().unwrap());
+    let cat_time = started.elapsed();
+    let _ = cat.wait();
+    assert_eq!(got as f64, total);
+    // Through the bridge: the prompt's notifications, then its answer.
+    let agent = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/stream_agent.py"
+    );
+    let mut child = Command::new(BIN)
+        .args(["--", "python3", agent, frames.to_str().unwrap()])
+        .env("HOME", dir.path())
+        .env("XDG_CONFIG_HOME", dir.path().join("config"))
+        .env("ZCODE_ACP_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+    let mut line = Vec::new();
+    let mut until_answer = |stdin: &mut ChildStdin, frame: &str, id: u64| -> usize {
+        writeln!(stdin, "{frame}").unwrap();
+        let tag = format!(r#""id":{id}"#);
+        let mut bytes = 0usize;
+        loop {
+            line.clear();
+            let k = stdout.read_until(b'\n', &mut line).unwrap();
+            assert!(k > 0, "the bridge closed stdout");
+            bytes += k;
+            if line.windows(tag.len()).any(|w| w == tag.as_bytes())
+                && !line.starts_with(br#"{"jsonrpc":"2.0","method""#)
+            {
+                return bytes;
+            }
+        }
+    };
+    until_answer(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
+        1,
+    );
+    let ws = dir.path().join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    until_answer(
+        &mut stdin,
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+            ws.display()
+        ),
+        2,
+    );
+    let started = Instant::now();
+    let bytes = until_answer(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s1","prompt":[]}}"#,
+        3,
+    );
+    let bridge_time = started.elapsed();
+    drop(stdin);
+    let _ = child.wait();
+    assert!(
+        bytes as f64 >= total,
+        "the stream did not arrive whole: {bytes} of {total}"
+    );
+    let mbs = |d: Duration| total / d.as_secs_f64() / 1e6;
+    let label = if size >= 1 << 20 {
+        format!("{} MiB", size >> 20)
+    } else {
+        format!("{} KiB", size >> 10)
+    };
+    format!(
+        "| stream of {n} notifications of {label}, agent to editor: `cat` relaying the same bytes vs the bridge (throughput; higher is better) | {:.0} MB/s | {:.0} MB/s | {:.2}x |",
+        mbs(cat_time),
+        mbs(bridge_time),
+        mbs(bridge_time) / mbs(cat_time)
+    )
+}
+
 /// One `run_code` call of `pass` in python through a running `zcode-acp
 /// mcp` (JSON-RPC over its stdio, as an agent calls it: staging, arming
 /// the sandbox, the run, collecting outputs, removing its directory)
@@ -622,6 +736,8 @@ fn main() {
         rss.0 as f64 / rss.1.max(1) as f64
     ));
     rows.push(streamed_notifications(if full { 1_000_000 } else { 1000 }));
+    rows.push(stream_vs_cat(if full { 100_000 } else { 100 }, 1 << 10));
+    rows.push(stream_vs_cat(if full { 200 } else { 2 }, 1 << 20));
     rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
     rows.push(run_code_call(if full { 30 } else { 2 }));
     rows.push(judged_writes(if full { 200 } else { 2 }));
