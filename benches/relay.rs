@@ -122,79 +122,112 @@ impl Drop for Peer {
 fn streamed_notifications(n: usize) -> String {
     let dir = tempfile::tempdir().unwrap();
     let agent = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
-    let mut child = Command::new(BIN)
-        .args(["--", "python3", agent])
-        .env("FAKE_AGENT_DIR", dir.path())
-        .env("HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path().join("config"))
-        .env("ZCODE_ACP_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
-    let mut largest = 0usize;
-    let mut line = String::new();
-    let mut until_id = |stdin: &mut ChildStdin, frame: String, id: u64| -> String {
-        stdin.write_all(frame.as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-        let tag = format!(r#""id":{id}"#);
-        loop {
-            line.clear();
-            assert!(
-                stdout.read_line(&mut line).unwrap() > 0,
-                "the bridge closed stdout"
-            );
-            largest = largest.max(line.len());
-            if line.contains(&tag) && !line.contains("\"method\"") {
-                return line.clone();
-            }
-        }
-    };
-    until_id(
-        &mut stdin,
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#.into(),
-        1,
-    );
-    let ws = dir.path().join("w");
-    std::fs::create_dir_all(&ws).unwrap();
-    let answer = until_id(
-        &mut stdin,
-        format!(
-            r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
-            ws.display()
-        ),
-        2,
-    );
-    let sid = answer
-        .split(r#""sessionId":""#)
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .unwrap()
-        .to_owned();
-    until_id(
-        &mut stdin,
-        format!(
+    let mut b = Bridged::start(dir.path(), &[agent], &[("FAKE_AGENT_DIR", dir.path())]);
+    let sid = b.handshake(&dir.path().join("w"));
+    b.until_answer(
+        &format!(
             r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"flood {n}"}}]}}}}"#
         ),
         3,
     );
-    let peak = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+    let peak = std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
         .unwrap_or_default()
         .lines()
         .find(|l| l.starts_with("VmHWM:"))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    drop(stdin);
-    let _ = child.wait();
+    let largest = b.largest;
+    b.stop();
     let bound_kib = (15_000_000 + 2 * largest as u64) / 1024;
     format!(
         "| peak RSS of the bridge while the agent streams {n} notifications to a reading editor, vs the bound (15 MB + 2 x the largest frame) | {bound_kib} KiB (bound) | {peak} KiB (bridge) | {:.2}x |",
         peak as f64 / bound_kib as f64
     )
+}
+
+/// The bridge (no sandbox) in front of a python fixture agent, driven as
+/// an editor drives it: a frame sent, lines read up to its answer.
+struct Bridged {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    line: Vec<u8>,
+    /// The longest line read so far.
+    largest: usize,
+}
+
+impl Bridged {
+    fn start(home: &std::path::Path, agent: &[&str], env: &[(&str, &std::path::Path)]) -> Bridged {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--", "python3"])
+            .args(agent)
+            .env("HOME", home)
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .env("ZCODE_ACP_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        Bridged {
+            stdin: child.stdin.take().unwrap(),
+            stdout: BufReader::with_capacity(1 << 20, child.stdout.take().unwrap()),
+            child,
+            line: Vec::new(),
+            largest: 0,
+        }
+    }
+
+    /// Sends `frame`, then reads up to the answer to `id`; returns that
+    /// answer and every byte read on the way (its own included).
+    fn until_answer(&mut self, frame: &str, id: u64) -> (String, usize) {
+        writeln!(self.stdin, "{frame}").unwrap();
+        self.stdin.flush().unwrap();
+        let tag = format!(r#""id":{id}"#);
+        let mut bytes = 0usize;
+        loop {
+            self.line.clear();
+            let k = self.stdout.read_until(b'\n', &mut self.line).unwrap();
+            assert!(k > 0, "the bridge closed stdout");
+            bytes += k;
+            self.largest = self.largest.max(k);
+            let line = &self.line;
+            let has = |pat: &[u8]| line.windows(pat.len()).any(|w| w == pat);
+            if has(tag.as_bytes()) && !has(br#""method""#) {
+                return (String::from_utf8_lossy(line).into_owned(), bytes);
+            }
+        }
+    }
+
+    /// `initialize`, then a session in `ws`; its id.
+    fn handshake(&mut self, ws: &std::path::Path) -> String {
+        self.until_answer(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
+            1,
+        );
+        std::fs::create_dir_all(ws).unwrap();
+        let (answer, _) = self.until_answer(
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+                ws.display()
+            ),
+            2,
+        );
+        answer
+            .split(r#""sessionId":""#)
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Closes the bridge's stdin and waits for it to end.
+    fn stop(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
 }
 
 fn time<F: FnMut()>(mut f: F) -> Duration {
@@ -291,58 +324,15 @@ fn stream_vs_cat(n: usize, size: usize) -> String {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/stream_agent.py"
     );
-    let mut child = Command::new(BIN)
-        .args(["--", "python3", agent, frames.to_str().unwrap()])
-        .env("HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path().join("config"))
-        .env("ZCODE_ACP_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
-    let mut line = Vec::new();
-    let mut until_answer = |stdin: &mut ChildStdin, frame: &str, id: u64| -> usize {
-        writeln!(stdin, "{frame}").unwrap();
-        let tag = format!(r#""id":{id}"#);
-        let mut bytes = 0usize;
-        loop {
-            line.clear();
-            let k = stdout.read_until(b'\n', &mut line).unwrap();
-            assert!(k > 0, "the bridge closed stdout");
-            bytes += k;
-            if line.windows(tag.len()).any(|w| w == tag.as_bytes())
-                && !line.starts_with(br#"{"jsonrpc":"2.0","method""#)
-            {
-                return bytes;
-            }
-        }
-    };
-    until_answer(
-        &mut stdin,
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
-        1,
-    );
-    let ws = dir.path().join("w");
-    std::fs::create_dir_all(&ws).unwrap();
-    until_answer(
-        &mut stdin,
-        &format!(
-            r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
-            ws.display()
-        ),
-        2,
-    );
+    let mut b = Bridged::start(dir.path(), &[agent, frames.to_str().unwrap()], &[]);
+    let sid = b.handshake(&dir.path().join("w"));
     let started = Instant::now();
-    let bytes = until_answer(
-        &mut stdin,
-        r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s1","prompt":[]}}"#,
+    let (_, bytes) = b.until_answer(
+        &format!(r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[]}}}}"#),
         3,
     );
     let bridge_time = started.elapsed();
-    drop(stdin);
-    let _ = child.wait();
+    b.stop();
     assert!(
         bytes as f64 >= total,
         "the stream did not arrive whole: {bytes} of {total}"

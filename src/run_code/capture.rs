@@ -41,16 +41,29 @@ pub fn marker(stream: &str, kept: u64, total: u64) -> String {
 }
 
 /// Reads `reader` to its end, keeping at most `cap` bytes.
-pub async fn read_bounded<R: AsyncRead + Unpin>(mut reader: R, cap: usize) -> Captured {
-    let mut out = Captured::default();
+pub async fn read_bounded<R: AsyncRead + Unpin>(reader: R, cap: usize) -> Captured {
+    let out = std::sync::Mutex::new(Captured::default());
+    read_into(reader, cap, &out).await;
+    out.into_inner().unwrap_or_default()
+}
+
+/// Reads `reader` to its end into `into`, keeping at most `cap` bytes:
+/// what was read so far stays readable by others while it runs (a run's
+/// streams, when its reader is given up on).
+pub async fn read_into<R: AsyncRead + Unpin>(
+    mut reader: R,
+    cap: usize,
+    into: &std::sync::Mutex<Captured>,
+) {
     let mut buf = vec![0u8; 64 << 10];
     loop {
         match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return out,
+            Ok(0) | Err(_) => return,
             Ok(n) => {
-                out.total += n as u64;
-                let room = cap.saturating_sub(out.kept.len());
-                out.kept.extend_from_slice(&buf[..n.min(room)]);
+                let Ok(mut c) = into.lock() else { return };
+                c.total += n as u64;
+                let room = cap.saturating_sub(c.kept.len());
+                c.kept.extend_from_slice(&buf[..n.min(room)]);
             }
         }
     }

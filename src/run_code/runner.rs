@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::capture::Captured;
 use super::confinement::Confiner;
@@ -575,28 +575,11 @@ struct Watched {
     peak: u64,
 }
 
-fn spawn_reader<R>(
-    mut reader: R,
-    cap: usize,
-    into: Arc<Mutex<Captured>>,
-) -> tokio::task::JoinHandle<()>
+fn spawn_reader<R>(reader: R, cap: usize, into: Arc<Mutex<Captured>>) -> tokio::task::JoinHandle<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    let Ok(mut c) = into.lock() else { return };
-                    c.total += n as u64;
-                    let room = cap.saturating_sub(c.kept.len());
-                    c.kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-        }
-    })
+    tokio::spawn(async move { super::capture::read_into(reader, cap, &into).await })
 }
 
 /// Whether the interpreter said an allocation was refused (the address
