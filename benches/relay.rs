@@ -115,33 +115,81 @@ impl Drop for Peer {
     }
 }
 
-/// The bridge's peak memory while the agent streams `n` small
-/// notifications to an editor that reads them as fast as it can, against
-/// the bound the bridge promises: 15 MB plus twice the largest frame in
-/// flight.
-fn streamed_notifications(n: usize) -> String {
+/// The bridge's memory while the agent streams `n` small notifications
+/// spread over `sessions` sessions (one prompt each, in turn), to an
+/// editor that reads as fast as it can or, `slow`, pauses for a
+/// millisecond every 500 lines (the agent is then held back by the
+/// bridge's bounded buffers). Against the bound the bridge promises: 15 MB
+/// plus twice the largest frame in flight; the resident size half-way and
+/// at the end show whether it stays flat.
+fn streamed_notifications(n: usize, sessions: usize, slow: bool) -> String {
     let dir = tempfile::tempdir().unwrap();
     let agent = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
     let mut b = Bridged::start(dir.path(), &[agent], &[("FAKE_AGENT_DIR", dir.path())]);
-    let sid = b.handshake(&dir.path().join("w"));
-    b.until_answer(
-        &format!(
-            r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"flood {n}"}}]}}}}"#
-        ),
-        3,
-    );
-    let peak = std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let mut sids = vec![b.handshake(&dir.path().join("w"))];
+    for i in 1..sessions {
+        let id = 100 + i as u64;
+        let (answer, _) = b.until_answer(
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+                dir.path().join("w").display()
+            ),
+            id,
+        );
+        sids.push(
+            answer
+                .split(r#""sessionId":""#)
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let rss = |field: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for (i, sid) in sids.iter().enumerate() {
+        writeln!(
+            b.stdin,
+            r#"{{"jsonrpc":"2.0","id":{},"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"flood {}"}}]}}}}"#,
+            10_000 + i,
+            n / sessions
+        )
+        .unwrap();
+    }
+    b.stdin.flush().unwrap();
+    let result = memchr::memmem::Finder::new(br#""result""#);
+    let method = memchr::memmem::Finder::new(br#""method""#);
+    let (mut lines, mut answers, mut half) = (0usize, 0usize, 0u64);
+    while answers < sessions {
+        b.line.clear();
+        let k = b.stdout.read_until(b'\n', &mut b.line).unwrap();
+        assert!(k > 0, "the bridge closed stdout");
+        b.largest = b.largest.max(k);
+        lines += 1;
+        if result.find(&b.line).is_some() && method.find(&b.line).is_none() {
+            answers += 1;
+        }
+        if lines == n / 2 {
+            half = rss("VmRSS:");
+        }
+        if slow && lines % 500 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let (end, peak) = (rss("VmRSS:"), rss("VmHWM:"));
     let largest = b.largest;
     b.stop();
     let bound_kib = (15_000_000 + 2 * largest as u64) / 1024;
+    let editor = if slow { "a slow" } else { "a fast" };
     format!(
-        "| peak RSS of the bridge while the agent streams {n} notifications to a reading editor, vs the bound (15 MB + 2 x the largest frame) | {bound_kib} KiB (bound) | {peak} KiB (bridge) | {:.2}x |",
+        "| peak RSS of the bridge while the agent streams {n} notifications over {sessions} sessions to {editor} editor (resident half-way {half} KiB, at the end {end} KiB), vs the bound (15 MB + 2 x the largest frame) | {bound_kib} KiB (bound) | {peak} KiB (bridge) | {:.2}x |",
         peak as f64 / bound_kib as f64
     )
 }
@@ -150,6 +198,8 @@ fn streamed_notifications(n: usize) -> String {
 /// an editor drives it: a frame sent, lines read up to its answer.
 struct Bridged {
     child: Child,
+    /// The agent, when `child` is a plain relay (`cat`) in front of it.
+    relayed: Option<Child>,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     line: Vec<u8>,
@@ -175,6 +225,7 @@ impl Bridged {
             stdin: child.stdin.take().unwrap(),
             stdout: BufReader::with_capacity(1 << 20, child.stdout.take().unwrap()),
             child,
+            relayed: None,
             line: Vec::new(),
             largest: 0,
         }
@@ -185,20 +236,9 @@ impl Bridged {
     fn until_answer(&mut self, frame: &str, id: u64) -> (String, usize) {
         writeln!(self.stdin, "{frame}").unwrap();
         self.stdin.flush().unwrap();
-        let tag = format!(r#""id":{id}"#);
-        let mut bytes = 0usize;
-        loop {
-            self.line.clear();
-            let k = self.stdout.read_until(b'\n', &mut self.line).unwrap();
-            assert!(k > 0, "the bridge closed stdout");
-            bytes += k;
-            self.largest = self.largest.max(k);
-            let line = &self.line;
-            let has = |pat: &[u8]| line.windows(pat.len()).any(|w| w == pat);
-            if has(tag.as_bytes()) && !has(br#""method""#) {
-                return (String::from_utf8_lossy(line).into_owned(), bytes);
-            }
-        }
+        let (bytes, largest) = read_to_answer(&mut self.stdout, &mut self.line, id);
+        self.largest = self.largest.max(largest);
+        (String::from_utf8_lossy(&self.line).into_owned(), bytes)
     }
 
     /// `initialize`, then a session in `ws`; its id.
@@ -224,9 +264,57 @@ impl Bridged {
     }
 
     /// Closes the bridge's stdin and waits for it to end.
+    /// The baseline: the same agent, its stdout relayed to the editor by
+    /// `cat` where the bridge would stand (the editor writes to the agent
+    /// directly).
+    fn through_cat(agent: &[&str]) -> Bridged {
+        let mut agent = Command::new("python3")
+            .args(agent)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut cat = Command::new("cat")
+            .stdin(Stdio::from(agent.stdout.take().unwrap()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Bridged {
+            stdin: agent.stdin.take().unwrap(),
+            stdout: BufReader::with_capacity(1 << 20, cat.stdout.take().unwrap()),
+            child: cat,
+            relayed: Some(agent),
+            line: Vec::new(),
+            largest: 0,
+        }
+    }
+
     fn stop(mut self) {
         drop(self.stdin);
+        if let Some(mut agent) = self.relayed.take() {
+            let _ = agent.wait();
+        }
         let _ = self.child.wait();
+    }
+}
+
+/// Reads lines as an editor does, up to the answer to `id` (left in
+/// `line`); returns the bytes read and the longest line. The streaming rows
+/// read their `cat` baseline with it too, so both pay the same reader.
+fn read_to_answer(r: &mut impl BufRead, line: &mut Vec<u8>, id: u64) -> (usize, usize) {
+    let tag = format!(r#""id":{id}"#);
+    let tag = memchr::memmem::Finder::new(tag.as_bytes());
+    let method = memchr::memmem::Finder::new(br#""method""#);
+    let (mut bytes, mut largest) = (0usize, 0usize);
+    loop {
+        line.clear();
+        let k = r.read_until(b'\n', line).unwrap();
+        assert!(k > 0, "the stream ended before the answer to {id}");
+        bytes += k;
+        largest = largest.max(k);
+        if tag.find(line).is_some() && method.find(line).is_none() {
+            return (bytes, largest);
+        }
     }
 }
 
@@ -283,7 +371,7 @@ fn sandboxed_spawn(n: usize) -> String {
 /// `n` notifications of `size` bytes streamed from the agent to the editor
 /// through the bridge, against `cat` relaying the same bytes (from the
 /// same file) in the same run: throughput, and its ratio to `cat`'s.
-fn stream_vs_cat(n: usize, size: usize) -> String {
+fn stream_vs_cat(n: usize, size: usize, runs: usize) -> String {
     let dir = tempfile::tempdir().unwrap();
     let frames = dir.path().join("frames.jsonl");
     {
@@ -298,53 +386,49 @@ fn stream_vs_cat(n: usize, size: usize) -> String {
         }
     }
     let total = std::fs::metadata(&frames).unwrap().len() as f64;
-    let drain = |r: &mut dyn std::io::Read| {
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0usize;
-        loop {
-            match r.read(&mut buf).unwrap() {
-                0 => return got,
-                k => got += k,
-            }
-        }
-    };
-    // Baseline: cat from the file to this process.
-    let started = Instant::now();
-    let mut cat = Command::new("cat")
-        .arg(&frames)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let got = drain(cat.stdout.as_mut().unwrap());
-    let cat_time = started.elapsed();
-    let _ = cat.wait();
-    assert_eq!(got as f64, total);
-    // Through the bridge: the prompt's notifications, then its answer.
     let agent = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/stream_agent.py"
     );
-    let mut b = Bridged::start(dir.path(), &[agent, frames.to_str().unwrap()], &[]);
-    let sid = b.handshake(&dir.path().join("w"));
-    let started = Instant::now();
-    let (_, bytes) = b.until_answer(
-        &format!(r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[]}}}}"#),
-        3,
-    );
-    let bridge_time = started.elapsed();
-    b.stop();
-    assert!(
-        bytes as f64 >= total,
-        "the stream did not arrive whole: {bytes} of {total}"
-    );
+    // One turn: the prompt sent, the notifications and the answer read, by
+    // the same reader; the relay and the agent started before the clock.
+    let turn = |mut b: Bridged| -> Duration {
+        let sid = b.handshake(&dir.path().join("w"));
+        let started = Instant::now();
+        let (_, bytes) = b.until_answer(
+            &format!(r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[]}}}}"#),
+            3,
+        );
+        let took = started.elapsed();
+        b.stop();
+        assert!(
+            bytes as f64 >= total,
+            "the stream did not arrive whole: {bytes} of {total}"
+        );
+        took
+    };
+    let (mut cat_times, mut bridge_times) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        cat_times.push(turn(Bridged::through_cat(&[
+            agent,
+            frames.to_str().unwrap(),
+        ])));
+        bridge_times.push(turn(Bridged::start(
+            dir.path(),
+            &[agent, frames.to_str().unwrap()],
+            &[],
+        )));
+    }
+    let (cat_time, bridge_time) = (median(cat_times), median(bridge_times));
     let mbs = |d: Duration| total / d.as_secs_f64() / 1e6;
+    let goal = if size >= 1 << 20 { "0.8" } else { "0.5" };
     let label = if size >= 1 << 20 {
         format!("{} MiB", size >> 20)
     } else {
         format!("{} KiB", size >> 10)
     };
     format!(
-        "| stream of {n} notifications of {label}, agent to editor: `cat` relaying the same bytes vs the bridge (throughput; higher is better) | {:.0} MB/s | {:.0} MB/s | {:.2}x |",
+        "| stream of {n} notifications of {label}, agent to editor, median of {runs}: `cat` relaying the same bytes vs the bridge (throughput; higher is better; goal: {goal}x at least) | {:.0} MB/s | {:.0} MB/s | {:.2}x |",
         mbs(cat_time),
         mbs(bridge_time),
         mbs(bridge_time) / mbs(cat_time)
@@ -667,26 +751,32 @@ fn main() {
     let big = format!(r#"{{"blob":"{}"}}"#, "b".repeat(16 << 20));
 
     let mut rows = Vec::new();
+    // `ZCODE_ACP_BENCH_ONLY=stream,spawn` runs only the rows whose names
+    // are given (while working on one figure); every row runs otherwise.
+    let only = std::env::var("ZCODE_ACP_BENCH_ONLY").ok();
+    let wants = |row: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|w| w == row))
+    };
     let mut direct_small = Vec::new();
     let mut bridged_small = Vec::new();
     let mut direct_big = Vec::new();
     let mut bridged_big = Vec::new();
     let mut rss = (0u64, 0u64);
+    let rounds = if wants("roundtrip") { rounds } else { 0 };
     for _ in 0..rounds {
         for bridged in [false, true] {
             let mut p = Peer::start(bridged, state.path());
-            let small = time(|| {
-                for _ in 0..small_n {
-                    p.round_trip("_bench/ping", "{}");
-                }
-            });
+            let small: Vec<Duration> = (0..small_n)
+                .map(|_| time(|| _ = p.round_trip("_bench/ping", "{}")))
+                .collect();
             let large = time(|| {
                 for _ in 0..big_n {
                     p.round_trip("_bench/big", &big);
                 }
             });
             if bridged {
-                bridged_small.push(small);
+                bridged_small.extend(small);
                 bridged_big.push(large);
                 let agent_rss = p
                     .agent_pid()
@@ -699,44 +789,67 @@ fn main() {
                     .unwrap_or(0);
                 rss = (p.peak_rss_kib(), agent_rss);
             } else {
-                direct_small.push(small);
+                direct_small.extend(small);
                 direct_big.push(large);
             }
         }
     }
     let per = |d: Duration, n: u32| d / n;
-    let (ds, bs) = (median(direct_small), median(bridged_small));
-    let (db, bb) = (median(direct_big), median(bridged_big));
-    rows.push(format!(
-        "| small request round trip ({small_n} sequential) | {:.1} µs | {:.1} µs | {:.2}x |",
-        per(ds, small_n).as_secs_f64() * 1e6,
-        per(bs, small_n).as_secs_f64() * 1e6,
-        bs.as_secs_f64() / ds.as_secs_f64()
-    ));
-    rows.push(format!(
-        "| 16 MiB request round trip ({big_n} sequential) | {:.1} ms | {:.1} ms | {:.2}x |",
-        per(db, big_n).as_secs_f64() * 1e3,
-        per(bb, big_n).as_secs_f64() * 1e3,
-        bb.as_secs_f64() / db.as_secs_f64()
-    ));
-    rows.push(format!(
+    if rounds > 0 {
+        let (ds, bs) = (median(direct_small), median(bridged_small));
+        let (db, bb) = (median(direct_big), median(bridged_big));
+        let added_us = (bs.as_secs_f64() - ds.as_secs_f64()) * 1e6;
+        rows.push(format!(
+            "| small request round trip, median of {} ({small_n} sequential per round); the bridge adds {added_us:.0} µs (goal: 50 µs at most) | {:.1} µs | {:.1} µs | {:.2}x |",
+            small_n as usize * rounds,
+            ds.as_secs_f64() * 1e6,
+            bs.as_secs_f64() * 1e6,
+            bs.as_secs_f64() / ds.as_secs_f64()
+        ));
+        rows.push(format!(
+            "| 16 MiB request round trip ({big_n} sequential) | {:.1} ms | {:.1} ms | {:.2}x |",
+            per(db, big_n).as_secs_f64() * 1e3,
+            per(bb, big_n).as_secs_f64() * 1e3,
+            bb.as_secs_f64() / db.as_secs_f64()
+        ));
+        rows.push(format!(
         "| peak RSS after the 16 MiB frames: bridge vs the agent behind it | {} KiB (agent) | {} KiB (bridge) | {:.2}x |",
         rss.1,
         rss.0,
         rss.0 as f64 / rss.1.max(1) as f64
     ));
-    rows.push(streamed_notifications(if full { 1_000_000 } else { 1000 }));
-    rows.push(stream_vs_cat(if full { 100_000 } else { 100 }, 1 << 10));
-    rows.push(stream_vs_cat(if full { 200 } else { 2 }, 1 << 20));
-    rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
-    rows.push(run_code_call(if full { 30 } else { 2 }));
-    rows.push(judged_writes(if full { 200 } else { 2 }));
-    rows.extend(supervised_file_work(
-        if full { 9 } else { 1 },
-        if full { 3000 } else { 100 },
-    ));
+    }
+    if wants("memory") {
+        let n = if full { 1_000_000 } else { 1000 };
+        rows.push(streamed_notifications(n, 10, false));
+        rows.push(streamed_notifications(n, 10, true));
+    }
+    if wants("stream") {
+        let runs = if full { 5 } else { 1 };
+        rows.push(stream_vs_cat(
+            if full { 100_000 } else { 100 },
+            1 << 10,
+            runs,
+        ));
+        rows.push(stream_vs_cat(if full { 200 } else { 2 }, 1 << 20, runs));
+    }
+    if wants("spawn") {
+        rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
+    }
+    if wants("run_code") {
+        rows.push(run_code_call(if full { 30 } else { 2 }));
+    }
+    if wants("writes") {
+        rows.push(judged_writes(if full { 200 } else { 2 }));
+    }
+    if wants("files") {
+        rows.extend(supervised_file_work(
+            if full { 9 } else { 1 },
+            if full { 3000 } else { 100 },
+        ));
+    }
     #[cfg(target_os = "linux")]
-    if full {
+    if full && wants("builds") {
         rows.extend(builds::cache_builds(5));
     }
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");

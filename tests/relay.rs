@@ -987,6 +987,82 @@ fn an_editor_that_hangs_up_ends_the_bridge_even_when_the_agent_stopped_reading()
     );
 }
 
+#[test]
+fn an_editor_that_stops_reading_for_good_ends_the_bridge_without_a_grace_period() {
+    use std::io::{BufRead, Write};
+    let home = tempfile::tempdir().unwrap();
+    // A grace period far longer than the test's patience: only a bridge
+    // that stops at once, without one, ends in time.
+    let (mut child, mut stdin, mut stdout) =
+        raw_bridge(home.path(), &["--stop-grace-ms", "600000"]);
+    let mut line = String::new();
+    let mut read_until = |stdout: &mut std::io::BufReader<_>, id: u64| loop {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "stdout closed");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["id"] == id {
+            return v;
+        }
+    };
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+    )
+    .unwrap();
+    read_until(&mut stdout, 1);
+    let ws = home.path().join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+               "params": {"cwd": ws, "mcpServers": []}})
+    )
+    .unwrap();
+    let sid = read_until(&mut stdout, 2)["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // An endless stream, and the editor's end of stdout closed under it
+    // (stdin stays open: this is not the polite hang-up).
+    const N: usize = 100_000_000;
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+               "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!("flood {N}")}]}})
+    )
+    .unwrap();
+    drop(stdout);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the bridge kept running after its writes to the editor failed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    // The agent was stopped with it, far short of its stream.
+    let count = |dir: &std::path::Path| -> usize {
+        std::fs::read_to_string(dir.join("flood.count"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let after_exit = count(home.path());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(count(home.path()), after_exit, "the agent still writes");
+    assert!(after_exit < N);
+    drop(stdin);
+}
+
 /// The bridge in front of the scripted agent, driven by a raw editor: the
 /// harness's always reads, and these tests need one that stops.
 fn raw_bridge(

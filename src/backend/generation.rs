@@ -70,8 +70,9 @@ impl Tail {
 /// What a generation reports to the bridge.
 #[derive(Debug)]
 pub enum BackendEvent {
-    /// A frame, with its share of the bytes in flight toward the editor.
-    Frame(Vec<u8>, Permit),
+    /// Frames, in order: what one read of the agent's stdout brought, with
+    /// their share of the bytes in flight toward the editor.
+    Frames(Vec<Vec<u8>>, Permit),
     TooLarge {
         prefix: Vec<u8>,
         size: usize,
@@ -151,73 +152,20 @@ impl Generation {
         });
 
         let (exited_tx, exited_rx) = watch::channel(false);
-        let mut child = spawned.child;
-        let mut reader = FrameReader::new(
+        let reader = FrameReader::new(
             BufReader::with_capacity(1 << 20, spawned.stdout),
             max_frame_bytes,
         );
-        tokio::spawn(async move {
-            let mut status = None;
-            let mut deadline: Option<tokio::time::Instant> = None;
-            loop {
-                tokio::select! {
-                    item = reader.next() => match item {
-                        Ok(ReadItem::Frame(bytes)) => {
-                            // Waits while the editor is behind: the agent's
-                            // stdout then fills, and its writes block. Its
-                            // exit is still noticed meanwhile, so stopping
-                            // it never waits on the editor.
-                            let permit = loop {
-                                tokio::select! {
-                                    p = to_editor.take(bytes.len()) => break p,
-                                    s = child.wait(), if status.is_none() => {
-                                        status = Some(s.ok());
-                                        let _ = exited_tx.send(true);
-                                        deadline = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
-                                    }
-                                }
-                            };
-                            let _ = events.send((id, BackendEvent::Frame(bytes, permit)));
-                        }
-                        Ok(ReadItem::TooLarge { prefix, size }) => {
-                            let _ = events.send((id, BackendEvent::TooLarge { prefix, size }));
-                        }
-                        Ok(ReadItem::Eof) => break,
-                        Err(e) => { warn!(generation = id, "reading the backend's stdout failed: {e}"); break; }
-                    },
-                    s = child.wait(), if status.is_none() => {
-                        status = Some(s.ok());
-                        let _ = exited_tx.send(true);
-                        deadline = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
-                    }
-                    _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                        // Exited, but something it started still holds stdout open.
-                        break;
-                    }
-                }
-            }
-            let status = match status {
-                Some(s) => s,
-                None => {
-                    // Stdout closed first; the exit follows (or the bridge's
-                    // stop kills it).
-                    let s = child.wait().await.ok();
-                    let _ = exited_tx.send(true);
-                    s
-                }
-            };
-            // Its last words: stderr closes when it (and whatever it left
-            // holding stderr) is gone; not waited on for long.
-            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, closed_rx).await;
-            let stderr_tail = tail.lock().map(|mut t| t.take()).unwrap_or_default();
-            let _ = events.send((
-                id,
-                BackendEvent::Lost {
-                    status,
-                    stderr_tail,
-                },
-            ));
-        });
+        tokio::spawn(read_frames(Reading {
+            id,
+            reader,
+            child: spawned.child,
+            events,
+            to_editor,
+            exited: exited_tx,
+            stderr_closed: closed_rx,
+            tail,
+        }));
 
         Ok(Generation {
             id,
@@ -270,6 +218,144 @@ impl Generation {
         }
         kill_all_descendants(self.pid, spare).await
     }
+}
+
+/// What the task reading a generation's stdout owns.
+struct Reading {
+    id: u64,
+    reader: FrameReader<BufReader<tokio::process::ChildStdout>>,
+    child: tokio::process::Child,
+    events: EventSender,
+    to_editor: Budget,
+    exited: watch::Sender<bool>,
+    stderr_closed: tokio::sync::oneshot::Receiver<()>,
+    tail: std::sync::Arc<std::sync::Mutex<Tail>>,
+}
+
+/// Reads the agent's frames and hands each read's worth on in one batch,
+/// every frame with its share of the bytes in flight toward the editor;
+/// notices the agent's exit; reports `Lost` once, after every frame it
+/// wrote.
+async fn read_frames(r: Reading) {
+    let Reading {
+        id,
+        mut reader,
+        mut child,
+        events,
+        to_editor,
+        exited,
+        stderr_closed,
+        tail,
+    } = r;
+    // Made once, not per frame: the exit, and the drain's deadline once it
+    // exited.
+    let mut exit = std::pin::pin!(child.wait());
+    let mut drain = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut status: Option<Option<ExitStatus>> = None;
+    let exited_now = |s: std::io::Result<ExitStatus>,
+                      drain: std::pin::Pin<&mut tokio::time::Sleep>| {
+        let _ = exited.send(true);
+        drain.reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+        Some(s.ok())
+    };
+    'reading: loop {
+        let (frames, bytes, after) = tokio::select! {
+            item = reader.next() => gather(id, &mut reader, item),
+            s = &mut exit, if status.is_none() => {
+                status = exited_now(s, drain.as_mut());
+                continue;
+            }
+            _ = &mut drain, if status.is_some() => {
+                // Exited, but something it started still holds stdout open.
+                break;
+            }
+        };
+        if !frames.is_empty() {
+            // One share of the bytes in flight for the whole batch. While
+            // the editor is behind, the agent waits with its stdout full;
+            // its exit is still noticed meanwhile, so stopping it never
+            // waits on the editor.
+            let permit = match to_editor.try_take(bytes) {
+                Some(p) => p,
+                None => loop {
+                    tokio::select! {
+                        p = to_editor.take(bytes) => break p,
+                        s = &mut exit, if status.is_none() => {
+                            status = exited_now(s, drain.as_mut());
+                        }
+                    }
+                },
+            };
+            let _ = events.send((id, BackendEvent::Frames(frames, permit)));
+        }
+        match after {
+            After::More => {}
+            After::TooLarge { prefix, size } => {
+                let _ = events.send((id, BackendEvent::TooLarge { prefix, size }));
+            }
+            After::End => break 'reading,
+        }
+    }
+    let status = match status {
+        Some(s) => s,
+        None => {
+            // Stdout closed first; the exit follows (or the bridge's stop
+            // kills it).
+            let s = exit.await.ok();
+            let _ = exited.send(true);
+            s
+        }
+    };
+    // Its last words: stderr closes when it (and whatever it left holding
+    // stderr) is gone; not waited on for long.
+    let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, stderr_closed).await;
+    let stderr_tail = tail.lock().map(|mut t| t.take()).unwrap_or_default();
+    let _ = events.send((
+        id,
+        BackendEvent::Lost {
+            status,
+            stderr_tail,
+        },
+    ));
+}
+
+/// What ended a batch.
+enum After {
+    /// Nothing more whole in the buffer.
+    More,
+    /// An oversized frame, reported after the frames before it.
+    TooLarge { prefix: Vec<u8>, size: usize },
+    /// Stdout closed (or failed).
+    End,
+}
+
+/// The frame just read and every frame already whole in the buffer behind
+/// it, their total size, and what ended the batch.
+fn gather(
+    id: u64,
+    reader: &mut FrameReader<BufReader<tokio::process::ChildStdout>>,
+    first: std::io::Result<ReadItem>,
+) -> (Vec<Vec<u8>>, usize, After) {
+    let (mut frames, mut bytes) = (Vec::new(), 0usize);
+    let mut next = Some(first);
+    while let Some(item) = next.take() {
+        match item {
+            Ok(ReadItem::Frame(frame)) => {
+                bytes += frame.len();
+                frames.push(frame);
+            }
+            Ok(ReadItem::TooLarge { prefix, size }) => {
+                return (frames, bytes, After::TooLarge { prefix, size })
+            }
+            Ok(ReadItem::Eof) => return (frames, bytes, After::End),
+            Err(e) => {
+                warn!(generation = id, "reading the backend's stdout failed: {e}");
+                return (frames, bytes, After::End);
+            }
+        }
+        next = reader.next_buffered().map(Ok);
+    }
+    (frames, bytes, After::More)
 }
 
 /// Kills every descendant of the bridge but `spare` and theirs: at the

@@ -179,10 +179,13 @@ fn collect_strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
 impl Bridge {
     /// A cheap first look: could this update report a refused write?
     pub(super) fn may_show_denial(&self, frame: &Frame) -> bool {
+        static TOOL_CALL: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new("tool_call"));
         self.sandbox.arms()
             && frame
-                .params_raw()
-                .is_some_and(|raw| raw.contains("tool_call") && super::refusals::may_contain(raw))
+                .params_bytes()
+                .is_some_and(|raw| TOOL_CALL.find(raw).is_some())
+            && frame.params_raw().is_some_and(super::refusals::may_contain)
     }
 
     /// Watches the agent's tool calls for writes the kernel refused, and

@@ -275,11 +275,16 @@ impl Lifecycle {
         }
     }
 
-    /// The bridge is ending; the backend may answer until `deadline`.
+    /// The bridge is ending; the backend may answer until `deadline`. Asked
+    /// again while ending, only an earlier deadline counts (the editor left
+    /// during the grace period: nothing can reach it any more).
     pub fn shut_down(&mut self, deadline: Instant) {
-        if !self.is_shutting_down() {
-            self.pending = None;
-            self.phase = Phase::ShuttingDown { deadline };
+        match &mut self.phase {
+            Phase::ShuttingDown { deadline: d } => *d = (*d).min(deadline),
+            _ => {
+                self.pending = None;
+                self.phase = Phase::ShuttingDown { deadline };
+            }
         }
     }
 

@@ -7,15 +7,17 @@
 //! drain, stop, start, set up one answer at a time), else handles the next
 //! event. Frames are handled one at a time, in arrival order, so
 //! per-session ordering is kept by construction, and every "exactly one
-//! response" decision is made in one place. Readers and writers are separate tasks connected by channels;
-//! writers are unbounded so the loop never blocks on a slow peer while the
-//! other peer is waiting on it.
+//! response" decision is made in one place. Readers and writers are separate
+//! tasks (the editor's: threads, see `editor_io`) connected by queues the
+//! loop never waits on; what is in flight each way is bounded by the
+//! readers (see `relay::budget`).
 
 mod allow;
 mod announce;
 mod audit;
 mod backend_side;
 mod disk;
+mod editor_io;
 mod editor_side;
 mod lifecycle;
 mod permissions;
@@ -29,7 +31,6 @@ mod watch;
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -39,7 +40,7 @@ use crate::confine::{Confinement, Sandbox};
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
 use crate::relay::envelope::error_response;
-use crate::relay::framing::{FrameReader, ReadItem};
+use crate::relay::writer::{FrameWriter, WriteFailed};
 use crate::relay::RawId;
 use crate::session::SessionTable;
 use track::RestoreCaps;
@@ -91,7 +92,11 @@ enum EditorEvent {
 
 enum Event {
     Editor(EditorEvent),
+    /// Writing to the editor failed (EPIPE): nothing reaches it any more.
+    EditorGone(std::io::Error),
     Backend(u64, BackendEvent),
+    /// One frame of a batch a generation handed on (see `backlog`).
+    Backlog(u64, Vec<u8>, Option<Permit>),
     Terminate(&'static str),
     Hangup,
     Child,
@@ -99,6 +104,14 @@ enum Event {
     Refused(crate::seatbelt::violations::Violation),
     /// Disk work done off the loop.
     Disk(disk::DiskDone),
+}
+
+/// A frame of a generation's batch, not handled yet.
+struct Backlogged {
+    generation: u64,
+    bytes: Vec<u8>,
+    /// The batch's share of the bytes in flight, with its last frame.
+    permit: Option<Permit>,
 }
 
 struct Signals {
@@ -114,7 +127,10 @@ pub struct Bridge {
     sandbox: Sandbox,
     /// What the running generation (and its terminals) run under.
     confinement: Confinement,
-    editor_out: Option<mpsc::UnboundedSender<(Vec<u8>, Option<Permit>)>>,
+    /// The thread writing the editor's stdout (see `editor_io`).
+    editor_out: Option<FrameWriter>,
+    /// Fires when writing to the editor fails: it has gone.
+    editor_failed: WriteFailed,
     /// The bytes in flight toward the editor, shared by every generation's
     /// reader (see `relay::budget`).
     to_editor_budget: Budget,
@@ -124,6 +140,9 @@ pub struct Bridge {
     editor_in: mpsc::Receiver<EditorEvent>,
     backend_tx: crate::backend::EventSender,
     backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
+    /// Frames a generation handed on in a batch and not handled yet; they
+    /// come before any later event.
+    backlog: std::collections::VecDeque<Backlogged>,
     /// Project files written off the loop (see `disk`).
     disk: disk::Disk,
     signals: Signals,
@@ -165,71 +184,11 @@ impl Bridge {
     pub async fn run(cfg: BridgeConfig, sandbox: Sandbox) -> anyhow::Result<()> {
         crate::backend::become_subreaper();
         let (editor_tx, editor_in) = mpsc::channel(64);
-        let reader_tx = editor_tx.clone();
         let max = cfg.max_frame_bytes;
         let to_backend = Budget::new(crate::relay::budget::DEFAULT_BYTES);
         let to_editor_budget = Budget::new(crate::relay::budget::DEFAULT_BYTES);
-        let hangup = stdin_hangup_watch();
-        tokio::spawn(async move {
-            let mut reader =
-                FrameReader::new(BufReader::with_capacity(1 << 20, tokio::io::stdin()), max);
-            let mut hung_up = false;
-            let mut hangup = std::pin::pin!(stdin_hung_up(hangup));
-            loop {
-                let event = match reader.next().await {
-                    Ok(ReadItem::Frame(bytes)) => {
-                        // Waits while the backend is behind: the editor's
-                        // writes then block on a full pipe. An editor that
-                        // hangs up meanwhile is not kept waiting: what it
-                        // sent is read to the end, and the bridge ends.
-                        let permit = if hung_up {
-                            None
-                        } else {
-                            tokio::select! {
-                                p = to_backend.take(bytes.len()) => Some(p),
-                                _ = &mut hangup => {
-                                    hung_up = true;
-                                    None
-                                }
-                            }
-                        };
-                        EditorEvent::Frame(bytes, permit)
-                    }
-                    Ok(ReadItem::TooLarge { prefix, size }) => {
-                        EditorEvent::TooLarge { prefix, size }
-                    }
-                    Ok(ReadItem::Eof) => EditorEvent::Closed,
-                    Err(e) => {
-                        warn!("reading from the editor failed: {e}");
-                        EditorEvent::Closed
-                    }
-                };
-                let closed = matches!(event, EditorEvent::Closed);
-                if reader_tx.send(event).await.is_err() || closed {
-                    return;
-                }
-            }
-        });
-
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<(Vec<u8>, Option<Permit>)>();
-        let writer = tokio::spawn(async move {
-            let mut stdout = tokio::io::stdout();
-            while let Some((mut frame, permit)) = out_rx.recv().await {
-                frame.push(b'\n');
-                if let Err(e) = async {
-                    stdout.write_all(&frame).await?;
-                    stdout.flush().await
-                }
-                .await
-                {
-                    warn!("writing to the editor failed: {e}");
-                    let _ = editor_tx.send(EditorEvent::Closed).await;
-                    return;
-                }
-                // Written: its bytes are no longer in flight.
-                drop(permit);
-            }
-        });
+        editor_io::start_reader(max, to_backend, editor_tx)?;
+        let (writer, editor_failed) = editor_io::start_writer()?;
 
         let (backend_tx, backend_rx) = mpsc::unbounded_channel();
         let signals = Signals {
@@ -244,12 +203,14 @@ impl Bridge {
             cfg,
             sandbox,
             confinement: Confinement::Refused("no backend generation is armed yet".into()),
-            editor_out: Some(out_tx),
+            editor_out: Some(writer),
+            editor_failed,
             to_editor_budget,
             carried: std::cell::Cell::new(None),
             editor_in,
             backend_tx,
             backend_rx,
+            backlog: std::collections::VecDeque::new(),
             disk: disk::Disk::new(),
             signals,
             life: lifecycle::Lifecycle::new(
@@ -281,8 +242,9 @@ impl Bridge {
         }
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.
-        bridge.editor_out.take();
-        let _ = writer.await;
+        if let Some(writer) = bridge.editor_out.take() {
+            writer.close().await;
+        }
         Ok(())
     }
 
@@ -291,10 +253,20 @@ impl Bridge {
     /// a backoff or a shutdown deadline) and handle it.
     async fn main_loop(&mut self) {
         loop {
+            if self.backlog.is_empty() {
+                // A batch ended with frames that sent nothing on.
+                if let Some(out) = &self.editor_out {
+                    out.flush();
+                }
+            }
             match self.advance().await {
                 restart::Flow::Exit => return,
                 restart::Flow::Again => continue,
                 restart::Flow::Wait => {}
+            }
+            if let Some(b) = self.backlog.pop_front() {
+                self.handle(Event::Backlog(b.generation, b.bytes, b.permit));
+                continue;
             }
             let wake = self.life.wake_at();
             let event = tokio::select! {
@@ -309,6 +281,7 @@ impl Bridge {
         tokio::select! {
             Some((generation, event)) = self.backend_rx.recv() => Event::Backend(generation, event),
             event = self.editor_in.recv() => Event::Editor(event.unwrap_or(EditorEvent::Closed)),
+            e = self.editor_failed.wait() => Event::EditorGone(e),
             _ = self.signals.term.recv() => Event::Terminate("SIGTERM"),
             _ = self.signals.int.recv() => Event::Terminate("SIGINT"),
             _ = self.signals.hup.recv() => Event::Hangup,
@@ -336,6 +309,22 @@ impl Bridge {
             Event::Editor(EditorEvent::Closed) => {
                 self.begin_shutdown("the editor closed the connection")
             }
+            Event::EditorGone(e) => {
+                // No grace: the backend's last answers have nowhere to go,
+                // so it is stopped now rather than left producing.
+                warn!("writing to the editor failed ({e}); stopping the backend now");
+                self.begin_shutdown_within("the editor stopped reading", Duration::ZERO)
+            }
+            Event::Backlog(generation, bytes, permit) => {
+                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                    return debug!(
+                        generation,
+                        "ignoring a frame of a stopped backend generation"
+                    );
+                }
+                self.carried.set(permit);
+                self.on_backend_bytes(bytes)
+            }
             Event::Backend(generation, event) => {
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
                     debug!(
@@ -345,9 +334,20 @@ impl Bridge {
                     return;
                 }
                 match event {
-                    BackendEvent::Frame(bytes, permit) => {
-                        self.carried.set(Some(permit));
-                        self.on_backend_bytes(bytes)
+                    // Handled one at a time from the main loop, the
+                    // lifecycle's step taken between any two of them.
+                    BackendEvent::Frames(frames, permit) => {
+                        // The batch's share goes with its last frame: the
+                        // writer writes in order, so its bytes are out
+                        // when that frame's are.
+                        let last = frames.len().saturating_sub(1);
+                        let mut permit = Some(permit);
+                        self.backlog
+                            .extend(frames.into_iter().enumerate().map(|(i, bytes)| Backlogged {
+                                generation,
+                                bytes,
+                                permit: if i == last { permit.take() } else { None },
+                            }))
                     }
                     BackendEvent::TooLarge { prefix, size } => {
                         self.on_backend_too_large(&prefix, size)
@@ -412,7 +412,12 @@ impl Bridge {
 
     fn to_editor(&self, frame: Vec<u8>) {
         if let Some(out) = &self.editor_out {
-            let _ = out.send((frame, self.carried.take()));
+            out.send(frame, self.carried.take());
+            // While a batch of the agent's frames is being handled, what
+            // they produce goes to the writer together (see `main_loop`).
+            if self.backlog.is_empty() {
+                out.flush();
+            }
         }
     }
 
@@ -484,15 +489,22 @@ impl Bridge {
     /// (stdin closed), and what it still answers within the grace period
     /// reaches the editor; `finish_shutdown` does the rest.
     fn begin_shutdown(&mut self, why: &str) {
-        if self.life.is_shutting_down() {
-            return;
-        }
-        info!("shutting down: {why}");
+        self.begin_shutdown_within(why, self.cfg.stop_grace)
+    }
+
+    /// As `begin_shutdown`, the backend given `grace` at most (asked while
+    /// ending, a shorter grace cuts the running one short).
+    fn begin_shutdown_within(&mut self, why: &str, grace: Duration) {
         let grace = if self.generation.is_some() {
-            self.cfg.stop_grace
+            grace
         } else {
             Duration::ZERO
         };
+        if self.life.is_shutting_down() {
+            self.life.shut_down(Instant::now() + grace);
+            return;
+        }
+        info!("shutting down: {why}");
         self.life.shut_down(Instant::now() + grace);
         self.setup = None;
         for frame in self.routes.take_held() {
@@ -527,47 +539,6 @@ impl Bridge {
         // The user's answers reach sandbox.json before the process exits.
         self.disk.settle(Duration::from_secs(5)).await;
     }
-}
-
-/// A watch on this process's stdin for the editor hanging up (its end of
-/// the pipe closed), which shows even while unread frames are still in
-/// the pipe: a thread of its own waits in poll(2) for POLLHUP alone (no
-/// readiness for reading is asked, so unread data never wakes it). Where
-/// stdin is a file it never fires, and EOF says the same.
-fn stdin_hangup_watch() -> Option<tokio::sync::oneshot::Receiver<()>> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
-    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("stdin-hangup".into())
-        .spawn(move || loop {
-            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::empty())];
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_)
-                    if fds[0].revents().is_some_and(|r| {
-                        r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
-                    }) =>
-                {
-                    let _ = tx.send(());
-                    return;
-                }
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => return,
-            }
-        })
-        .ok()?;
-    Some(rx)
-}
-
-/// Resolves when the editor hangs up; never without a watch.
-async fn stdin_hung_up(watch: Option<tokio::sync::oneshot::Receiver<()>>) {
-    if let Some(rx) = watch {
-        if rx.await.is_ok() {
-            return;
-        }
-    }
-    std::future::pending().await
 }
 
 /// Sleeps until `at`, or forever without one.

@@ -99,9 +99,12 @@ impl Setup {
 impl Bridge {
     /// Takes the step the lifecycle's phase calls for now, if any.
     pub(super) async fn advance(&mut self) -> Flow {
-        let now = Instant::now();
+        // The clock is read only where a phase has a time (this runs
+        // between any two frames).
         match self.life.phase().clone() {
-            Phase::ShuttingDown { deadline } if self.generation.is_none() || now >= deadline => {
+            Phase::ShuttingDown { deadline }
+                if self.generation.is_none() || Instant::now() >= deadline =>
+            {
                 self.finish_shutdown().await;
                 return Flow::Exit;
             }
@@ -111,7 +114,7 @@ impl Bridge {
                 self.stop_drained().await;
                 return Flow::Again;
             }
-            Phase::Starting { at } if now >= at => {
+            Phase::Starting { at } if Instant::now() >= at => {
                 self.try_start().await;
                 return Flow::Again;
             }

@@ -266,11 +266,11 @@ pub fn restore_caps(result_raw: &str) -> RestoreCaps {
 /// If a `session/update` notification reports a mode change made by the
 /// agent itself, returns (session, mode).
 pub fn mode_change(frame: &Frame) -> Option<(String, String)> {
-    let raw = frame.params_raw()?;
     // Cheap filter first: most updates are message chunks.
-    if !raw.contains("current_mode_update") {
-        return None;
-    }
+    static MODE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new("current_mode_update"));
+    MODE.find(frame.params_bytes()?)?;
+    let raw = frame.params_raw()?;
     let n: acp::SessionNotification = serde_json::from_str(raw).ok()?;
     match n.update {
         acp::SessionUpdate::CurrentModeUpdate(u) => {

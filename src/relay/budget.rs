@@ -46,6 +46,13 @@ impl Budget {
             .expect("the budget's semaphore is never closed")
     }
 
+    /// A permit for a frame of `len` bytes if one is free now, without
+    /// waiting (the readers' fast path).
+    pub fn try_take(&self, len: usize) -> Option<Permit> {
+        let cost = len.clamp(1, self.total) as u32;
+        self.permits.clone().try_acquire_many_owned(cost).ok()
+    }
+
     /// Bytes not in flight now.
     pub fn available(&self) -> usize {
         self.permits.available_permits()

@@ -143,6 +143,12 @@ impl Frame {
         self.params_span.clone().map(|r| self.text(r))
     }
 
+    /// The raw `params` JSON bytes, if any: for quick looks that need no
+    /// text (a search for a word), without checking UTF-8 again.
+    pub fn params_bytes(&self) -> Option<&[u8]> {
+        self.params_span.clone().map(|r| &self.bytes[r])
+    }
+
     /// The raw `result` (or `error`) JSON text of a response.
     pub fn payload_raw(&self) -> Option<&str> {
         self.payload_span.clone().map(|r| self.text(r))

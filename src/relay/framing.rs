@@ -27,76 +27,173 @@ pub enum ReadItem {
     Eof,
 }
 
+/// Splits a byte stream into frames, without doing any I/O itself, so the
+/// async readers (the agent's stdout) and the blocking one (the editor's
+/// stdin, read on a thread of its own) share one set of rules.
+#[derive(Debug)]
+pub struct Splitter {
+    max_frame_bytes: usize,
+    line: Vec<u8>,
+    size: usize,
+    oversize: bool,
+}
+
+impl Splitter {
+    pub fn new(max_frame_bytes: usize) -> Self {
+        Self {
+            max_frame_bytes,
+            line: Vec::new(),
+            size: 0,
+            oversize: false,
+        }
+    }
+
+    /// Takes bytes from the front of `available`: how many it consumed, and
+    /// the frame they completed, if they did. Blank lines are skipped: some
+    /// peers send them as keep-alives, and they carry nothing to route.
+    pub fn feed(&mut self, available: &[u8]) -> (usize, Option<ReadItem>) {
+        let mut consumed = 0;
+        while consumed < available.len() {
+            let rest = &available[consumed..];
+            let (chunk, used, complete) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], i + 1, true),
+                None => (rest, rest.len(), false),
+            };
+            self.take(chunk);
+            consumed += used;
+            if complete {
+                if let Some(item) = self.end_line() {
+                    return (consumed, Some(item));
+                }
+            }
+        }
+        (consumed, None)
+    }
+
+    /// The stream ended: a final frame without a trailing newline still
+    /// counts.
+    pub fn finish(&mut self) -> ReadItem {
+        self.end_line().unwrap_or(ReadItem::Eof)
+    }
+
+    fn take(&mut self, chunk: &[u8]) {
+        self.size += chunk.len();
+        if !self.oversize && self.size > self.max_frame_bytes {
+            self.oversize = true;
+            self.line.truncate(OVERSIZE_PREFIX);
+        }
+        if self.oversize {
+            let room = OVERSIZE_PREFIX.saturating_sub(self.line.len());
+            self.line.extend_from_slice(&chunk[..room.min(chunk.len())]);
+        } else {
+            self.line.extend_from_slice(chunk);
+        }
+    }
+
+    /// The line read so far as an item, the splitter reset; none for a
+    /// blank line.
+    fn end_line(&mut self) -> Option<ReadItem> {
+        let mut line = std::mem::take(&mut self.line);
+        let size = std::mem::take(&mut self.size);
+        if std::mem::take(&mut self.oversize) {
+            return Some(ReadItem::TooLarge { prefix: line, size });
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        Some(ReadItem::Frame(line))
+    }
+}
+
 /// Reads frames from an async buffered reader.
 pub struct FrameReader<R> {
     inner: R,
-    max_frame_bytes: usize,
+    splitter: Splitter,
 }
 
 impl<R: AsyncBufRead + Unpin> FrameReader<R> {
     pub fn new(inner: R, max_frame_bytes: usize) -> Self {
         Self {
             inner,
-            max_frame_bytes,
+            splitter: Splitter::new(max_frame_bytes),
         }
     }
 
-    /// Reads the next non-empty frame. Blank lines are skipped: some peers
-    /// send them as keep-alives, and they carry nothing to route.
+    /// Reads the next non-empty frame.
     pub async fn next(&mut self) -> std::io::Result<ReadItem> {
-        loop {
-            match self.next_line().await? {
-                ReadItem::Frame(line) if line.iter().all(u8::is_ascii_whitespace) => continue,
-                other => return Ok(other),
-            }
-        }
-    }
-
-    async fn next_line(&mut self) -> std::io::Result<ReadItem> {
-        let mut line: Vec<u8> = Vec::new();
-        let mut size = 0usize;
-        let mut oversize = false;
         loop {
             let available = self.inner.fill_buf().await?;
             if available.is_empty() {
-                // EOF. A final frame without a trailing newline still counts.
-                return Ok(if size == 0 {
-                    ReadItem::Eof
-                } else {
-                    finish(line, size, oversize)
-                });
+                return Ok(self.splitter.finish());
             }
-            let (chunk, consumed, complete) = match memchr::memchr(b'\n', available) {
-                Some(i) => (&available[..i], i + 1, true),
-                None => (available, available.len(), false),
-            };
-            size += chunk.len();
-            if !oversize && size > self.max_frame_bytes {
-                oversize = true;
-                line.truncate(OVERSIZE_PREFIX);
-            }
-            if oversize {
-                let room = OVERSIZE_PREFIX.saturating_sub(line.len());
-                line.extend_from_slice(&chunk[..room.min(chunk.len())]);
-            } else {
-                line.extend_from_slice(chunk);
-            }
+            let (consumed, item) = self.splitter.feed(available);
             self.inner.consume(consumed);
-            if complete {
-                return Ok(finish(line, size, oversize));
+            if let Some(item) = item {
+                return Ok(item);
             }
         }
     }
 }
 
-fn finish(mut line: Vec<u8>, size: usize, oversize: bool) -> ReadItem {
-    if oversize {
-        return ReadItem::TooLarge { prefix: line, size };
+impl<R: tokio::io::AsyncRead + Unpin> FrameReader<tokio::io::BufReader<R>> {
+    /// The next frame if it is already whole in the buffer, without
+    /// reading: a reader hands on in one go what one read brought.
+    pub fn next_buffered(&mut self) -> Option<ReadItem> {
+        let available = self.inner.buffer();
+        if available.is_empty() {
+            return None;
+        }
+        let (consumed, item) = self.splitter.feed(available);
+        self.inner.consume(consumed);
+        item
     }
-    if line.last() == Some(&b'\r') {
-        line.pop();
+}
+
+/// Reads frames from a blocking reader through a buffer of its own.
+pub struct BlockingFrameReader<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    splitter: Splitter,
+}
+
+impl<R: std::io::Read> BlockingFrameReader<R> {
+    pub fn new(inner: R, capacity: usize, max_frame_bytes: usize) -> Self {
+        Self {
+            inner,
+            buf: vec![0; capacity.max(1)].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            splitter: Splitter::new(max_frame_bytes),
+        }
     }
-    ReadItem::Frame(line)
+
+    /// Reads the next non-empty frame, blocking until one is whole.
+    pub fn read_frame(&mut self) -> std::io::Result<ReadItem> {
+        loop {
+            if self.start == self.end {
+                let n = loop {
+                    match self.inner.read(&mut self.buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        other => break other?,
+                    }
+                };
+                if n == 0 {
+                    return Ok(self.splitter.finish());
+                }
+                (self.start, self.end) = (0, n);
+            }
+            let (consumed, item) = self.splitter.feed(&self.buf[self.start..self.end]);
+            self.start += consumed;
+            if let Some(item) = item {
+                return Ok(item);
+            }
+        }
+    }
 }
 
 /// Parses a number of milliseconds (`3000`), refusing negatives plainly.
@@ -141,6 +238,8 @@ mod tests {
     use super::*;
     use tokio::io::BufReader;
 
+    /// Reads `input` with both readers (buffers of `cap` bytes), checks
+    /// that they agree, and returns what they read.
     async fn read_all(input: &[u8], max: usize, cap: usize) -> Vec<ReadItem> {
         let mut r = FrameReader::new(BufReader::with_capacity(cap, input), max);
         let mut out = Vec::new();
@@ -149,9 +248,21 @@ mod tests {
             let eof = item == ReadItem::Eof;
             out.push(item);
             if eof {
-                return out;
+                break;
             }
         }
+        let mut b = BlockingFrameReader::new(input, cap, max);
+        let mut blocking = Vec::new();
+        loop {
+            let item = b.read_frame().unwrap();
+            let eof = item == ReadItem::Eof;
+            blocking.push(item);
+            if eof {
+                break;
+            }
+        }
+        assert_eq!(out, blocking, "the async and the blocking reader disagree");
+        out
     }
 
     #[tokio::test]

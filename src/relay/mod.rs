@@ -4,6 +4,9 @@ pub mod budget;
 pub mod codes;
 pub mod envelope;
 pub mod framing;
+#[cfg(target_os = "linux")]
+pub mod polled;
 pub mod splice;
+pub mod writer;
 
 pub use envelope::{Frame, FrameKind, RawId};
