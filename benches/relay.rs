@@ -15,6 +15,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
 #[path = "support/builds.rs"]
 mod builds;
 
+#[cfg(target_os = "linux")]
+#[path = "support/spawns.rs"]
+mod spawns;
+
 struct Peer {
     child: Child,
     stdin: ChildStdin,
@@ -136,14 +140,7 @@ fn streamed_notifications(n: usize, sessions: usize, slow: bool) -> String {
             ),
             id,
         );
-        sids.push(
-            answer
-                .split(r#""sessionId":""#)
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap()
-                .to_owned(),
-        );
+        sids.push(session_id(&answer));
     }
     let rss = |field: &str| -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
@@ -255,12 +252,7 @@ impl Bridged {
             ),
             2,
         );
-        answer
-            .split(r#""sessionId":""#)
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap()
-            .to_owned()
+        session_id(&answer)
     }
 
     /// Closes the bridge's stdin and waits for it to end.
@@ -296,6 +288,16 @@ impl Bridged {
         }
         let _ = self.child.wait();
     }
+}
+
+/// The `sessionId` in a `session/new` answer.
+fn session_id(answer: &str) -> String {
+    answer
+        .split(r#""sessionId":""#)
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("no session id in the answer: {answer}"))
+        .to_owned()
 }
 
 /// Reads lines as an editor does, up to the answer to `id` (left in
@@ -835,6 +837,23 @@ fn main() {
     }
     if wants("spawn") {
         rows.push(sandboxed_spawn(if full { 30 } else { 2 }));
+        #[cfg(target_os = "linux")]
+        {
+            rows.push(spawns::shell_spawn(if full { 30 } else { 2 }));
+            rows.push(spawns::terminal_spawn(if full { 30 } else { 2 }));
+            rows.push(spawns::initialize_answer(if full { 15 } else { 1 }));
+        }
+    }
+    #[cfg(target_os = "linux")]
+    if wants("rearm") {
+        rows.push(spawns::rearm(10, if full { 7 } else { 1 }));
+    }
+    #[cfg(target_os = "linux")]
+    if wants("files") {
+        rows.push(spawns::file_heavy(
+            if full { 20_000 } else { 200 },
+            if full { 5 } else { 1 },
+        ));
     }
     if wants("run_code") {
         rows.push(run_code_call(if full { 30 } else { 2 }));

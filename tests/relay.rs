@@ -310,6 +310,33 @@ fn a_crash_mid_turn_answers_once_and_the_session_survives() {
 }
 
 #[test]
+fn an_answer_reaches_the_editor_before_the_agent_that_gave_it_is_stopped() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let (_, pid) = ed.prompt(&sid, "pid");
+    let pid: i32 = pid.trim().parse().unwrap();
+    // A restart asked while the prompt runs waits for its answer, then
+    // stops the agent, which ignores SIGTERM: the stop takes the grace
+    // period (3 s). The answer must not wait for it.
+    let id = ed.prompt_request(&sid, "answer-then-linger");
+    wait_until("the agent has the prompt", || {
+        read_log(&ed, "received.log")
+            .iter()
+            .any(|l| l.contains("answer-then-linger"))
+    });
+    sighup(ed.pid());
+    let r = ed.response(&id);
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    assert!(
+        alive,
+        "the answer was held back until its agent was stopped (killed after the grace period)"
+    );
+}
+
+#[test]
 fn load_restores_without_showing_replayed_history() {
     let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_LOAD", "1"));
     ed.initialize();
@@ -853,6 +880,18 @@ fn a_crash_during_a_restore_never_hides_a_sessions_updates() {
 
 #[test]
 fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
+    slow_editor_holds_back("flood");
+}
+
+/// The same, with a frame the bridge drops (sending nothing on) after
+/// every notification: the shares of the frames handed on before it must
+/// stay in flight until they are written.
+#[test]
+fn frames_the_bridge_drops_do_not_let_a_slow_editor_grow_the_bridge() {
+    slow_editor_holds_back("flood-dropped");
+}
+
+fn slow_editor_holds_back(flood: &str) {
     use std::io::{BufRead, Write};
     let home = tempfile::tempdir().unwrap();
     let (mut child, mut stdin, mut stdout) = raw_bridge(home.path(), &[]);
@@ -884,7 +923,7 @@ fn a_slow_editor_slows_the_agent_instead_of_growing_the_bridge() {
     const N: usize = 100_000;
     send(
         json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
-                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!("flood {N}")}]}}),
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!("{flood} {N}")}]}}),
     );
 
     // The editor reads nothing now: the agent must block once the bounded

@@ -260,6 +260,11 @@ async fn read_frames(r: Reading) {
     };
     'reading: loop {
         let (frames, bytes, after) = tokio::select! {
+            // What the agent wrote is read before its exit or the drain's
+            // deadline is looked at: frames it wrote before exiting are
+            // never dropped for a timer that ran out while the reader
+            // waited for the editor.
+            biased;
             item = reader.next() => gather(id, &mut reader, item),
             s = &mut exit, if status.is_none() => {
                 status = exited_now(s, drain.as_mut());

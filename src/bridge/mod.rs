@@ -255,9 +255,7 @@ impl Bridge {
         loop {
             if self.backlog.is_empty() {
                 // A batch ended with frames that sent nothing on.
-                if let Some(out) = &self.editor_out {
-                    out.flush();
-                }
+                self.flush_editor();
             }
             match self.advance().await {
                 restart::Flow::Exit => return,
@@ -292,9 +290,25 @@ impl Bridge {
     }
 
     fn handle(&mut self, event: Event) {
+        let of_a_batch = matches!(event, Event::Backlog(..));
         self.handle_one(event);
-        // What handling did not send on is no longer in flight.
-        self.carried.take();
+        match (self.carried.take(), &self.editor_out) {
+            // A batch's share, its last frame sending nothing on: the
+            // frames before it may still be on their way to the editor,
+            // and the share stays in flight until they are written.
+            (Some(permit), Some(out)) if of_a_batch => out.carry(permit),
+            // What handling did not send on is no longer in flight.
+            _ => {}
+        }
+    }
+
+    /// Hands what is staged for the editor to its writer: before the loop
+    /// waits on anything (an agent stopping or starting), so answers are
+    /// never held back by it.
+    fn flush_editor(&self) {
+        if let Some(out) = &self.editor_out {
+            out.flush();
+        }
     }
 
     fn handle_one(&mut self, event: Event) {
@@ -443,6 +457,8 @@ impl Bridge {
     }
 
     async fn stop_generation(&mut self, generation: Generation) {
+        // Stopping can take the grace period: nothing staged waits for it.
+        self.flush_editor();
         let id = generation.id;
         let spare: Vec<i32> = self
             .violations
@@ -537,6 +553,7 @@ impl Bridge {
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;
         // The user's answers reach sandbox.json before the process exits.
+        self.flush_editor();
         self.disk.settle(Duration::from_secs(5)).await;
     }
 }

@@ -101,20 +101,25 @@ impl Bridge {
     pub(super) async fn advance(&mut self) -> Flow {
         // The clock is read only where a phase has a time (this runs
         // between any two frames).
+        // Each step below waits (an agent stopping or starting): what is
+        // staged for the editor goes first.
         match self.life.phase().clone() {
             Phase::ShuttingDown { deadline }
                 if self.generation.is_none() || Instant::now() >= deadline =>
             {
+                self.flush_editor();
                 self.finish_shutdown().await;
                 return Flow::Exit;
             }
             Phase::Draining
                 if self.generation.is_none() || self.editor_requests_in_flight() == 0 =>
             {
+                self.flush_editor();
                 self.stop_drained().await;
                 return Flow::Again;
             }
             Phase::Starting { at } if Instant::now() >= at => {
+                self.flush_editor();
                 self.try_start().await;
                 return Flow::Again;
             }
@@ -123,6 +128,7 @@ impl Bridge {
         if self.dying.is_empty() {
             return Flow::Wait;
         }
+        self.flush_editor();
         for generation in std::mem::take(&mut self.dying) {
             self.stop_generation(generation).await;
         }
@@ -158,6 +164,7 @@ impl Bridge {
             self.run_audit(&session);
         }
         let roots = self.roots_to_arm();
+        self.flush_editor();
         let confinement = self.arm(&roots).await;
         match self.start_generation(confinement, roots) {
             Ok(()) => {

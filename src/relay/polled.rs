@@ -27,7 +27,13 @@ impl Polled {
     pub fn new(fd: OwnedFd) -> Option<Polled> {
         use nix::sys::stat::{fstat, SFlag};
         let kind = SFlag::from_bits_truncate(fstat(&fd).ok()?.st_mode) & SFlag::S_IFMT;
-        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
+        let stream_socket = || {
+            use nix::sys::socket::{getsockopt, sockopt::SockType, SockType as Kind};
+            getsockopt(&fd, SockType).is_ok_and(|k| k == Kind::Stream)
+        };
+        // A datagram socket's empty record reads as 0 bytes, which is not
+        // its end: only byte streams are read here.
+        if kind != SFlag::S_IFIFO && !(kind == SFlag::S_IFSOCK && stream_socket()) {
             return None;
         }
         // SAFETY: an OwnedFd is open, stays open until the AsyncFd (its

@@ -254,11 +254,17 @@ impl FrameWriter {
         true
     }
 
+    /// Holds `permit` until everything staged before it is written: the
+    /// share of a frame that sent nothing on, whose batch went ahead.
+    pub fn carry(&self, permit: Permit) {
+        self.staged.borrow_mut().carry(permit);
+    }
+
     /// Hands everything staged to the writer, waking it if it sleeps.
     /// False once a write failed (what was staged is dropped).
     pub fn flush(&self) -> bool {
         let mut staged = self.staged.borrow_mut();
-        if staged.segments.is_empty() {
+        if staged.segments.is_empty() && staged.permits.is_empty() {
             return !staged.failed;
         }
         let mut q = self.shared.lock();
@@ -267,6 +273,11 @@ impl FrameWriter {
             staged.segments.clear();
             staged.permits.clear();
             return false;
+        }
+        if staged.segments.is_empty() && q.idle && q.segments.is_empty() {
+            // Shares only, and nothing unwritten ahead of them.
+            staged.permits.clear();
+            return true;
         }
         if let (true, true, Some(direct)) = (q.idle, q.segments.is_empty(), &self.direct) {
             // The writer has nothing in hand (and cannot start while the
@@ -336,6 +347,9 @@ fn write_until_closed<W: Write>(shared: &Shared, mut out: W) -> std::io::Result<
                 }
             }
             while q.segments.is_empty() && !q.closing {
+                // Shares handed over after the last batch was taken: what
+                // came before them is written now.
+                q.permits.clear();
                 q.idle = true;
                 q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
             }

@@ -1,0 +1,354 @@
+//! Issue 14's spawn, start-up, re-arm and file-heavy rows: each against
+//! the same work done bare (or unarmed) in the same run, alternating so
+//! drift hits both columns alike.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{median, Bridged, BIN};
+
+const FAKE_AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
+
+/// Where a row works: `home` and `ws` under the target's own temp dir
+/// (not /tmp, which the sandbox keeps writable anyway), and the fake
+/// agent's state in /tmp (writable to an armed agent before it has any
+/// workspace, as an agent's own state is).
+struct Place {
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    home: PathBuf,
+    ws: PathBuf,
+    state: PathBuf,
+}
+
+fn place() -> Place {
+    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let root = std::fs::canonicalize(base.path()).unwrap();
+    let (home, ws) = (root.join("home"), root.join("ws"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    Place {
+        home,
+        ws,
+        state: state.path().to_owned(),
+        _dirs: (base, state),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The fake agent behind a bridge, armed or not.
+fn bridge(at: &Place, armed: bool) -> Bridged {
+    let mut env: Vec<(&str, &Path)> = vec![("FAKE_AGENT_DIR", &at.state)];
+    if armed {
+        env.push(("ZCODE_ACP_SANDBOX", Path::new("1")));
+    }
+    Bridged::start(&at.home, &[FAKE_AGENT], &env)
+}
+
+/// `zcode-acp run -- sh -c true` (policy read from disk, namespaces,
+/// mounts, Landlock, the PID namespace's init) against `sh -c true` bare.
+pub fn shell_spawn(n: usize) -> String {
+    let at = place();
+    let (home, ws) = (&at.home, &at.ws);
+    let run = |sandboxed: bool| -> Duration {
+        let mut cmd = if sandboxed {
+            let mut c = Command::new(BIN);
+            c.arg("run").arg("--workspace").arg(ws).arg("--");
+            c.args(["sh", "-c", "true"]);
+            c
+        } else {
+            let mut c = Command::new("sh");
+            c.args(["-c", "true"]);
+            c
+        };
+        cmd.current_dir(ws)
+            .env("HOME", home)
+            .env("ZCODE_ACP_LOG", "error");
+        let start = Instant::now();
+        let status = cmd.status().unwrap();
+        let took = start.elapsed();
+        assert!(
+            status.success(),
+            "the sandboxed spawn failed (needs root or user namespaces, and Landlock)"
+        );
+        took
+    };
+    let (mut bare, mut boxed) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        bare.push(run(false));
+        boxed.push(run(true));
+    }
+    let (b, s) = (median(bare), median(boxed));
+    format!(
+        "| `sh -c true` under `zcode-acp run` vs bare ({n} each, alternating; goal: 2x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
+        ms(b),
+        ms(s),
+        s.as_secs_f64() / b.as_secs_f64()
+    )
+}
+
+/// An editor terminal (`terminal/create` of `true`, which the editor runs
+/// as a shell line) as the editor runs it: from an unarmed bridge as asked,
+/// from an armed one rewritten to the sandbox helper with the running
+/// generation's ready policy. Timed: the editor's spawn until the exit.
+pub fn terminal_spawn(n: usize) -> String {
+    let at = place();
+    let ws = &at.ws;
+    let mut times = [Vec::new(), Vec::new()];
+    let mut bridges = [bridge(&at, false), bridge(&at, true)];
+    let mut sids = Vec::new();
+    for b in bridges.iter_mut() {
+        sids.push(b.handshake(ws));
+    }
+    let mut unarmed = false;
+    'runs: for i in 0..n {
+        for (armed, b) in bridges.iter_mut().enumerate() {
+            let id = 1000 + i as u64;
+            writeln!(
+                b.stdin,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":"{}","prompt":[{{"type":"text","text":"terminal"}}]}}}}"#,
+                sids[armed]
+            )
+            .unwrap();
+            b.stdin.flush().unwrap();
+            let request = loop {
+                b.line.clear();
+                assert!(b.stdout.read_until(b'\n', &mut b.line).unwrap() > 0);
+                let v: serde_json::Value = serde_json::from_slice(&b.line).unwrap();
+                if v["method"] == "terminal/create" {
+                    break v;
+                }
+            };
+            let p = &request["params"];
+            let command = p["command"].as_str().unwrap().to_owned();
+            let args: Vec<String> = p["args"]
+                .as_array()
+                .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default();
+            if armed == 1 && args.first().map(String::as_str) != Some("__sandbox") {
+                unarmed = true;
+                break 'runs;
+            }
+            let mut cmd = if args.is_empty() {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c").arg(&command);
+                c
+            } else {
+                let mut c = Command::new(&command);
+                c.args(&args);
+                c
+            };
+            cmd.current_dir(ws).stdout(Stdio::null());
+            let start = Instant::now();
+            let status = cmd.status().unwrap();
+            times[armed].push(start.elapsed());
+            assert!(status.success(), "the terminal failed: {request}");
+            writeln!(
+                b.stdin,
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{"terminalId":"t{i}"}}}}"#,
+                request["id"]
+            )
+            .unwrap();
+            b.stdin.flush().unwrap();
+            super::read_to_answer(&mut b.stdout, &mut b.line, id);
+        }
+    }
+    for b in bridges {
+        b.stop();
+    }
+    if unarmed {
+        return "| editor terminal (`true`), armed bridge vs unarmed | skipped: the bridge could not arm here (needs Landlock and namespaces) | | |".into();
+    }
+    let [plain, armed] = times;
+    let (p, a) = (median(plain), median(armed));
+    format!(
+        "| editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper, the generation's ready policy) vs unarmed ({n} each, alternating; goal: 1.5x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
+        ms(p),
+        ms(a),
+        a.as_secs_f64() / p.as_secs_f64()
+    )
+}
+
+/// From starting the bridge to its answer to `initialize`, armed and not
+/// (the same python agent behind both).
+pub fn initialize_answer(n: usize) -> String {
+    let at = place();
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..n {
+        for (armed, t) in times.iter_mut().enumerate() {
+            let start = Instant::now();
+            let mut b = bridge(&at, armed == 1);
+            b.until_answer(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
+                1,
+            );
+            t.push(start.elapsed());
+            b.stop();
+        }
+    }
+    let [off, on] = times;
+    let (off, on) = (median(off), median(on));
+    format!(
+        "| start to the `initialize` answer, sandbox on vs off ({n} each, alternating; goal: 5 ms more at most; it is {:+.1} ms) | {:.1} ms | {:.1} ms | {:.2}x |",
+        ms(on) - ms(off),
+        ms(off),
+        ms(on),
+        on.as_secs_f64() / off.as_secs_f64()
+    )
+}
+
+/// A re-arm with `sessions` live sessions: a session in a new root makes
+/// the armed bridge start a new generation and restore every session.
+/// Timed from that `session/new` to the first session answering again (a
+/// prompt sent right behind it); the agent's own share (its start and the
+/// restores, asked of it directly, as the bridge asks them) is measured
+/// apart, and the rest is the bridge's.
+pub fn rearm(sessions: usize, runs: usize) -> String {
+    let at = place();
+    let (home, ws) = (&at.home, &at.ws);
+    let (mut total, mut agent) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let mut b = bridge(&at, true);
+        let mut sids = vec![b.handshake(ws)];
+        for i in 1..sessions {
+            let id = 100 + i as u64;
+            let (answer, _) = b.until_answer(
+                &format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+                    ws.display()
+                ),
+                id,
+            );
+            sids.push(super::session_id(&answer));
+        }
+        let fresh = ws.parent().unwrap().join(format!("root{run}"));
+        std::fs::create_dir_all(&fresh).unwrap();
+        let start = Instant::now();
+        writeln!(
+            b.stdin,
+            r#"{{"jsonrpc":"2.0","id":900,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+            fresh.display()
+        )
+        .unwrap();
+        writeln!(
+            b.stdin,
+            r#"{{"jsonrpc":"2.0","id":901,"method":"session/prompt","params":{{"sessionId":"{}","prompt":[]}}}}"#,
+            sids[0]
+        )
+        .unwrap();
+        b.stdin.flush().unwrap();
+        super::read_to_answer(&mut b.stdout, &mut b.line, 901);
+        total.push(start.elapsed());
+        b.stop();
+
+        // The agent alone: started, initialized, every session restored.
+        let start = Instant::now();
+        let mut direct = Command::new("python3")
+            .arg(FAKE_AGENT)
+            .env("FAKE_AGENT_DIR", &at.state)
+            .env("HOME", home)
+            .current_dir(ws)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = direct.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(direct.stdout.take().unwrap());
+        let mut line = Vec::new();
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{}}}}}}"#
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+        super::read_to_answer(&mut stdout, &mut line, 1);
+        for (i, sid) in sids.iter().enumerate() {
+            let id = 10 + i as u64;
+            writeln!(
+                stdin,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/load","params":{{"sessionId":"{sid}","cwd":"{}","mcpServers":[]}}}}"#,
+                ws.display()
+            )
+            .unwrap();
+            stdin.flush().unwrap();
+            super::read_to_answer(&mut stdout, &mut line, id);
+        }
+        agent.push(start.elapsed());
+        drop(stdin);
+        let _ = direct.wait();
+    }
+    let (t, a) = (median(total), median(agent));
+    let share = t.saturating_sub(a);
+    format!(
+        "| re-arm with {sessions} live sessions, from the trigger to the first session answering again ({runs} runs): the agent's own start and restores (asked directly) vs the whole; the bridge's share is {:.1} ms (goal: 20 ms at most) | {:.1} ms | {:.1} ms | {:.2}x |",
+        ms(share),
+        ms(a),
+        ms(t),
+        t.as_secs_f64() / a.as_secs_f64()
+    )
+}
+
+/// `files` creates, writes and unlinks, then a `git init`, `add` and
+/// `commit` of as many files, in the workspace, under `zcode-acp run`
+/// against bare.
+pub fn file_heavy(files: usize, runs: usize) -> String {
+    let at = place();
+    let (home, ws) = (&at.home, &at.ws);
+    // In a directory of its own each time ($1), removed by the bench
+    // afterwards: inside the sandbox a repository's hooks and config are
+    // read-only, so one run could not clear another's.
+    let script = format!(
+        r#"
+set -e
+mkdir "$1" && cd "$1" && mkdir churn repo
+cd churn
+i=0; while [ $i -lt {files} ]; do echo "line $i" > f$i; i=$((i+1)); done
+i=0; while [ $i -lt {files} ]; do echo more >> f$i; i=$((i+1)); done
+cd .. && rm -rf churn
+cd repo
+i=0; while [ $i -lt {files} ]; do echo "file $i" > f$i; i=$((i+1)); done
+git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -qm bench
+"#
+    );
+    let mut runs_made = 0usize;
+    let mut run = |sandboxed: bool| -> Duration {
+        let mut cmd = if sandboxed {
+            let mut c = Command::new(BIN);
+            c.arg("run").arg("--workspace").arg(ws).arg("--");
+            c
+        } else {
+            Command::new("env")
+        };
+        runs_made += 1;
+        let dir = ws.join(format!("run{runs_made}"));
+        cmd.args(["sh", "-c", &script, "sh"])
+            .arg(&dir)
+            .current_dir(ws)
+            .env("HOME", home)
+            .env("ZCODE_ACP_LOG", "error")
+            .stdout(Stdio::null());
+        let start = Instant::now();
+        let status = cmd.status().unwrap();
+        let took = start.elapsed();
+        assert!(status.success(), "the file-heavy script failed");
+        std::fs::remove_dir_all(&dir).unwrap();
+        took
+    };
+    let (mut bare, mut boxed) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        bare.push(run(false));
+        boxed.push(run(true));
+    }
+    let (b, s) = (median(bare), median(boxed));
+    format!(
+        "| {files} file creates, appends and unlinks, then `git init` + `add` + `commit` of {files} files, in the workspace on this machine's disk: under `zcode-acp run` vs bare ({runs} each, alternating; goal: 1.05x at most) | {:.0} ms | {:.0} ms | {:.2}x |",
+        ms(b),
+        ms(s),
+        s.as_secs_f64() / b.as_secs_f64()
+    )
+}
