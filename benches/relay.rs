@@ -637,6 +637,48 @@ fn judged_writes(n: usize) -> String {
 /// on this machine's disk, and once on a tmpfs (made in a mount namespace
 /// of the benchmark's own), where nothing else hides the cost. Linux only:
 /// Seatbelt expresses name prefixes itself.
+/// Runs `cmd` in a mount namespace of its own with a tmpfs over `ws` (its
+/// working directory), so the disk hides nothing. The tmpfs is mounted only
+/// after the child is checked to be in a mount namespace other than
+/// `parent_ns` (this process's).
+#[cfg(target_os = "linux")]
+fn on_a_tmpfs(cmd: &mut Command, ws: &std::path::Path, parent_ns: u64) {
+    let ws = std::ffi::CString::new(ws.to_str().unwrap()).unwrap();
+    // SAFETY: runs in the forked child before exec; system calls
+    // only. The tmpfs is mounted only after the child is checked to
+    // be in a mount namespace of its own.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 || st.st_ino == parent_ns {
+                return Err(std::io::Error::other("not in a mount namespace of its own"));
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+                || libc::mount(
+                    c"tmpfs".as_ptr(),
+                    ws.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ) != 0
+                || libc::chdir(ws.as_ptr()) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(target_os = "linux")]
 fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
     let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -677,42 +719,7 @@ fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
             .env("HOME", &home)
             .env("ZCODE_ACP_LOG", "error");
         if tmpfs {
-            let ws = std::ffi::CString::new(ws.to_str().unwrap()).unwrap();
-            // SAFETY: runs in the forked child before exec; system calls
-            // only. The tmpfs is mounted only after the child is checked to
-            // be in a mount namespace of its own.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let mut st: libc::stat = std::mem::zeroed();
-                    if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0
-                        || st.st_ino == parent_ns
-                    {
-                        return Err(std::io::Error::other("not in a mount namespace of its own"));
-                    }
-                    if libc::mount(
-                        std::ptr::null(),
-                        c"/".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC | libc::MS_PRIVATE,
-                        std::ptr::null(),
-                    ) != 0
-                        || libc::mount(
-                            c"tmpfs".as_ptr(),
-                            ws.as_ptr(),
-                            c"tmpfs".as_ptr(),
-                            0,
-                            std::ptr::null(),
-                        ) != 0
-                        || libc::chdir(ws.as_ptr()) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            on_a_tmpfs(&mut cmd, &ws, parent_ns);
         }
         let start = Instant::now();
         let status = cmd.status().unwrap();
@@ -850,7 +857,7 @@ fn main() {
     }
     #[cfg(target_os = "linux")]
     if wants("files") {
-        rows.push(spawns::file_heavy(
+        rows.extend(spawns::file_heavy(
             if full { 20_000 } else { 200 },
             if full { 5 } else { 1 },
         ));
