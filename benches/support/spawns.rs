@@ -50,24 +50,23 @@ fn bridge(at: &Place, armed: bool) -> Bridged {
     Bridged::start(&at.home, &[FAKE_AGENT], &env)
 }
 
-/// `zcode-acp run -- sh -c true` (policy read from disk, namespaces,
-/// mounts, Landlock, the PID namespace's init) against `sh -c true` bare.
-pub fn shell_spawn(n: usize) -> String {
+/// `zcode-acp run -- ARGV` (policy read from disk, namespaces, mounts,
+/// Landlock, the PID namespace's init) against `ARGV` bare, alternating.
+pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
     let at = place();
-    let (home, ws) = (&at.home, &at.ws);
     let run = |sandboxed: bool| -> Duration {
         let mut cmd = if sandboxed {
             let mut c = Command::new(BIN);
-            c.arg("run").arg("--workspace").arg(ws).arg("--");
-            c.args(["sh", "-c", "true"]);
+            c.arg("run").arg("--workspace").arg(&at.ws).arg("--");
+            c.args(argv);
             c
         } else {
-            let mut c = Command::new("sh");
-            c.args(["-c", "true"]);
+            let mut c = Command::new(argv[0]);
+            c.args(&argv[1..]);
             c
         };
-        cmd.current_dir(ws)
-            .env("HOME", home)
+        cmd.current_dir(&at.ws)
+            .env("HOME", &at.home)
             .env("ZCODE_ACP_LOG", "error");
         let start = Instant::now();
         let status = cmd.status().unwrap();
@@ -85,7 +84,7 @@ pub fn shell_spawn(n: usize) -> String {
     }
     let (b, s) = (median(bare), median(boxed));
     format!(
-        "| `sh -c true` under `zcode-acp run` vs bare ({n} each, alternating; goal: 2x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
+        "| {what} ({n} each, alternating) | {:.2} ms | {:.2} ms | {:.1}x |",
         ms(b),
         ms(s),
         s.as_secs_f64() / b.as_secs_f64()
