@@ -30,7 +30,7 @@ pub(super) fn start_writer() -> std::io::Result<(FrameWriter, WriteFailed)> {
 }
 
 /// Where the editor's frames come from: stdin read through the reactor
-/// where it is a pipe or a socket (see `relay::polled`), else read on a
+/// where it is a pipe or a stream socket (see `relay::polled`), else read on a
 /// thread of its own that hands each frame over.
 enum Source {
     #[cfg(target_os = "linux")]

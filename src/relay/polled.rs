@@ -6,7 +6,7 @@
 //! them too (and would have to be undone on every way out). It stays
 //! blocking; epoll reports readiness on blocking descriptors as well, and
 //! a read never waits because it asks only for what FIONREAD says is
-//! there (the bridge is the only reader). Anything but a pipe or a socket
+//! there (the bridge is the only reader). Anything but a pipe or a stream socket
 //! (a terminal, a regular file) is read on a thread instead.
 
 use std::io;
