@@ -130,17 +130,10 @@ fn streamed_notifications(n: usize, sessions: usize, slow: bool) -> String {
     let dir = tempfile::tempdir().unwrap();
     let agent = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
     let mut b = Bridged::start(dir.path(), &[agent], &[("FAKE_AGENT_DIR", dir.path())]);
-    let mut sids = vec![b.handshake(&dir.path().join("w"))];
+    let ws = dir.path().join("w");
+    let mut sids = vec![b.handshake(&ws)];
     for i in 1..sessions {
-        let id = 100 + i as u64;
-        let (answer, _) = b.until_answer(
-            &format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
-                dir.path().join("w").display()
-            ),
-            id,
-        );
-        sids.push(session_id(&answer));
+        sids.push(b.new_session(&ws, 100 + i as u64));
     }
     let rss = |field: &str| -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
@@ -245,12 +238,17 @@ impl Bridged {
             1,
         );
         std::fs::create_dir_all(ws).unwrap();
+        self.new_session(ws, 2)
+    }
+
+    /// A session in `ws`, asked for as request `id`; its id.
+    fn new_session(&mut self, ws: &std::path::Path, id: u64) -> String {
         let (answer, _) = self.until_answer(
             &format!(
-                r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
                 ws.display()
             ),
-            2,
+            id,
         );
         session_id(&answer)
     }

@@ -37,6 +37,17 @@ fn place() -> Place {
     }
 }
 
+/// `n` runs without the sandbox and `n` with it, alternating so drift hits
+/// both alike; their medians.
+fn alternate(n: usize, mut run: impl FnMut(bool) -> Duration) -> (Duration, Duration) {
+    let (mut bare, mut boxed) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        bare.push(run(false));
+        boxed.push(run(true));
+    }
+    (median(bare), median(boxed))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -77,12 +88,7 @@ pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
         );
         took
     };
-    let (mut bare, mut boxed) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        bare.push(run(false));
-        boxed.push(run(true));
-    }
-    let (b, s) = (median(bare), median(boxed));
+    let (b, s) = alternate(n, run);
     format!(
         "| {what} ({n} each, alternating) | {:.2} ms | {:.2} ms | {:.1}x |",
         ms(b),
@@ -215,15 +221,7 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         let mut b = bridge(&at, true);
         let mut sids = vec![b.handshake(ws)];
         for i in 1..sessions {
-            let id = 100 + i as u64;
-            let (answer, _) = b.until_answer(
-                &format!(
-                    r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"{}","mcpServers":[]}}}}"#,
-                    ws.display()
-                ),
-                id,
-            );
-            sids.push(super::session_id(&answer));
+            sids.push(b.new_session(ws, 100 + i as u64));
         }
         let fresh = ws.parent().unwrap().join(format!("root{run}"));
         std::fs::create_dir_all(&fresh).unwrap();
@@ -348,12 +346,7 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
     };
     let mut rows = Vec::new();
     for (tmpfs, place) in [(false, "this machine's disk"), (true, "a tmpfs")] {
-        let (mut bare, mut boxed) = (Vec::new(), Vec::new());
-        for _ in 0..runs {
-            bare.push(run(false, tmpfs));
-            boxed.push(run(true, tmpfs));
-        }
-        let (b, s) = (median(bare), median(boxed));
+        let (b, s) = alternate(runs, |sandboxed| run(sandboxed, tmpfs));
         rows.push(format!(
             "| {files} file creates, appends and unlinks, then `git init` + `add` + `commit` of {files} files, in the workspace on {place}: under `zcode-acp run` vs bare ({runs} each, alternating; goal: 1.05x at most) | {:.0} ms | {:.0} ms | {:.2}x |",
             ms(b),

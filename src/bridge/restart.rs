@@ -101,25 +101,23 @@ impl Bridge {
     pub(super) async fn advance(&mut self) -> Flow {
         // The clock is read only where a phase has a time (this runs
         // between any two frames).
-        // Each step below waits (an agent stopping or starting): what is
-        // staged for the editor goes first.
+        // Each step below waits (an agent stopping or starting); every such
+        // wait hands what is staged for the editor to its writer first
+        // (`stop_generation`, `arm`, `finish_shutdown`).
         match self.life.phase().clone() {
             Phase::ShuttingDown { deadline }
                 if self.generation.is_none() || Instant::now() >= deadline =>
             {
-                self.flush_editor();
                 self.finish_shutdown().await;
                 return Flow::Exit;
             }
             Phase::Draining
                 if self.generation.is_none() || self.editor_requests_in_flight() == 0 =>
             {
-                self.flush_editor();
                 self.stop_drained().await;
                 return Flow::Again;
             }
             Phase::Starting { at } if Instant::now() >= at => {
-                self.flush_editor();
                 self.try_start().await;
                 return Flow::Again;
             }
@@ -128,7 +126,6 @@ impl Bridge {
         if self.dying.is_empty() {
             return Flow::Wait;
         }
-        self.flush_editor();
         for generation in std::mem::take(&mut self.dying) {
             self.stop_generation(generation).await;
         }
@@ -164,7 +161,6 @@ impl Bridge {
             self.run_audit(&session);
         }
         let roots = self.roots_to_arm();
-        self.flush_editor();
         let confinement = self.arm(&roots).await;
         match self.start_generation(confinement, roots) {
             Ok(()) => {
@@ -203,6 +199,8 @@ impl Bridge {
     /// out. The loop takes this step like the others of a restart, and the
     /// editor's reader and writer go on meanwhile.
     async fn arm(&self, roots: &[PathBuf]) -> Confinement {
+        // Arming walks the disk off the loop: nothing staged waits for it.
+        self.flush_editor();
         let sandbox = self.sandbox.clone();
         let (argv, roots) = (self.cfg.backend.clone(), roots.to_vec());
         let grants = self.permissions.grants().to_vec();

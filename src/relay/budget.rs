@@ -38,10 +38,9 @@ impl Budget {
     /// Waits until a frame of `len` bytes may be in flight. A frame larger
     /// than the whole budget waits for all of it.
     pub async fn take(&self, len: usize) -> Permit {
-        let cost = len.clamp(1, self.total) as u32;
         self.permits
             .clone()
-            .acquire_many_owned(cost)
+            .acquire_many_owned(self.cost(len))
             .await
             .expect("the budget's semaphore is never closed")
     }
@@ -49,8 +48,16 @@ impl Budget {
     /// A permit for a frame of `len` bytes if one is free now, without
     /// waiting (the readers' fast path).
     pub fn try_take(&self, len: usize) -> Option<Permit> {
-        let cost = len.clamp(1, self.total) as u32;
-        self.permits.clone().try_acquire_many_owned(cost).ok()
+        self.permits
+            .clone()
+            .try_acquire_many_owned(self.cost(len))
+            .ok()
+    }
+
+    /// What a frame of `len` bytes takes: a frame larger than the whole
+    /// budget takes all of it.
+    fn cost(&self, len: usize) -> u32 {
+        len.clamp(1, self.total) as u32
     }
 
     /// Bytes not in flight now.

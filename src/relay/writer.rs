@@ -41,6 +41,17 @@ enum Segment {
     Frame(Vec<u8>),
 }
 
+/// Keeps a written batch buffer, emptied, among `spare` for the next
+/// frames (a few, none too large); anything else is dropped.
+fn recycle(spare: &mut Vec<Vec<u8>>, segment: Segment) {
+    if let Segment::Copied(mut buf) = segment {
+        if spare.len() < 2 && buf.capacity() <= SPARE_AT_MOST {
+            buf.clear();
+            spare.push(buf);
+        }
+    }
+}
+
 impl Segment {
     /// Its bytes on the wire (a large frame's newline included).
     fn len(&self) -> usize {
@@ -99,12 +110,7 @@ impl Queue {
             break;
         }
         for segment in self.segments.drain(..done) {
-            if let Segment::Copied(mut buf) = segment {
-                if self.spare.len() < 2 && buf.capacity() <= SPARE_AT_MOST {
-                    buf.clear();
-                    self.spare.push(buf);
-                }
-            }
+            recycle(&mut self.spare, segment);
         }
     }
 
@@ -339,12 +345,7 @@ fn write_until_closed<W: Write>(shared: &Shared, mut out: W) -> std::io::Result<
             let mut q = shared.lock();
             // The buffers of the last batch go back, emptied, for reuse.
             for segment in batch.drain(..) {
-                if let Segment::Copied(mut buf) = segment {
-                    if q.spare.len() < 2 && buf.capacity() <= SPARE_AT_MOST {
-                        buf.clear();
-                        q.spare.push(buf);
-                    }
-                }
+                recycle(&mut q.spare, segment);
             }
             while q.segments.is_empty() && !q.closing {
                 // Shares handed over after the last batch was taken: what
