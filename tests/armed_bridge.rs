@@ -417,6 +417,40 @@ fn editor_terminals_run_inside_the_sandbox() {
 }
 
 #[test]
+fn an_editor_terminal_runs_in_its_agents_sandbox_and_ends_whole() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, _ws, sid, _outside) = armed_editor();
+    terminal_joins_its_generation(&mut ed, &sid);
+
+    // A script in your own /tmp is not in the agent's view (its /tmp is
+    // private): that terminal arms a sandbox of its own, which carries the
+    // script over, and runs it.
+    let own_tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let script = own_tmp.path().join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran-from-your-tmp\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (_, text) = ed.prompt(&sid, &format!("/terminal {}", script.display()));
+    assert!(text.contains("ran-from-your-tmp"), "{text}");
+
+    // A socket bound after the generation was armed (a service of this
+    // test's own, which nothing talks to) is covered by a fresh arming: a
+    // terminal started after that arms afresh rather than take the
+    // generation's older view, where the socket is within reach.
+    let sock = ed.home().join("late.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!(
+            "/terminal test -S {} && echo within-reach || echo covered",
+            sock.display()
+        ),
+    );
+    assert!(text.contains("covered"), "{text}");
+}
+
+#[test]
 fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
     if !require_kernel_features() {
         return;

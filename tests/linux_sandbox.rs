@@ -360,6 +360,41 @@ fn every_write_operation_in_every_place_as_an_unprivileged_user() {
     );
 }
 
+#[test]
+fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Declared first, so the bridge below is gone before the user is removed.
+    let user = TestUser::create();
+    user.own(&user.base.join("home"));
+    user.own(&user.base.join("ws"));
+    let bin = user.base.join("bin/zcode-acp");
+    let mut opts = common::Options::new(vec![
+        bin.to_string_lossy().into_owned(),
+        "shell-agent".into(),
+    ])
+    .env("ZCODE_ACP_SANDBOX", "1")
+    .env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.home_at = Some(user.base.join("home"));
+    opts.run_as = Some((user.uid, user.gid, bin));
+    let mut ed = common::Editor::start_with(opts);
+    ed.initialize();
+    let ws = user.base.join("ws");
+    let sid = ed.new_session(&ws);
+    common::terminal_joins_its_generation(&mut ed, &sid);
+    // The terminal ran as the user, in the workspace it may write.
+    let (_, text) = ed.prompt(&sid, "/terminal id -u; echo x > made-by-terminal");
+    assert!(text.contains(&user.uid.to_string()), "{text}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(ws.join("made-by-terminal"))
+            .unwrap()
+            .uid(),
+        user.uid
+    );
+}
+
 fn write_matrix(p: &Places, user: Option<&TestUser>, ops: &str) {
     let tmp = "/tmp/zcode-acp-ops";
     let setup = format!(

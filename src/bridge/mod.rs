@@ -460,6 +460,8 @@ impl Bridge {
         // Stopping can take the grace period: nothing staged waits for it.
         self.flush_editor();
         let id = generation.id;
+        // Its helper's pid is nobody's to join from now on.
+        self.confinement.released_by(generation.pid);
         let spare: Vec<i32> = self
             .violations
             .as_ref()

@@ -258,6 +258,8 @@ impl Bridge {
             self.to_editor_budget.clone(),
         )
         .map_err(|e| StartFailure::Failed(e.to_string()))?;
+        // Editor terminals of this generation enter its namespaces.
+        self.confinement.held_by(generation.pid);
         info!(
             generation = id,
             pid = generation.pid,

@@ -131,6 +131,10 @@ pub struct Armed {
     pub backend_profile: String,
     /// How many workspace roots are writable.
     pub roots: usize,
+    /// The running process of this arming whose namespaces the commands
+    /// started later for it enter (Linux: the generation's helper, a
+    /// child of this process); None until the backend runs.
+    pub holder: Option<i32>,
     enforcer: Arc<dyn Enforce>,
 }
 
@@ -215,6 +219,7 @@ impl Sandbox {
                 policy,
                 dir,
                 backend_profile,
+                holder: None,
                 enforcer,
             })
         })();
@@ -232,6 +237,23 @@ impl Confinement {
         match self {
             Confinement::Armed(a) => Some(a.enforcer.confined_by()),
             _ => None,
+        }
+    }
+
+    /// Names the running process that holds this arming (see
+    /// [`Armed::holder`]); nothing when nothing is confined.
+    pub fn held_by(&mut self, pid: i32) {
+        if let Confinement::Armed(armed) = self {
+            armed.holder = Some(pid);
+        }
+    }
+
+    /// `pid` has stopped: it holds nothing from now on.
+    pub fn released_by(&mut self, pid: i32) {
+        if let Confinement::Armed(armed) = self {
+            if armed.holder == Some(pid) {
+                armed.holder = None;
+            }
         }
     }
 

@@ -63,6 +63,28 @@ impl LinuxEnforcer {
     }
 }
 
+/// The generation's own launch spec, in its directory for as long as it runs.
+const BACKEND_SPEC: &str = "launch.json";
+
+/// The generation's namespaces for a terminal to enter, when its helper
+/// has made them and they are what the terminal's own arming would make
+/// now: a socket bound, or a protected path created, since the generation
+/// was armed would be covered by a fresh arming, so then the terminal
+/// arms afresh rather than take the generation's older view.
+fn joinable(armed: &Armed, terminal: &LaunchSpec) -> Option<crate::linux::join::Join> {
+    let holder = armed.holder?;
+    let dir = armed.dir.as_ref()?;
+    let bytes = crate::config::atomic::read_nofollow(&dir.path.join(BACKEND_SPEC)).ok()?;
+    let generation: LaunchSpec = serde_json::from_slice(&bytes).ok()?;
+    if generation.plan.mount_ops() != terminal.plan.mount_ops() {
+        tracing::debug!(
+            "the filesystem changed since the generation was armed: the terminal arms afresh"
+        );
+        return None;
+    }
+    crate::linux::join::Join::of_child(holder)
+}
+
 impl Enforce for LinuxEnforcer {
     fn platform(&self) -> Platform {
         Platform::Linux
@@ -90,9 +112,13 @@ impl Enforce for LinuxEnforcer {
         command: &Command,
         launch: Launch,
     ) -> Result<Vec<String>, ArmError> {
-        let text = serde_json::to_string(&self.spec(armed, command))?;
+        let mut spec = self.spec(armed, command);
+        if launch == Launch::Terminal {
+            spec.join = joinable(armed, &spec);
+        }
+        let text = serde_json::to_string(&spec)?;
         let name = match launch {
-            Launch::Backend => "launch.json".to_owned(),
+            Launch::Backend => BACKEND_SPEC.to_owned(),
             Launch::Terminal => format!(
                 "terminal-{:016x}{:016x}.json",
                 rand::random::<u64>(),

@@ -21,7 +21,15 @@
 //!    trees inside carried over with open_tree/move_mount), pins, read-only
 //!    islands, grants reopened, and last the covers over the sockets of
 //!    services that would write for the caller. A failure names its
-//!    [`Syscall`] and path;
+//!    [`Syscall`] and path.
+//!    A command that joins its generation ([`super::join`]: an editor
+//!    terminal) does steps 2-4 differently: it enters the generation's
+//!    user, mount and IPC namespaces, whose mounts are already in place,
+//!    and its PID namespace for its children. Its first child, born there,
+//!    unshares a mount namespace (a copy of the generation's, for its own
+//!    /proc) and a PID namespace nested in the generation's, checks that
+//!    mount namespace is new against both the host's and the generation's,
+//!    and forks the init of step 5 into them;
 //! 5. fork the PID namespace's init: it mounts a fresh read-only /proc,
 //!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
 //!    clear read-only with mount_setattr), sets no_new_privs, enforces
@@ -292,6 +300,10 @@ pub struct LaunchSpec {
     /// `env` on top (`run_code`: an allowlist, never inherited).
     #[serde(default)]
     pub clear_env: bool,
+    /// A generation's namespaces to enter instead of building new ones
+    /// (an editor terminal of an armed bridge; see [`super::join`]).
+    #[serde(default)]
+    pub join: Option<super::join::Join>,
 }
 
 impl LaunchSpec {
@@ -314,6 +326,7 @@ impl LaunchSpec {
             level: None,
             landlock_abi: None,
             clear_env: false,
+            join: None,
         }
     }
 
@@ -348,6 +361,7 @@ pub enum Syscall {
     Signalfd,
     Poll,
     WaitForInit,
+    Setns,
 }
 
 impl std::fmt::Display for Syscall {
@@ -372,6 +386,7 @@ impl std::fmt::Display for Syscall {
             Syscall::Signalfd => "signalfd",
             Syscall::Poll => "poll",
             Syscall::WaitForInit => "wait for init",
+            Syscall::Setns => "setns into the generation's namespaces",
         })
     }
 }
@@ -582,6 +597,67 @@ fn arm_mounts(
         apply(op, &at)?;
     }
     Ok(())
+}
+
+/// Steps 2-4 for a command joining its generation: the generation's
+/// user, mount and IPC namespaces entered (its mounts are already in
+/// place), and its PID namespace for the children. `None` when the first
+/// step was refused and so nothing changed: the caller arms afresh.
+fn enter_generation(opened: super::join::Opened) -> Result<Option<Joined>, LaunchError> {
+    // The host's /proc, held open: once inside, `/proc` is the
+    // generation's, where this process has no pid and `/proc/self` is
+    // nothing.
+    let host_proc = std::fs::File::open("/proc")
+        .map_err(|e| LaunchError::Refused(format!("cannot open /proc: {e}")))?;
+    let joined = Joined {
+        host_ns: 0,
+        generation_ns: 0,
+        host_proc,
+    };
+    let host_ns = joined.mount_ns()?;
+    match opened.enter() {
+        Ok(()) => {}
+        Err(e) if !e.changed => {
+            tracing::debug!(
+                "cannot enter the generation's {} namespace ({}): arming afresh",
+                e.kind,
+                e.errno
+            );
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(LaunchError::Sys {
+                step: Syscall::Setns,
+                path: Some(PathBuf::from(e.kind)),
+                errno: e.errno,
+            })
+        }
+    }
+    let generation_ns = joined.mount_ns()?;
+    Ok(Some(Joined {
+        host_ns,
+        generation_ns,
+        ..joined
+    }))
+}
+
+/// A launch inside its generation's namespaces, with what the next
+/// process needs to check its own mount namespace is new.
+struct Joined {
+    host_ns: u64,
+    generation_ns: u64,
+    host_proc: std::fs::File,
+}
+
+impl Joined {
+    /// This process's mount namespace, read through the host's /proc.
+    fn mount_ns(&self) -> Result<u64, LaunchError> {
+        sys(
+            Syscall::ReadNamespace,
+            nix::sys::stat::fstatat(&self.host_proc, "self/ns/mnt", nix::fcntl::AtFlags::empty())
+                .map(|st| st.st_ino),
+        )
+    }
 }
 
 /// What carrying out a mount operation needs beyond the operation.
@@ -869,20 +945,43 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // The supervisor's handles on the host's mounts must be opened before
     // the mount namespace changes (see `supervise`).
     let mut supervisor = prepare_supervisor(spec);
+    // The test knob stands for a helper that finds less than the caller
+    // probed (a policy changed in between): it only ever takes away.
+    let lost_namespaces = std::env::var_os("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES").is_some();
+    // The generation's namespaces, when the spec names them, they are
+    // still its, and its view holds what the command needs to see;
+    // otherwise a set of our own, as for any other launch.
+    let joined = match &spec.join {
+        Some(join) if spec.level != Some(Level::LandlockOnly) && !lost_namespaces => {
+            match join.open() {
+                Ok(opened) if opened.sees(&visible) => enter_generation(opened)?,
+                Ok(_) => {
+                    tracing::debug!(
+                        "the generation's view lacks what this command needs: arming afresh"
+                    );
+                    None
+                }
+                Err(why) => {
+                    tracing::debug!(
+                        "not joining the generation's namespaces ({why}): arming afresh"
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // A copy-on-write layer for the shared caches: the first slot of this
     // project no other sandbox holds, taken (and its directories made)
-    // before the namespaces, as you.
+    // before the namespaces, as you. A joined generation has its own.
     let layer = match &spec.plan.layers {
-        Some(base) if !spec.plan.layered.is_empty() => Some(
+        Some(base) if !spec.plan.layered.is_empty() && joined.is_none() => Some(
             super::layers::Slot::take(base, &spec.plan.layered).map_err(|e| {
                 LaunchError::Refused(format!("cannot prepare the caches' layer: {e}"))
             })?,
         ),
         _ => None,
     };
-    // The test knob stands for a helper that finds less than the caller
-    // probed (a policy changed in between): it only ever takes away.
-    let lost_namespaces = std::env::var_os("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES").is_some();
     let mounts = if spec.level == Some(Level::LandlockOnly) {
         Err(LaunchError::Refused("no namespaces at this level".into()))
     } else if lost_namespaces {
@@ -891,6 +990,8 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             path: None,
             errno: Errno::EPERM,
         })
+    } else if joined.is_some() {
+        Ok(())
     } else {
         arm_mounts(&spec.plan, &visible, layer.as_ref())
     };
@@ -1013,7 +1114,11 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         ForkResult::Child => {
             drop(supervisor);
             let theirs = channel.map(|(_, theirs)| theirs);
-            init(spec, is_root, level == Level::Full, forwarded, theirs)
+            let landlock = level == Level::Full;
+            match joined {
+                Some(joined) => nest(spec, is_root, landlock, forwarded, theirs, joined),
+                None => init(spec, is_root, landlock, forwarded, theirs, false),
+            }
         }
     }
 }
@@ -1170,26 +1275,75 @@ fn confine(
     }
 }
 
-/// PID 1 of the sandbox.
+/// The first process of a command that joined its generation, born in
+/// the generation's PID namespace: it makes the command's own mount
+/// namespace (a copy of the generation's, so the init's /proc never
+/// reaches the agent) and PID namespace (nested in the generation's, so
+/// the command's processes end with it, and with the generation), checks
+/// the mount namespace is new, and forks the init into it.
+fn nest(
+    spec: &LaunchSpec,
+    is_root: bool,
+    landlock: bool,
+    forwarded: SigSet,
+    supervisor: Option<std::os::fd::OwnedFd>,
+    joined: Joined,
+) -> ! {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        die("parent-death signal", e);
+    }
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID) {
+        die("unshare the command's own namespaces", e);
+    }
+    match joined.mount_ns() {
+        Ok(ns) if ns != joined.host_ns && ns != joined.generation_ns => {}
+        Ok(_) => die(
+            "the mount namespace did not change after unshare",
+            "refusing to mount anything",
+        ),
+        Err(e) => die("read the mount namespace", e),
+    }
+    drop(joined);
+    if let Err(e) = forwarded.thread_block() {
+        die("block signals", e);
+    }
+    // SAFETY: single-threaded, as the whole launch.
+    let child = match unsafe { fork() } {
+        Ok(ForkResult::Child) => init(spec, is_root, landlock, forwarded, supervisor, true),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => die("fork the namespace's init", e),
+    };
+    // The helper waits for the supervisor's listener until every copy of
+    // this end is closed.
+    drop(supervisor);
+    forward_until_exit(child, &forwarded, child)
+}
+
+/// PID 1 of the sandbox. `own_proc`: the /proc beneath is not the host's
+/// (a joined generation's), so one of its own is required.
 fn init(
     spec: &LaunchSpec,
     is_root: bool,
     landlock: bool,
     forwarded: SigSet,
     supervisor: Option<std::os::fd::OwnedFd>,
+    own_proc: bool,
 ) -> ! {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         die("parent-death signal", e);
     }
     // A /proc for this PID namespace: ps shows the sandbox, not the host.
     // If the kernel refuses, the host's (read-only) /proc stays.
-    let _ = mount(
+    let proc = mount(
         Some("proc"),
         "/proc",
         Some("proc"),
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     );
+    if let (Err(e), true) = (proc, own_proc) {
+        die("mount a /proc of its own", e);
+    }
     confine(spec, is_root, landlock, supervisor);
     if let Err(e) = forwarded.thread_block() {
         die("block signals", e);
@@ -1200,13 +1354,19 @@ fn init(
         Ok(ForkResult::Parent { child }) => child,
         Err(e) => die("fork the command", e),
     };
+    // Signals go to the command's process group (it has its own session).
+    forward_until_exit(child, &forwarded, Pid::from_raw(-child.as_raw()))
+}
+
+/// Reaps every child, passes the signals it gets on to `target`, and
+/// exits as `child` did once it is gone.
+fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) -> ! {
     loop {
         let sig = match forwarded.wait() {
             Ok(s) => s,
             Err(_) => continue,
         };
         if sig == Signal::SIGCHLD {
-            // Reap everything; leave when the command itself is gone.
             loop {
                 match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(pid, code)) if pid == child => std::process::exit(code),
@@ -1218,8 +1378,7 @@ fn init(
                 }
             }
         } else {
-            // Forward to the command's process group (it has its own session).
-            let _ = kill(Pid::from_raw(-child.as_raw()), sig);
+            let _ = kill(target, sig);
         }
     }
 }

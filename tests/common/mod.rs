@@ -53,6 +53,8 @@ pub struct Editor {
     /// How long dropping waits for the bridge to exit after its stdin is
     /// closed, before killing it.
     pub drop_grace: Duration,
+    /// Who runs the terminals (see [`Options::run_as`]).
+    run_as: Option<(u32, u32)>,
 }
 
 /// The bridge's home directory: a fresh temporary one, or one the test
@@ -86,6 +88,9 @@ pub struct Options {
     /// (a real agent must never see the developer's own keys or state).
     pub clear_env: bool,
     pub timeout: Duration,
+    /// Run the bridge, and the terminals this editor runs for it, as this
+    /// user (uid, gid), with this copy of the binary (one the user can run).
+    pub run_as: Option<(u32, u32, PathBuf)>,
 }
 
 impl Options {
@@ -99,6 +104,7 @@ impl Options {
             home_at: None,
             clear_env: false,
             timeout: TIMEOUT,
+            run_as: None,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -122,8 +128,12 @@ impl Editor {
             (None, Some(dir)) => Home::Temp(tempfile::tempdir_in(dir).unwrap()),
             (None, None) => Home::Temp(tempfile::tempdir().unwrap()),
         };
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(opts.run_as.as_ref().map_or(Path::new(BIN), |u| &u.2));
         cmd.args(&opts.args).arg("--").args(&opts.backend);
+        if let Some((uid, gid, _)) = opts.run_as {
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
         if opts.clear_env {
             cmd.env_clear();
         } else {
@@ -180,6 +190,7 @@ impl Editor {
             home,
             timeout: opts.timeout,
             drop_grace: Duration::ZERO,
+            run_as: opts.run_as.as_ref().map(|u| (u.0, u.1)),
         }
     }
 
@@ -327,6 +338,10 @@ impl Editor {
                 }
                 if let Some(cwd) = p["cwd"].as_str() {
                     cmd.current_dir(cwd);
+                }
+                if let Some((uid, gid)) = self.run_as {
+                    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+                    std::os::unix::process::CommandExt::gid(&mut cmd, gid);
                 }
                 let out = cmd.stdin(Stdio::null()).output().unwrap();
                 let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -682,3 +697,74 @@ pub fn in_outer_mount_ns(cmd: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 pub fn in_outer_mount_ns(_cmd: &mut Command) {}
+
+/// Has the armed agent write a file into its private /tmp, then asks the
+/// editor, through `/terminal`, to read it back and to leave a process
+/// behind. Checks that the terminal ran in the agent's sandbox (it sees
+/// that file, which the host's /tmp does not have), in a PID namespace of
+/// its own (its shell is the second process there), and that what it left
+/// behind ended with it.
+#[cfg(target_os = "linux")]
+pub fn terminal_joins_its_generation(ed: &mut Editor, sid: &str) {
+    let tag = 700_000 + std::process::id() % 100_000;
+    let name = format!("zcode-acp-joined-{tag}");
+    let agents_view = "readlink /proc/self >/dev/null && echo proc-ok; echo mounts=$(wc -l < /proc/self/mountinfo)";
+    let (_, before) = ed.prompt(
+        sid,
+        &format!("echo from-the-agent > /tmp/{name}; {agents_view}"),
+    );
+    assert!(before.contains("proc-ok"), "{before}");
+    assert!(
+        !Path::new("/tmp").join(&name).exists(),
+        "the agent's /tmp is its own"
+    );
+    let (_, text) = ed.prompt(
+        sid,
+        &format!("/terminal cat /tmp/{name}; sleep {tag} >/dev/null 2>&1 & echo shell=$$"),
+    );
+    assert!(
+        text.contains("from-the-agent"),
+        "the terminal does not see the agent's /tmp: {text}"
+    );
+    assert!(
+        text.contains("shell=2"),
+        "the terminal has no PID namespace of its own: {text}"
+    );
+    // Its /proc is its own, and was mounted in a mount namespace of its
+    // own: the agent's view is as it was.
+    let (_, text) = ed.prompt(sid, "/terminal echo procs=$(ls /proc | grep -c '^[0-9]')");
+    let procs: usize = text
+        .split("procs=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    // Its init, its shell, the command substitution's subshell, `ls` and
+    // `grep`; the agent's /proc would add at least the generation's init,
+    // the agent and the terminal's first process.
+    assert!(
+        procs <= 5,
+        "the terminal sees processes not its own: {text}"
+    );
+    let (_, after) = ed.prompt(sid, agents_view);
+    assert!(
+        after.contains("proc-ok"),
+        "the terminal changed the agent's /proc: {after}"
+    );
+    assert_eq!(
+        before.split("mounts=").nth(1),
+        after.split("mounts=").nth(1),
+        "the terminal's mounts reached the agent"
+    );
+    let wanted = format!("sleep\0{tag}\0");
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == wanted.as_bytes()))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the terminal's process outlived it: {left:?}"
+    );
+}
