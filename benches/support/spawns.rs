@@ -99,8 +99,8 @@ pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
 
 /// An editor terminal (`terminal/create` of `true`, which the editor runs
 /// as a shell line) as the editor runs it: from an unarmed bridge as asked,
-/// from an armed one rewritten to the sandbox helper with the running
-/// generation's ready policy. Timed: the editor's spawn until the exit.
+/// from an armed one rewritten to the sandbox helper, which enters the
+/// running generation's namespaces. Timed: the editor's spawn until the exit.
 pub fn terminal_spawn(n: usize) -> String {
     let at = place();
     let ws = &at.ws;
@@ -172,7 +172,7 @@ pub fn terminal_spawn(n: usize) -> String {
     let [plain, armed] = times;
     let (p, a) = (median(plain), median(armed));
     format!(
-        "| editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper, the generation's ready policy) vs unarmed ({n} each, alternating; goal: 1.5x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
+        "| editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper entering the generation's namespaces) vs unarmed ({n} each, alternating; goal: 1.5x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
         ms(p),
         ms(a),
         a.as_secs_f64() / p.as_secs_f64()
