@@ -82,7 +82,14 @@ fn joinable(armed: &Armed, terminal: &LaunchSpec) -> Option<crate::linux::join::
         );
         return None;
     }
-    crate::linux::join::Join::of_child(holder)
+    let mut join = crate::linux::join::Join::of_child(holder)?;
+    // The slot whose layers the terminal will work in, which it holds
+    // while it runs; a layered generation whose slot cannot be told is
+    // not joined.
+    if let (Some(base), false) = (&terminal.plan.layers, terminal.plan.layered.is_empty()) {
+        join.slot = Some(crate::linux::layers::held_by(holder, base)?);
+    }
+    Some(join)
 }
 
 impl Enforce for LinuxEnforcer {

@@ -23,13 +23,12 @@
 //!    services that would write for the caller. A failure names its
 //!    [`Syscall`] and path.
 //!    A command that joins its generation ([`super::join`]: an editor
-//!    terminal) does steps 2-4 differently: it enters the generation's
-//!    user, mount and IPC namespaces, whose mounts are already in place,
-//!    and its PID namespace for its children. Its first child, born there,
-//!    unshares a mount namespace (a copy of the generation's, for its own
-//!    /proc) and a PID namespace nested in the generation's, checks that
-//!    mount namespace is new against both the host's and the generation's,
-//!    and forks the init of step 5 into them;
+//!    terminal) does steps 2-4 differently: it holds the generation's
+//!    caches' slot, enters the generation's user, mount and IPC
+//!    namespaces, whose mounts are already in place, then unshares a mount
+//!    namespace (a copy of the generation's, for its own /proc) and a PID
+//!    namespace, and checks that mount namespace is new against both the
+//!    host's and the generation's before step 5 mounts;
 //! 5. fork the PID namespace's init: it mounts a fresh read-only /proc,
 //!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
 //!    clear read-only with mount_setattr), sets no_new_privs, enforces
@@ -601,20 +600,25 @@ fn arm_mounts(
 
 /// Steps 2-4 for a command joining its generation: the generation's
 /// user, mount and IPC namespaces entered (its mounts are already in
-/// place), and its PID namespace for the children. `None` when the first
-/// step was refused and so nothing changed: the caller arms afresh.
-fn enter_generation(opened: super::join::Opened) -> Result<Option<Joined>, LaunchError> {
+/// place), then a mount namespace copied from the generation's (the init
+/// mounts a /proc there for the command's PID namespace, which must not
+/// reach the agent's) and a PID namespace of the command's own. `false`
+/// when the first step was refused and so nothing changed: the caller
+/// arms afresh.
+fn enter_generation(opened: super::join::Opened) -> Result<bool, LaunchError> {
     // The host's /proc, held open: once inside, `/proc` is the
     // generation's, where this process has no pid and `/proc/self` is
     // nothing.
     let host_proc = std::fs::File::open("/proc")
         .map_err(|e| LaunchError::Refused(format!("cannot open /proc: {e}")))?;
-    let joined = Joined {
-        host_ns: 0,
-        generation_ns: 0,
-        host_proc,
+    let mount_ns = || {
+        sys(
+            Syscall::ReadNamespace,
+            nix::sys::stat::fstatat(&host_proc, "self/ns/mnt", nix::fcntl::AtFlags::empty())
+                .map(|st| st.st_ino),
+        )
     };
-    let host_ns = joined.mount_ns()?;
+    let host_ns = mount_ns()?;
     match opened.enter() {
         Ok(()) => {}
         Err(e) if !e.changed => {
@@ -623,7 +627,7 @@ fn enter_generation(opened: super::join::Opened) -> Result<Option<Joined>, Launc
                 e.kind,
                 e.errno
             );
-            return Ok(None);
+            return Ok(false);
         }
         Err(e) => {
             return Err(LaunchError::Sys {
@@ -633,31 +637,22 @@ fn enter_generation(opened: super::join::Opened) -> Result<Option<Joined>, Launc
             })
         }
     }
-    let generation_ns = joined.mount_ns()?;
-    Ok(Some(Joined {
-        host_ns,
-        generation_ns,
-        ..joined
-    }))
-}
-
-/// A launch inside its generation's namespaces, with what the next
-/// process needs to check its own mount namespace is new.
-struct Joined {
-    host_ns: u64,
-    generation_ns: u64,
-    host_proc: std::fs::File,
-}
-
-impl Joined {
-    /// This process's mount namespace, read through the host's /proc.
-    fn mount_ns(&self) -> Result<u64, LaunchError> {
-        sys(
-            Syscall::ReadNamespace,
-            nix::sys::stat::fstatat(&self.host_proc, "self/ns/mnt", nix::fcntl::AtFlags::empty())
-                .map(|st| st.st_ino),
-        )
+    let generation_ns = mount_ns()?;
+    // Not `Syscall::Unshare`: that failure would read as "no namespaces
+    // here", and the namespaces were already changed.
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID).map_err(|e| {
+        LaunchError::Refused(format!(
+            "cannot make the command's own namespaces inside the generation's: {e}"
+        ))
+    })?;
+    let ns = mount_ns()?;
+    if ns == host_ns || ns == generation_ns {
+        // The init's /proc must land in a namespace of this command alone.
+        return Err(LaunchError::Refused(
+            "the mount namespace did not change after unshare; refusing to mount anything".into(),
+        ));
     }
+    Ok(true)
 }
 
 /// What carrying out a mount operation needs beyond the operation.
@@ -951,31 +946,44 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // The generation's namespaces, when the spec names them, they are
     // still its, and its view holds what the command needs to see;
     // otherwise a set of our own, as for any other launch.
-    let joined = match &spec.join {
+    // The caches' slot of the generation is held for as long as this runs
+    // (see `layers`), and taken before the generation is checked.
+    let (joined, _slot_held) = match &spec.join {
         Some(join) if spec.level != Some(Level::LandlockOnly) && !lost_namespaces => {
-            match join.open() {
-                Ok(opened) if opened.sees(&visible) => enter_generation(opened)?,
-                Ok(_) => {
+            let held = match &join.slot {
+                Some(lock) => super::layers::Joined::hold(lock).map(Some),
+                None => Ok(None),
+            };
+            match (held, join.open()) {
+                (Ok(held), Ok(opened)) if opened.sees(&visible) => {
+                    let entered = enter_generation(opened)?;
+                    (entered, held.filter(|_| entered))
+                }
+                (Ok(_), Ok(_)) => {
                     tracing::debug!(
                         "the generation's view lacks what this command needs: arming afresh"
                     );
-                    None
+                    (false, None)
                 }
-                Err(why) => {
+                (Err(why), _) => {
+                    tracing::debug!("cannot hold the generation's caches ({why}): arming afresh");
+                    (false, None)
+                }
+                (_, Err(why)) => {
                     tracing::debug!(
                         "not joining the generation's namespaces ({why}): arming afresh"
                     );
-                    None
+                    (false, None)
                 }
             }
         }
-        _ => None,
+        _ => (false, None),
     };
     // A copy-on-write layer for the shared caches: the first slot of this
     // project no other sandbox holds, taken (and its directories made)
     // before the namespaces, as you. A joined generation has its own.
     let layer = match &spec.plan.layers {
-        Some(base) if !spec.plan.layered.is_empty() && joined.is_none() => Some(
+        Some(base) if !spec.plan.layered.is_empty() && !joined => Some(
             super::layers::Slot::take(base, &spec.plan.layered).map_err(|e| {
                 LaunchError::Refused(format!("cannot prepare the caches' layer: {e}"))
             })?,
@@ -990,7 +998,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             path: None,
             errno: Errno::EPERM,
         })
-    } else if joined.is_some() {
+    } else if joined {
         Ok(())
     } else {
         arm_mounts(&spec.plan, &visible, layer.as_ref())
@@ -1114,11 +1122,14 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         ForkResult::Child => {
             drop(supervisor);
             let theirs = channel.map(|(_, theirs)| theirs);
-            let landlock = level == Level::Full;
-            match joined {
-                Some(joined) => nest(spec, is_root, landlock, forwarded, theirs, joined),
-                None => init(spec, is_root, landlock, forwarded, theirs, false),
-            }
+            init(
+                spec,
+                is_root,
+                level == Level::Full,
+                forwarded,
+                theirs,
+                joined,
+            )
         }
     }
 }
@@ -1275,50 +1286,6 @@ fn confine(
     }
 }
 
-/// The first process of a command that joined its generation, born in
-/// the generation's PID namespace: it makes the command's own mount
-/// namespace (a copy of the generation's, so the init's /proc never
-/// reaches the agent) and PID namespace (nested in the generation's, so
-/// the command's processes end with it, and with the generation), checks
-/// the mount namespace is new, and forks the init into it.
-fn nest(
-    spec: &LaunchSpec,
-    is_root: bool,
-    landlock: bool,
-    forwarded: SigSet,
-    supervisor: Option<std::os::fd::OwnedFd>,
-    joined: Joined,
-) -> ! {
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        die("parent-death signal", e);
-    }
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID) {
-        die("unshare the command's own namespaces", e);
-    }
-    match joined.mount_ns() {
-        Ok(ns) if ns != joined.host_ns && ns != joined.generation_ns => {}
-        Ok(_) => die(
-            "the mount namespace did not change after unshare",
-            "refusing to mount anything",
-        ),
-        Err(e) => die("read the mount namespace", e),
-    }
-    drop(joined);
-    if let Err(e) = forwarded.thread_block() {
-        die("block signals", e);
-    }
-    // SAFETY: single-threaded, as the whole launch.
-    let child = match unsafe { fork() } {
-        Ok(ForkResult::Child) => init(spec, is_root, landlock, forwarded, supervisor, true),
-        Ok(ForkResult::Parent { child }) => child,
-        Err(e) => die("fork the namespace's init", e),
-    };
-    // The helper waits for the supervisor's listener until every copy of
-    // this end is closed.
-    drop(supervisor);
-    forward_until_exit(child, &forwarded, child)
-}
-
 /// PID 1 of the sandbox. `own_proc`: the /proc beneath is not the host's
 /// (a joined generation's), so one of its own is required.
 fn init(
@@ -1332,6 +1299,9 @@ fn init(
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         die("parent-death signal", e);
     }
+    // Out of the caller's process group: a terminal's Ctrl-C reaches the
+    // helper, which passes it on, and not this process a second time.
+    let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
     // A /proc for this PID namespace: ps shows the sandbox, not the host.
     // If the kernel refuses, the host's (read-only) /proc stays.
     let proc = mount(

@@ -4,13 +4,14 @@
 //! (the mounts, the private /tmp, the caches' copy-on-write layers) once.
 //! A command the editor later runs for that agent (`terminal/create`) does
 //! not need a second copy of all that: it enters the same namespaces with
-//! `setns`, and the generation's PID namespace for its children, and then
-//! adds only what is its own (a mount namespace copied from the
-//! generation's, for a /proc of its own; a PID namespace nested in the
-//! generation's, so nothing it starts outlives it, and nothing of it
-//! outlives the generation, whose cache layers it uses; its Landlock layer
-//! and seccomp filter). It then sees what the agent sees, including the
-//! agent's private /tmp.
+//! `setns` and then adds only what is its own (a mount namespace copied
+//! from the generation's, for a /proc of its own; a PID namespace, so
+//! nothing it starts outlives it; its Landlock layer and seccomp filter).
+//! It then sees what the agent sees, including the agent's private /tmp
+//! and its caches' copy-on-write slot, which it holds (see
+//! [`super::layers::Joined`]) so that no later sandbox mounts that slot
+//! while the terminal still works in it. Its processes are nowhere in the
+//! agent's PID namespace, and nothing of the generation waits for them.
 //!
 //! Who holds the namespaces is named by the bridge (the generation's
 //! helper, the bridge's own child), with its start time and the inode of
@@ -38,18 +39,18 @@ pub struct Join {
     pub user: u64,
     pub mnt: u64,
     pub ipc: u64,
-    /// The generation's PID namespace (the holder's `pid_for_children`).
-    pub pid_ns: u64,
+    /// The lock file of the caches' slot the generation holds
+    /// (`BASE/N.lock`), if it layers any.
+    #[serde(default)]
+    pub slot: Option<PathBuf>,
 }
 
 /// The namespaces, in the order they are entered: the user namespace
-/// first, since entering the others needs its capabilities; the PID
-/// namespace last (it applies to children only).
-const KINDS: [(&str, CloneFlags); 4] = [
+/// first, since entering the others needs its capabilities.
+const KINDS: [(&str, CloneFlags); 3] = [
     ("user", CloneFlags::CLONE_NEWUSER),
     ("mnt", CloneFlags::CLONE_NEWNS),
     ("ipc", CloneFlags::CLONE_NEWIPC),
-    ("pid_for_children", CloneFlags::CLONE_NEWPID),
 ];
 
 fn ns_inode(pid: &str, kind: &str) -> Option<u64> {
@@ -61,9 +62,10 @@ fn ns_inode(pid: &str, kind: &str) -> Option<u64> {
 impl Join {
     /// The namespaces `pid`, a child of this process, holds, once it has
     /// left this process's namespaces and started its init (which it
-    /// forks once every mount is in place: a child in the new PID
-    /// namespace is that init). A helper still arming, or a process that
-    /// is not a sandbox, has nothing to join.
+    /// forks once every mount is in place: the init is the child in a
+    /// deeper PID namespace; root's id mapper, forked earlier, is not).
+    /// A helper still arming, or a process that is not a sandbox, has
+    /// nothing to join. The caller names the slot, if any.
     pub fn of_child(pid: i32) -> Option<Join> {
         let me = std::process::id() as i32;
         let (parent, started) = stat_of(pid)?;
@@ -78,15 +80,15 @@ impl Join {
             user: ns_inode(&p, "user")?,
             mnt: ns_inode(&p, "mnt")?,
             ipc: ns_inode(&p, "ipc")?,
-            pid_ns: ns_inode(&p, "pid_for_children")?,
+            slot: None,
         };
         let unshared = Some(join.user) != ns_inode("self", "user")
             && Some(join.mnt) != ns_inode("self", "mnt")
-            && Some(join.ipc) != ns_inode("self", "ipc")
-            && Some(join.pid_ns) != ns_inode("self", "pid");
+            && Some(join.ipc) != ns_inode("self", "ipc");
+        let depth = pid_depth(pid)?;
         let init_started = children_of(pid)
             .iter()
-            .any(|c| ns_inode(&c.to_string(), "pid") == Some(join.pid_ns));
+            .any(|c| pid_depth(*c).is_some_and(|d| d > depth));
         (unshared && init_started).then_some(join)
     }
 
@@ -94,8 +96,7 @@ impl Join {
         match kind {
             "user" => self.user,
             "mnt" => self.mnt,
-            "ipc" => self.ipc,
-            _ => self.pid_ns,
+            _ => self.ipc,
         }
     }
 
@@ -153,8 +154,7 @@ impl Opened {
         })
     }
 
-    /// Enters the namespaces, the user namespace first; children are
-    /// then born in the generation's PID namespace. Must run in a
+    /// Enters the namespaces, the user namespace first. Must run in a
     /// single-threaded process (the kernel refuses a user namespace to a
     /// process with threads). Afterwards the root and the working
     /// directory are the generation's root.
@@ -177,6 +177,14 @@ fn stat_of(pid: i32) -> Option<(i32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
     Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// How deep `pid` is in nested PID namespaces (the number of pids it has,
+/// `NSpid` in its status, which anyone may read).
+fn pid_depth(pid: i32) -> Option<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    Some(line.split_whitespace().count())
 }
 
 /// The children of `pid` (`/proc/PID/task/PID/children`; a kernel without
@@ -215,7 +223,7 @@ mod tests {
             user: ns_inode(&p, "user").unwrap(),
             mnt: ns_inode(&p, "mnt").unwrap(),
             ipc: ns_inode(&p, "ipc").unwrap(),
-            pid_ns: ns_inode(&p, "pid_for_children").unwrap(),
+            slot: None,
         }
     }
 
@@ -257,7 +265,7 @@ mod tests {
                 ..named.clone()
             },
             Join {
-                pid_ns: named.pid_ns + 1,
+                user: named.user + 1,
                 ..named.clone()
             },
         ];

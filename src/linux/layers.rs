@@ -8,10 +8,14 @@
 //! `~/.zcode-acp/layers/PROJECT/`, which survives restarts (a re-arm does
 //! not download everything again) and no other project sees.
 //!
-//! Each launch holds its slot with a lock for as long as it runs: two
-//! sandboxes never share an upper (overlayfs forbids it, and the agent and
-//! an editor terminal of it run at once), so the second takes the next
-//! slot. A slot that has grown past [`CAP`] is emptied before use.
+//! Each launch holds its slot with a lock (`N.lock`) for as long as it
+//! runs: two sandboxes never share an upper (overlayfs forbids it), so the
+//! second takes the next slot. An editor terminal that joins its agent's
+//! generation works in the generation's slot, and holds `N.join` shared
+//! for as long as it runs: a terminal may outlive its generation, and the
+//! next sandbox must not mount the slot it still uses, so a slot is taken
+//! only when nobody holds either lock. A slot that has grown past [`CAP`]
+//! is emptied before use.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -37,6 +41,66 @@ pub enum LayerError {
     Full(PathBuf),
 }
 
+/// Opens (making it if needed, never through a symlink) one of a slot's
+/// lock files.
+fn lock_file(path: &Path) -> Result<File, LayerError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(dir_error(path))
+}
+
+/// The lock file joiners of slot `N` hold: `N.join` beside `N.lock`.
+fn join_lock_of(slot_lock: &Path) -> PathBuf {
+    slot_lock.with_extension("join")
+}
+
+/// The lock file (`BASE/N.lock`) of the slot process `pid` holds, read
+/// from its open descriptors (only the process's owner can).
+pub fn held_by(pid: i32, base: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .find(|target| {
+            target.parent() == Some(base)
+                && target.extension().is_some_and(|e| e == "lock")
+                && target
+                    .file_stem()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n < SLOTS))
+        })
+}
+
+/// A joiner's hold on a slot its generation took (see the module's doc).
+pub struct Joined {
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl Joined {
+    /// Holds the slot whose lock file is `slot_lock` (`BASE/N.lock`) for
+    /// as long as this value lives. Taken before the generation is checked
+    /// to be alive: a slot taken by a later sandbox meanwhile means the
+    /// generation is gone, and the check says so.
+    pub fn hold(slot_lock: &Path) -> Result<Joined, LayerError> {
+        let path = join_lock_of(slot_lock);
+        let file = lock_file(&path)?;
+        let lock =
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockShared).map_err(|(_, e)| {
+                LayerError::Dir {
+                    path,
+                    source: e.into(),
+                }
+            })?;
+        Ok(Joined { _lock: lock })
+    }
+}
+
 fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
     move |source| LayerError::Dir {
         path: path.to_path_buf(),
@@ -56,23 +120,22 @@ impl Slot {
     /// Takes the first free slot below `base`, with an upper and a work
     /// directory for each of `layered`. Runs as you, before any namespace.
     pub fn take(base: &Path, layered: &[Step]) -> Result<Slot, LayerError> {
-        use std::os::unix::fs::OpenOptionsExt;
         crate::config::atomic::create_real_dir_path(base, 0o700).map_err(dir_error(base))?;
         for n in 0..SLOTS {
             let lock_path = base.join(format!("{n}.lock"));
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&lock_path)
-                .map_err(dir_error(&lock_path))?;
-            let Ok(lock) =
-                nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            else {
+            let Ok(lock) = nix::fcntl::Flock::lock(
+                lock_file(&lock_path)?,
+                nix::fcntl::FlockArg::LockExclusiveNonblock,
+            ) else {
                 continue;
             };
+            // A terminal of an ended generation may still work in it.
+            let joiners = lock_file(&join_lock_of(&lock_path))?;
+            if nix::fcntl::Flock::lock(joiners, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                .is_err()
+            {
+                continue;
+            }
             let dir = base.join(n.to_string());
             crate::config::atomic::create_real_dir_path(&dir, 0o700).map_err(dir_error(&dir))?;
             if due_for_measuring(base, n) {
@@ -215,6 +278,26 @@ mod tests {
         assert!(grown_past(t.path(), 1024));
         empty(&first).unwrap();
         assert_eq!(std::fs::read_dir(&first).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_slot_a_terminal_still_works_in_is_not_taken() {
+        let t = tempfile::tempdir().unwrap();
+        let first = Slot::take(t.path(), &[]).unwrap();
+        let lock = held_by(std::process::id() as i32, t.path()).expect("this process holds it");
+        assert_eq!(lock, t.path().join("0.lock"));
+        // Its generation ends while a terminal that joined it still runs.
+        let terminal = Joined::hold(&lock).unwrap();
+        drop(first);
+        let next = Slot::take(t.path(), &[]).unwrap();
+        assert_eq!(next.dir, t.path().join("1"), "the joined slot is skipped");
+        drop((next, terminal));
+        let again = Slot::take(t.path(), &[]).unwrap();
+        assert_eq!(
+            again.dir,
+            t.path().join("0"),
+            "free again once the terminal ends"
+        );
     }
 
     #[test]
