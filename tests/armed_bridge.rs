@@ -451,6 +451,47 @@ fn an_editor_terminal_runs_in_its_agents_sandbox_and_ends_whole() {
 }
 
 #[test]
+fn a_terminal_joins_a_generation_that_kept_the_hosts_proc() {
+    if !require_kernel_features() {
+        return;
+    }
+    // As in a container that masks parts of /proc: the kernel refuses a
+    // fresh /proc to the sandbox, which keeps the host's, read-only.
+    let mut opts = Options::new(shell_agent())
+        .env("ZCODE_SHELL_AGENT_HOME", "")
+        .env("ZCODE_ACP_SANDBOX", "1");
+    opts.outer_ns = true;
+    opts.home_in = Some(scratch_base());
+    opts.masked_proc = Some(c"/proc/timer_list");
+    if !std::path::Path::new("/proc/timer_list").exists() {
+        skip("this kernel has no /proc/timer_list to mask");
+        return;
+    }
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    let (_, text) = ed.prompt(&sid, "echo procs=$(ls /proc | grep -c '^[0-9]')");
+    let procs: usize = text
+        .split("procs=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    if procs < 20 {
+        skip("the kernel gave the sandbox a /proc of its own despite the mask");
+        return;
+    }
+    let (_, text) = ed.prompt(&sid, "echo from-the-agent > /tmp/kept-proc; echo ok");
+    assert!(text.contains("ok"), "{text}");
+    let (_, text) = ed.prompt(&sid, "/terminal cat /tmp/kept-proc; echo rc=$?");
+    assert!(
+        text.contains("from-the-agent") && text.contains("rc=0"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
     if !require_kernel_features() {
         return;

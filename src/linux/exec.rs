@@ -602,10 +602,12 @@ fn arm_mounts(
 /// user, mount and IPC namespaces entered (its mounts are already in
 /// place), then a mount namespace copied from the generation's (the init
 /// mounts a /proc there for the command's PID namespace, which must not
-/// reach the agent's) and a PID namespace of the command's own. `false`
+/// reach the agent's) and a PID namespace of the command's own. `None`
 /// when the first step was refused and so nothing changed: the caller
-/// arms afresh.
-fn enter_generation(opened: super::join::Opened) -> Result<bool, LaunchError> {
+/// arms afresh. Otherwise whether the generation has a /proc of its own
+/// (where the kernel refused it one, in a container that masks parts of
+/// /proc, it kept the host's, and so does the command).
+fn enter_generation(opened: super::join::Opened) -> Result<Option<bool>, LaunchError> {
     // The host's /proc, held open: once inside, `/proc` is the
     // generation's, where this process has no pid and `/proc/self` is
     // nothing.
@@ -627,7 +629,7 @@ fn enter_generation(opened: super::join::Opened) -> Result<bool, LaunchError> {
                 e.kind,
                 e.errno
             );
-            return Ok(false);
+            return Ok(None);
         }
         Err(e) => {
             return Err(LaunchError::Sys {
@@ -638,6 +640,9 @@ fn enter_generation(opened: super::join::Opened) -> Result<bool, LaunchError> {
         }
     }
     let generation_ns = mount_ns()?;
+    use std::os::unix::fs::MetadataExt;
+    let host_proc_dev = host_proc.metadata().map(|m| m.dev()).ok();
+    let own_proc = std::fs::metadata("/proc").map(|m| m.dev()).ok() != host_proc_dev;
     // Not `Syscall::Unshare`: that failure would read as "no namespaces
     // here", and the namespaces were already changed.
     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID).map_err(|e| {
@@ -652,7 +657,7 @@ fn enter_generation(opened: super::join::Opened) -> Result<bool, LaunchError> {
             "the mount namespace did not change after unshare; refusing to mount anything".into(),
         ));
     }
-    Ok(true)
+    Ok(Some(own_proc))
 }
 
 /// What carrying out a mount operation needs beyond the operation.
@@ -948,7 +953,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // otherwise a set of our own, as for any other launch.
     // The caches' slot of the generation is held for as long as this runs
     // (see `layers`), and taken before the generation is checked.
-    let (joined, _slot_held) = match &spec.join {
+    let (joined, own_proc, _slot_held) = match &spec.join {
         Some(join) if spec.level != Some(Level::LandlockOnly) && !lost_namespaces => {
             let held = match &join.slot {
                 Some(lock) => super::layers::Joined::hold(lock).map(Some),
@@ -956,28 +961,30 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             };
             match (held, join.open()) {
                 (Ok(held), Ok(opened)) if opened.sees(&visible) => {
-                    let entered = enter_generation(opened)?;
-                    (entered, held.filter(|_| entered))
+                    match enter_generation(opened)? {
+                        Some(own_proc) => (true, own_proc, held),
+                        None => (false, false, None),
+                    }
                 }
                 (Ok(_), Ok(_)) => {
                     tracing::debug!(
                         "the generation's view lacks what this command needs: arming afresh"
                     );
-                    (false, None)
+                    (false, false, None)
                 }
                 (Err(why), _) => {
                     tracing::debug!("cannot hold the generation's caches ({why}): arming afresh");
-                    (false, None)
+                    (false, false, None)
                 }
                 (_, Err(why)) => {
                     tracing::debug!(
                         "not joining the generation's namespaces ({why}): arming afresh"
                     );
-                    (false, None)
+                    (false, false, None)
                 }
             }
         }
-        _ => (false, None),
+        _ => (false, false, None),
     };
     // A copy-on-write layer for the shared caches: the first slot of this
     // project no other sandbox holds, taken (and its directories made)
@@ -1128,7 +1135,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 level == Level::Full,
                 forwarded,
                 theirs,
-                joined,
+                own_proc,
             )
         }
     }
@@ -1286,8 +1293,10 @@ fn confine(
     }
 }
 
-/// PID 1 of the sandbox. `own_proc`: the /proc beneath is not the host's
-/// (a joined generation's), so one of its own is required.
+/// PID 1 of the sandbox. `own_proc`: the /proc beneath is a joined
+/// generation's own (showing the agent's processes), so this one must
+/// mount its own; elsewhere a refused mount leaves the host's read-only
+/// /proc, as in a container that masks parts of it.
 fn init(
     spec: &LaunchSpec,
     is_root: bool,
@@ -1300,7 +1309,12 @@ fn init(
         die("parent-death signal", e);
     }
     // Out of the caller's process group: a terminal's Ctrl-C reaches the
-    // helper, which passes it on, and not this process a second time.
+    // helper, which passes it on, and not this process a second time. In
+    // a background group, a write to the terminal under `stty tostop`
+    // raises SIGTTOU, which the kernel drops for a namespace's init and
+    // the write then retries for ever: blocked here, so it goes through
+    // (and unblocked for the command, in `command`).
+    let _ = tty_stops().thread_block();
     let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
     // A /proc for this PID namespace: ps shows the sandbox, not the host.
     // If the kernel refuses, the host's (read-only) /proc stays.
@@ -1326,6 +1340,15 @@ fn init(
     };
     // Signals go to the command's process group (it has its own session).
     forward_until_exit(child, &forwarded, Pid::from_raw(-child.as_raw()))
+}
+
+/// The signals a terminal sends a background process group that writes
+/// to it or reads from it.
+fn tty_stops() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTTOU);
+    set.add(Signal::SIGTTIN);
+    set
 }
 
 /// Reaps every child, passes the signals it gets on to `target`, and
@@ -1356,6 +1379,9 @@ fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) -> ! {
 /// The command itself: last steps, then exec.
 fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
     if let Err(e) = forwarded.thread_unblock() {
+        die("unblock signals", e);
+    }
+    if let Err(e) = tty_stops().thread_unblock() {
         die("unblock signals", e);
     }
     if let Err(e) = nix::unistd::setsid() {

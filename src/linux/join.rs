@@ -121,6 +121,18 @@ impl Join {
             }
             fds.push((OwnedFd::from(file), flag));
         }
+        // Still holding its caches' slot: between the end of a helper's
+        // launch and its exit, another sandbox may have taken the slot
+        // before the caller's hold on it (see `layers::Joined::hold`).
+        if let Some(slot) = &self.slot {
+            let base = slot.parent().unwrap_or(std::path::Path::new("/"));
+            if super::layers::held_by(self.pid, base).as_ref() != Some(slot) {
+                return Err(format!(
+                    "process {} no longer holds its caches' slot (the generation has ended)",
+                    self.pid
+                ));
+            }
+        }
         Ok(Opened {
             fds,
             root: PathBuf::from(format!("/proc/{}/root", self.pid)),
@@ -266,6 +278,11 @@ mod tests {
             },
             Join {
                 user: named.user + 1,
+                ..named.clone()
+            },
+            // A slot the process does not hold.
+            Join {
+                slot: Some(PathBuf::from("/nonexistent/0.lock")),
                 ..named.clone()
             },
         ];

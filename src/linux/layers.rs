@@ -8,7 +8,7 @@
 //! `~/.zcode-acp/layers/PROJECT/`, which survives restarts (a re-arm does
 //! not download everything again) and no other project sees.
 //!
-//! Each launch holds its slot with a lock (`N.lock`) for as long as it
+//! Each launch holds its slot with a lock (`N.lock`) while its helper
 //! runs: two sandboxes never share an upper (overlayfs forbids it), so the
 //! second takes the next slot. An editor terminal that joins its agent's
 //! generation works in the generation's slot, and holds `N.join` shared
@@ -85,8 +85,8 @@ pub struct Joined {
 impl Joined {
     /// Holds the slot whose lock file is `slot_lock` (`BASE/N.lock`) for
     /// as long as this value lives. Taken before the generation is checked
-    /// to be alive: a slot taken by a later sandbox meanwhile means the
-    /// generation is gone, and the check says so.
+    /// to be alive and still holding `N.lock` ([`super::join::Join::open`]):
+    /// then no later sandbox can have taken the slot in between.
     pub fn hold(slot_lock: &Path) -> Result<Joined, LayerError> {
         let path = join_lock_of(slot_lock);
         let file = lock_file(&path)?;

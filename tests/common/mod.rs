@@ -88,6 +88,10 @@ pub struct Options {
     /// (a real agent must never see the developer's own keys or state).
     pub clear_env: bool,
     pub timeout: Duration,
+    /// With `outer_ns`: a file in /proc masked there, as a container does
+    /// (see [`mask_in_outer_mount_ns`]).
+    #[cfg(target_os = "linux")]
+    pub masked_proc: Option<&'static std::ffi::CStr>,
     /// Run the bridge, and the terminals this editor runs for it, as this
     /// user (uid, gid), with this copy of the binary (one the user can run).
     pub run_as: Option<(u32, u32, PathBuf)>,
@@ -104,6 +108,8 @@ impl Options {
             home_at: None,
             clear_env: false,
             timeout: TIMEOUT,
+            #[cfg(target_os = "linux")]
+            masked_proc: None,
             run_as: None,
         }
     }
@@ -151,6 +157,10 @@ impl Editor {
         }
         if opts.outer_ns {
             in_outer_mount_ns(&mut cmd);
+            #[cfg(target_os = "linux")]
+            if let Some(file) = opts.masked_proc {
+                mask_in_outer_mount_ns(&mut cmd, file);
+            }
         }
         let mut child = cmd.spawn().expect("start zcode-acp");
         let stdin = child.stdin.take();
@@ -697,6 +707,42 @@ pub fn in_outer_mount_ns(cmd: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 pub fn in_outer_mount_ns(_cmd: &mut Command) {}
+
+/// After [`in_outer_mount_ns`]: covers `file` (a file in /proc) with
+/// /dev/null in that outer namespace, as container engines mask parts of
+/// /proc; the kernel then refuses a fresh /proc to a user namespace.
+#[cfg(target_os = "linux")]
+pub fn mask_in_outer_mount_ns(cmd: &mut Command, file: &'static std::ffi::CStr) {
+    let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+    // SAFETY: runs in the forked child before exec, after the outer
+    // namespace was made; system calls only.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if st.st_ino == parent_ns {
+                return Err(std::io::Error::other(
+                    "the mount namespace did not change; refusing to mount",
+                ));
+            }
+            if libc::mount(
+                c"/dev/null".as_ptr(),
+                file.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
 
 /// Has the armed agent write a file into its private /tmp, then asks the
 /// editor, through `/terminal`, to read it back and to leave a process
