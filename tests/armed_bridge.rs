@@ -471,13 +471,7 @@ fn a_terminal_joins_a_generation_that_kept_the_hosts_proc() {
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sid = ed.new_session(&ws);
-    let (_, text) = ed.prompt(&sid, "echo procs=$(ls /proc | grep -c '^[0-9]')");
-    let procs: usize = text
-        .split("procs=")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{text}"));
+    let (procs, _) = processes_in_proc(&mut ed, &sid, "");
     if procs < 20 {
         skip("the kernel gave the sandbox a /proc of its own despite the mask");
         return;

@@ -89,7 +89,7 @@ pub struct Options {
     pub clear_env: bool,
     pub timeout: Duration,
     /// With `outer_ns`: a file in /proc masked there, as a container does
-    /// (see [`mask_in_outer_mount_ns`]).
+    /// (see [`in_outer_mount_ns_masking`]).
     #[cfg(target_os = "linux")]
     pub masked_proc: Option<&'static std::ffi::CStr>,
     /// Run the bridge, and the terminals this editor runs for it, as this
@@ -155,12 +155,13 @@ impl Editor {
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
+        #[cfg(target_os = "linux")]
+        if opts.outer_ns {
+            in_outer_mount_ns_masking(&mut cmd, opts.masked_proc);
+        }
+        #[cfg(not(target_os = "linux"))]
         if opts.outer_ns {
             in_outer_mount_ns(&mut cmd);
-            #[cfg(target_os = "linux")]
-            if let Some(file) = opts.masked_proc {
-                mask_in_outer_mount_ns(&mut cmd, file);
-            }
         }
         let mut child = cmd.spawn().expect("start zcode-acp");
         let stdin = child.stdin.take();
@@ -672,6 +673,17 @@ pub fn terminal_writes_inside_only(
 /// mounts nothing, so there this is nothing to do.
 #[cfg(target_os = "linux")]
 pub fn in_outer_mount_ns(cmd: &mut Command) {
+    in_outer_mount_ns_masking(cmd, None)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn in_outer_mount_ns(_cmd: &mut Command) {}
+
+/// As [`in_outer_mount_ns`], and covers `masked` (a file in /proc) with
+/// /dev/null in that namespace, as container engines mask parts of /proc
+/// (the kernel then refuses a fresh /proc to a user namespace).
+#[cfg(target_os = "linux")]
+pub fn in_outer_mount_ns_masking(cmd: &mut Command, masked: Option<&'static std::ffi::CStr>) {
     let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap();
@@ -700,48 +712,39 @@ pub fn in_outer_mount_ns(cmd: &mut Command) {
             {
                 return Err(std::io::Error::last_os_error());
             }
+            if let Some(file) = masked {
+                if libc::mount(
+                    c"/dev/null".as_ptr(),
+                    file.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
 }
 
-#[cfg(not(target_os = "linux"))]
-pub fn in_outer_mount_ns(_cmd: &mut Command) {}
-
-/// After [`in_outer_mount_ns`]: covers `file` (a file in /proc) with
-/// /dev/null in that outer namespace, as container engines mask parts of
-/// /proc; the kernel then refuses a fresh /proc to a user namespace.
+/// How many processes `/proc` lists, as seen by the agent (`how` empty)
+/// or by a terminal it asks the editor for (`how` = "/terminal "); with
+/// the agent's text.
 #[cfg(target_os = "linux")]
-pub fn mask_in_outer_mount_ns(cmd: &mut Command, file: &'static std::ffi::CStr) {
-    let parent_ns = std::fs::metadata("/proc/self/ns/mnt")
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .unwrap();
-    // SAFETY: runs in the forked child before exec, after the outer
-    // namespace was made; system calls only.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if st.st_ino == parent_ns {
-                return Err(std::io::Error::other(
-                    "the mount namespace did not change; refusing to mount",
-                ));
-            }
-            if libc::mount(
-                c"/dev/null".as_ptr(),
-                file.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+pub fn processes_in_proc(ed: &mut Editor, sid: &str, how: &str) -> (usize, String) {
+    let (_, text) = ed.prompt(
+        sid,
+        &format!("{how}echo procs=$(ls /proc | grep -c '^[0-9]')"),
+    );
+    let procs = text
+        .split("procs=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    (procs, text)
 }
 
 /// Has the armed agent write a file into its private /tmp, then asks the
@@ -778,13 +781,7 @@ pub fn terminal_joins_its_generation(ed: &mut Editor, sid: &str) {
     );
     // Its /proc is its own, and was mounted in a mount namespace of its
     // own: the agent's view is as it was.
-    let (_, text) = ed.prompt(sid, "/terminal echo procs=$(ls /proc | grep -c '^[0-9]')");
-    let procs: usize = text
-        .split("procs=")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{text}"));
+    let (procs, text) = processes_in_proc(ed, sid, "/terminal ");
     // Its init, its shell, the command substitution's subshell, `ls` and
     // `grep`; the agent's /proc would add at least the generation's init,
     // the agent and the terminal's first process.
