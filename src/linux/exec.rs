@@ -950,9 +950,9 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     let lost_namespaces = std::env::var_os("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES").is_some();
     // The generation's namespaces, when the spec names them, they are
     // still its, and its view holds what the command needs to see;
-    // otherwise a set of our own, as for any other launch.
-    // The caches' slot of the generation is held for as long as this runs
-    // (see `layers`), and taken before the generation is checked.
+    // otherwise a set of our own, as for any other launch. Its caches'
+    // slot is held for as long as this runs (see `layers`), taken before
+    // the generation is checked.
     let (joined, own_proc, _slot_held) = match &spec.join {
         Some(join) if spec.level != Some(Level::LandlockOnly) && !lost_namespaces => {
             let held = match &join.slot {
@@ -1360,6 +1360,7 @@ fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) -> ! {
             Err(_) => continue,
         };
         if sig == Signal::SIGCHLD {
+            // Reap everything; leave when the child itself is gone.
             loop {
                 match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(pid, code)) if pid == child => std::process::exit(code),
