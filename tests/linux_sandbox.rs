@@ -535,6 +535,7 @@ fn escape_attempts(p: &Places, user: Option<&TestUser>) {
         touch /proc/{me}/root{t} 2>/dev/null && echo ESCAPE proc-root
         kill -TERM {victim} 2>/dev/null && echo ESCAPE signal
         /usr/bin/python3 -c 'import ctypes,os,sys; r=ctypes.CDLL(None).ptrace(16,int(sys.argv[1]),0,0); os._exit(0 if r==0 else 1)' {victim} && echo ESCAPE ptrace
+        /usr/bin/python3 -c 'import ctypes,os; p=ctypes.CDLL(None).ptrace; r=p(16,1,0,0); r==0 and (os.waitpid(1,0x40000000), p(17,1,0,0)); os._exit(0 if r==0 else 1)' && echo ESCAPE ptrace-init
         echo x >&5 2>/dev/null && echo ESCAPE inherited-fd
         /usr/bin/python3 -c 'import ctypes,os; libc=ctypes.CDLL(None); m=ctypes.c_uint64*4; a=m(0,1,0,0); r=libc.syscall(442,-100,b"/",0x8000,a,32); os._exit(0 if r==0 else 1)' && touch {t} 2>/dev/null && echo ESCAPE mount_setattr
         grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || echo ESCAPE capabilities-kept

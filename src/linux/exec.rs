@@ -1308,6 +1308,13 @@ fn init(
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         die("parent-death signal", e);
     }
+    // Not dumpable: a process of the sandbox (the same user and Landlock
+    // domain, no capabilities) could otherwise ptrace its init, stop it
+    // (the sandbox would never end) or use its descriptors (the caches'
+    // slot lock). The command's exec makes itself dumpable again.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        die("not dumpable", e);
+    }
     // Out of the caller's process group: a terminal's Ctrl-C reaches the
     // helper, which passes it on, and not this process a second time. In
     // a background group, a write to the terminal under `stty tostop`
