@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::BIN;
+use common::{exit_within, BIN};
 
 struct Home {
     dir: tempfile::TempDir,
@@ -232,18 +232,11 @@ fn a_fifo_or_device_as_sandbox_json_fails_closed_without_hanging() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{kind}: the launcher hung on a {kind} sandbox.json");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let status = exit_within(
+            &mut child,
+            std::time::Duration::from_secs(10),
+            &format!("{kind}: the launcher hung on a {kind} sandbox.json"),
+        );
         let out = child.wait_with_output().unwrap();
         assert!(
             status.success(),
@@ -340,17 +333,11 @@ fn a_fifo_git_config_never_hangs_arming() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > std::time::Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("arming hung on a FIFO git config");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = exit_within(
+        &mut child,
+        std::time::Duration::from_secs(20).saturating_sub(started.elapsed()),
+        "arming hung on a FIFO git config",
+    );
     let out = child.wait_with_output().unwrap();
     assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -1075,18 +1075,11 @@ fn an_editor_that_stops_reading_for_good_ends_the_bridge_without_a_grace_period(
     )
     .unwrap();
     drop(stdout);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the bridge kept running after its writes to the editor failed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(
+        &mut child,
+        Duration::from_secs(30),
+        "the bridge kept running after its writes to the editor failed",
+    );
     assert!(status.success(), "{status:?}");
     // The agent was stopped with it, far short of its stream.
     let count = |dir: &std::path::Path| -> usize {

@@ -89,11 +89,16 @@ pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
         took
     };
     let (b, s) = alternate(n, run);
+    spawn_row(&format!("{what} ({n} each, alternating)"), b, s)
+}
+
+/// A spawn row: the baseline's and the sandboxed median, and their ratio.
+fn spawn_row(what: &str, base: Duration, ours: Duration) -> String {
     format!(
-        "| {what} ({n} each, alternating) | {:.2} ms | {:.2} ms | {:.1}x |",
-        ms(b),
-        ms(s),
-        s.as_secs_f64() / b.as_secs_f64()
+        "| {what} | {:.2} ms | {:.2} ms | {:.1}x |",
+        ms(base),
+        ms(ours),
+        ours.as_secs_f64() / base.as_secs_f64()
     )
 }
 
@@ -170,12 +175,10 @@ pub fn terminal_spawn(n: usize) -> String {
         return "| editor terminal (`true`), armed bridge vs unarmed | skipped: the bridge could not arm here (needs Landlock and namespaces) | | |".into();
     }
     let [plain, armed] = times;
-    let (p, a) = (median(plain), median(armed));
-    format!(
-        "| editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper entering the generation's namespaces) vs unarmed ({n} each, alternating; goal: 1.5x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
-        ms(p),
-        ms(a),
-        a.as_secs_f64() / p.as_secs_f64()
+    spawn_row(
+        &format!("editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper entering the generation's namespaces) vs unarmed ({n} each, alternating; goal: 1.5x at most)"),
+        median(plain),
+        median(armed),
     )
 }
 

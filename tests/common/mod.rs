@@ -431,17 +431,24 @@ impl Editor {
 
     /// Waits for the bridge to exit; returns its exit code.
     pub fn wait_exit(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("zcode-acp did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        exit_within(&mut self.child, TIMEOUT, "zcode-acp did not exit").code()
+    }
+}
+
+/// Waits up to `limit` for `child` to exit; past it, kills it and fails
+/// the test with `hung`.
+pub fn exit_within(child: &mut Child, limit: Duration, hung: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
         }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{hung}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
