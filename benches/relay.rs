@@ -16,6 +16,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
 mod builds;
 
 #[cfg(target_os = "linux")]
+#[path = "support/network.rs"]
+mod network;
+#[cfg(target_os = "linux")]
 #[path = "support/spawns.rs"]
 mod spawns;
 
@@ -832,6 +835,13 @@ fn main() {
         rows.extend(spawns::file_heavy(
             if full { 20_000 } else { 200 },
             if full { 5 } else { 1 },
+        ));
+    }
+    #[cfg(target_os = "linux")]
+    if wants("network") {
+        rows.extend(network::rows(
+            if full { 9 } else { 1 },
+            if full { 51 } else { 2 },
         ));
     }
     if wants("run_code") {

@@ -13,6 +13,7 @@ pub mod demo;
 #[cfg(target_os = "linux")]
 pub mod linux;
 pub mod logging;
+pub mod network;
 pub mod policy;
 pub mod relay;
 pub mod run_code;

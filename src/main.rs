@@ -126,6 +126,10 @@ enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Internal: the sandbox's network proxy, started by the helper.
+    #[cfg(target_os = "linux")]
+    #[command(name = "__netproxy", hide = true)]
+    NetProxy,
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
@@ -198,6 +202,15 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some(Command::NetProxy) => {
+            return match zcode_acp::linux::net::proxy_main() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("zcode-acp network proxy: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         Some(Command::Doctor(args)) => {
             return match zcode_acp::commands::doctor::run(args) {
                 Ok(true) => ExitCode::SUCCESS,
@@ -265,7 +278,12 @@ fn main() -> ExitCode {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
             #[cfg(target_os = "linux")]
-            Some(Command::Sandbox { .. } | Command::Doctor(_) | Command::Keeper { .. }) => {
+            Some(
+                Command::Sandbox { .. }
+                | Command::Doctor(_)
+                | Command::Keeper { .. }
+                | Command::NetProxy,
+            ) => {
                 unreachable!("handled before the runtime starts")
             }
             #[cfg(any(target_os = "linux", target_os = "macos"))]

@@ -845,3 +845,12 @@ fn a_malformed_user_config_arms_the_bridge_and_says_why() {
         "{text}"
     );
 }
+
+#[test]
+fn a_refused_connection_is_put_to_the_user_and_each_answer_holds() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, _outside) = armed_editor();
+    refused_connections_are_put_to_the_user(&mut ed, &ws, &sid);
+}

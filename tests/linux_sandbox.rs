@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{require_kernel_features, scratch_base, skip, BIN};
+use common::{rand_u32, require_kernel_features, scratch_base, skip, TestUser, BIN};
 
 fn host_mounts() -> String {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()
@@ -28,79 +28,17 @@ fn run_in_outer_ns(cwd: &Path, args: &[&str], extra_fd: Option<i32>) -> (Output,
     run_in_outer_ns_as(cwd, args, extra_fd, None)
 }
 
-/// A user the test creates, and removes when dropped, with a directory of
-/// its own (outside /tmp) holding a home, a workspace, an outside folder it
-/// may normally write, and copies of the binary and the ops script.
-struct TestUser {
-    name: String,
-    uid: u32,
-    gid: u32,
-    base: PathBuf,
+/// The places of the matrix, in a test user's directory.
+trait UserPlaces {
+    fn places(&self) -> Places;
 }
 
-impl TestUser {
-    fn create() -> TestUser {
-        let name = format!("zcacp{:06x}", rand_u32() & 0xff_ffff);
-        let base = PathBuf::from(format!("/var/lib/zcode-acp-test-{name}"));
-        std::fs::create_dir_all(&base).unwrap();
-        let status = Command::new("useradd")
-            .args(["--no-create-home", "--home-dir"])
-            .arg(base.join("home"))
-            .args(["--shell", "/bin/sh", &name])
-            .status()
-            .expect("useradd");
-        assert!(status.success(), "useradd failed");
-        let user = nix::unistd::User::from_name(&name).unwrap().unwrap();
-        let u = TestUser {
-            name,
-            uid: user.uid.as_raw(),
-            gid: user.gid.as_raw(),
-            base,
-        };
-        std::fs::create_dir_all(u.base.join("bin")).unwrap();
-        std::fs::copy(BIN, u.base.join("bin/zcode-acp")).unwrap();
-        std::fs::copy(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
-            u.base.join("bin/ops.py"),
-        )
-        .unwrap();
-        for d in ["home", "ws", "outside"] {
-            std::fs::create_dir_all(u.base.join(d)).unwrap();
-        }
-        u
-    }
-
+impl UserPlaces for TestUser {
     /// The places of the matrix, in this user's directory and theirs.
     fn places(&self) -> Places {
         let p = places_in(&self.base);
         self.own(p.ws.parent().unwrap());
         p
-    }
-
-    /// Hands everything below `dir` to the user.
-    fn own(&self, dir: &Path) {
-        let status = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{}:{}", self.uid, self.gid))
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for TestUser {
-    fn drop(&mut self) {
-        // Processes the test started as this user are ended by their own
-        // guards first (userdel refuses a user that still runs something).
-        match Command::new("userdel").arg(&self.name).status() {
-            Ok(s) if s.success() => {}
-            other => eprintln!(
-                "WARNING: could not remove the test user {}: {other:?}",
-                self.name
-            ),
-        }
-        let _ = std::fs::remove_dir_all(&self.base);
     }
 }
 
@@ -128,14 +66,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn rand_u32() -> u32 {
-    let mut b = [0u8; 4];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .unwrap();
-    u32::from_ne_bytes(b)
 }
 
 /// The zcode-acp binary the user can run.
@@ -393,6 +323,31 @@ fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
             .uid(),
         user.uid
     );
+}
+
+#[test]
+fn refused_connections_are_put_to_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Declared first, so the bridge below is gone before the user is removed.
+    let user = TestUser::create();
+    user.own(&user.base.join("home"));
+    user.own(&user.base.join("ws"));
+    let bin = user.base.join("bin/zcode-acp");
+    let mut opts = common::Options::new(vec![
+        bin.to_string_lossy().into_owned(),
+        "shell-agent".into(),
+    ])
+    .env("ZCODE_ACP_SANDBOX", "1")
+    .env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.home_at = Some(user.base.join("home"));
+    opts.run_as = Some((user.uid, user.gid, bin));
+    let mut ed = common::Editor::start_with(opts);
+    ed.initialize();
+    let ws = user.base.join("ws");
+    let sid = ed.new_session(&ws);
+    common::refused_connections_are_put_to_the_user(&mut ed, &ws, &sid);
 }
 
 fn write_matrix(p: &Places, user: Option<&TestUser>, ops: &str) {

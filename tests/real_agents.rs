@@ -114,6 +114,16 @@ impl World {
             std::fs::create_dir_all(d).unwrap();
         }
         let model = Model::start(&home);
+        // The mock model listens on the host's loopback, which the sandbox
+        // closes by default: allowed the way a user allows a local model
+        // server, with one line of the user config.
+        let config = home.join(".config/zcode-acp");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(
+            config.join("config.json"),
+            format!("{{\"network\": {{\"hostLoopback\": [{}]}}}}\n", model.port),
+        )
+        .unwrap();
         World {
             _dir: dir,
             home,

@@ -65,6 +65,7 @@ fn setup() -> Setup {
         once_allows: vec![],
         profile_dir: None,
         managed_root: managed.path.clone(),
+        network: Default::default(),
     };
     let sandbox = Sandbox::Ready(std::sync::Arc::new(SeatbeltEnforcer::new().unwrap()));
     let armed = sandbox.arm(input, &managed, "none".into(), Starter::Spawned);

@@ -510,6 +510,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: home.join(".zcode-acp"),
+            network: Default::default(),
         });
         let env: std::collections::HashMap<String, String> = Default::default();
         let files = settings_files(&[root.to_path_buf()], home, &env);

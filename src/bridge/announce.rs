@@ -76,6 +76,9 @@ impl Bridge {
                     "\nIts own state is chosen by the backend profile: {profile}."
                 ));
             }
+            if let crate::confine::Confinement::Armed(armed) = &self.confinement {
+                text.push_str(&format!("\nNetwork: {}.", armed.network_line()));
+            }
             text
         } else {
             "The agent runs unconfined: zcode-acp relays it, but no sandbox limits what it writes. \

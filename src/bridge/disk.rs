@@ -37,6 +37,14 @@ pub(super) enum DiskDone {
     },
     /// A project's template and ledger, on its first session.
     Prepared { root: PathBuf },
+    /// An "always allow" of a connection, in the project's network table.
+    NetworkRecorded {
+        session: String,
+        what: String,
+        /// It opened a host loopback port (mirrored from the next arming).
+        mirrored: bool,
+        result: Result<(), String>,
+    },
 }
 
 /// Runs `work`, turning a panic into an error the loop hears about.
@@ -82,6 +90,33 @@ impl Disk {
                 session,
                 list,
                 entry,
+                result,
+            });
+        });
+    }
+
+    /// Widens `root`'s network table by `table` (approved) for the answer
+    /// given on `session` about `what`.
+    pub fn record_network(
+        &mut self,
+        managed: &ManagedRoot,
+        root: PathBuf,
+        table: crate::policy::network::NetworkTable,
+        session: String,
+        what: String,
+    ) {
+        let (tx, managed) = (self.tx.clone(), managed.clone());
+        self.pending += 1;
+        let mirrored = !table.ports().is_empty();
+        tokio::task::spawn_blocking(move || {
+            let result = guarded(|| project::widen_network(&root, &table, &managed));
+            if let Err(e) = &result {
+                tracing::warn!(root = %root.display(), "could not record the connection to {what} in sandbox.json ({e}); it holds for this session only");
+            }
+            let _ = tx.send(DiskDone::NetworkRecorded {
+                session,
+                what,
+                mirrored,
                 result,
             });
         });

@@ -223,6 +223,7 @@ impl Bridge {
                 if let track::Track::Prompt(_) = track {
                     // A new turn: refusals the user declined may be asked again.
                     self.permissions.new_turn();
+                    self.net_permissions.new_turn();
                     // What a process the agent left running planted since
                     // the last turn ended is reverted before the next one.
                     if let Some(sid) = frame.session_id() {
@@ -434,6 +435,7 @@ impl Bridge {
         match entry {
             AtEditor::Bridge => debug!(bid, "the editor answered a bridge request"),
             AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
+            AtEditor::NetPrompt => self.on_net_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
             AtEditor::AuditPrompt { finding } => self.on_audit_answer(*finding, &frame),
             AtEditor::Backend {

@@ -20,6 +20,7 @@ mod disk;
 mod editor_io;
 mod editor_side;
 mod lifecycle;
+mod net_asks;
 mod permissions;
 mod police;
 mod prompts;
@@ -104,6 +105,8 @@ enum Event {
     Refused(crate::seatbelt::violations::Violation),
     /// Disk work done off the loop.
     Disk(disk::DiskDone),
+    /// The generation's proxy asks about a refused connection.
+    NetworkAsk(crate::network::asks::Question),
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -171,6 +174,10 @@ pub struct Bridge {
     announcements: u64,
     /// What the user said about writes (see `permissions`).
     permissions: permissions::Permissions,
+    /// What the user said about connections, and the socket the running
+    /// generation's proxy asks on (see `net_asks`).
+    net_permissions: net_asks::NetPermissions,
+    net_asks: net_asks::NetAsks,
     /// The system log reader for the sandbox's tag, when it has one (macOS).
     violations: Option<watch::ViolationWatch>,
     /// What the running armed generation started with, for the post-turn
@@ -233,6 +240,8 @@ impl Bridge {
             announced_first: false,
             announcements: 0,
             permissions: permissions::Permissions::default(),
+            net_permissions: net_asks::NetPermissions::default(),
+            net_asks: net_asks::NetAsks::new(),
             violations: None,
             audit: None,
         };
@@ -286,6 +295,7 @@ impl Bridge {
             _ = self.signals.chld.recv() => Event::Child,
             Some(v) = watch::next(&mut self.violations) => Event::Refused(v),
             done = self.disk.next() => Event::Disk(done),
+            question = self.net_asks.next() => Event::NetworkAsk(question),
         }
     }
 
@@ -390,6 +400,13 @@ impl Bridge {
                 }
             }
             Event::Refused(v) => self.on_refused_in_log(v),
+            Event::NetworkAsk(question) => self.on_network_ask(question),
+            Event::Disk(disk::DiskDone::NetworkRecorded {
+                session,
+                what,
+                mirrored,
+                result,
+            }) => self.after_network_record(&session, &what, mirrored, result),
             Event::Disk(disk::DiskDone::Recorded {
                 session,
                 list,
@@ -462,6 +479,7 @@ impl Bridge {
         let id = generation.id;
         // Its helper's pid is nobody's to join from now on.
         self.confinement.released_by(generation.pid);
+        self.net_asks.stop();
         let spare: Vec<i32> = self
             .violations
             .as_ref()

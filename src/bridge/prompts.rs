@@ -95,6 +95,31 @@ pub(super) fn permission_request(
     serde_json::to_string(&request).expect("schema types serialize")
 }
 
+/// The `session/request_permission` params of a prompt about a refused
+/// connection, with the allow flow's answers.
+pub(super) fn connection_request(
+    session: &str,
+    tool_call_id: String,
+    title: String,
+    text: String,
+) -> String {
+    let fields = acp::ToolCallUpdateFields::new()
+        .title(title)
+        .kind(acp::ToolKind::Fetch)
+        .status(acp::ToolCallStatus::Pending)
+        .content(vec![acp::ToolCallContent::from(text)]);
+    let options = ALLOW_FLOW
+        .iter()
+        .map(|a| acp::PermissionOption::new(a.id, a.name, a.kind))
+        .collect();
+    let request = acp::RequestPermissionRequest::new(
+        session.to_owned(),
+        acp::ToolCallUpdate::new(tool_call_id, fields),
+        options,
+    );
+    serde_json::to_string(&request).expect("schema types serialize")
+}
+
 /// The `session/update` params of a completed tool call of the bridge's own.
 pub(super) fn announcement(
     session: &str,

@@ -218,6 +218,19 @@ impl Bridge {
         armed.unwrap_or_else(|e| Confinement::Refused(format!("cannot arm the sandbox: {e}")))
     }
 
+    /// Where the generation's proxy asks about refused connections, when
+    /// it gets a network of its own (Linux, with namespaces).
+    fn network_asks_socket(&self) -> Option<String> {
+        let Confinement::Armed(armed) = &self.confinement else {
+            return None;
+        };
+        let linux = self.sandbox.platform() == Some(crate::policy::Platform::Linux);
+        armed
+            .network_asks
+            .clone()
+            .filter(|_| linux && armed.own_network())
+    }
+
     fn start_generation(
         &mut self,
         confinement: Confinement,
@@ -228,6 +241,10 @@ impl Bridge {
         // The last generation's files go now (it was stopped before), and
         // a refusal leaves nothing of it behind.
         self.confinement = confinement;
+        // Listening before the generation's proxy may ask.
+        if let Some(socket) = self.network_asks_socket() {
+            self.net_asks.listen(socket);
+        }
         let backend = crate::confine::Command {
             argv: self.cfg.backend.clone(),
             ..Default::default()

@@ -62,6 +62,8 @@ pub(super) enum AtEditor {
     Bridge,
     /// One of the bridge's permission prompts (see `allow`).
     Prompt,
+    /// A prompt about a refused connection (see `net_asks`).
+    NetPrompt,
     /// A confirmation of hand edits of a project's sandbox.json.
     ConfigPrompt { root: std::path::PathBuf },
     /// Keep or revert what the post-turn audit reverted.

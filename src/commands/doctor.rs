@@ -99,6 +99,20 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         }
     );
     println!("backend profile: {}", detected.describe());
+    let network = match level {
+        Ok(level) => {
+            use crate::confine::Enforce;
+            let enforcer = crate::linux::enforce::LinuxEnforcer {
+                level,
+                landlock_abi: abi,
+                network_namespace: level != crate::linux::exec::Level::LandlockOnly
+                    && crate::linux::exec::network_namespace_available(),
+            };
+            enforcer.network(&input.network)
+        }
+        Err(_) => "not confined (nothing can be armed)".to_owned(),
+    };
+    println!("network: {network}");
     for (root, eff) in &projects {
         println!(
             "\nworkspace {}: sandbox.json {}, armed by the project: {}",

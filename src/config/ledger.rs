@@ -26,6 +26,9 @@ pub struct Approved {
     /// The last approved value of `codeExec` (None: never recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_exec: Option<bool>,
+    /// The approved `network` table, as read (None: none approved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::policy::network::NetworkTable>,
 }
 
 pub struct Ledger {
@@ -85,6 +88,7 @@ mod tests {
             strict_git: None,
             allow: vec!["/x".into()],
             code_exec: Some(true),
+            network: None,
         };
         ledger.save(&a).unwrap();
         assert_eq!(ledger.load(Path::new("/p")), a);

@@ -31,6 +31,10 @@ pub struct UserConfig {
     /// How `run_code` runs code.
     #[serde(default, rename = "runCode")]
     pub run_code: crate::run_code::settings::RunCodeSettings,
+    /// Which destinations the sandbox may reach (`policy::network`), read
+    /// when a sandbox is armed.
+    #[serde(default)]
+    pub network: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -39,6 +39,9 @@ pub struct ProjectConfig {
     pub strict_git: bool,
     /// Offer this project's sessions the `run_code` tool.
     pub code_exec: bool,
+    /// Destinations this project's sandbox may also reach (it widens the
+    /// user's table once approved).
+    pub network: Option<crate::policy::network::NetworkTable>,
 }
 
 /// How the file was found.
@@ -98,6 +101,10 @@ pub fn parse(bytes: &[u8]) -> Result<ProjectConfig, String> {
         deny: list("deny")?,
         strict_git: flag("strictGit")?,
         code_exec: flag("codeExec")?,
+        network: match obj.get("network") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(crate::policy::network::NetworkTable::parse(v)?),
+        },
     })
 }
 
@@ -206,6 +213,8 @@ pub struct Effective {
     pub rules: Entries,
     /// Offer the project's sessions `run_code` (approved `codeExec: true`).
     pub code_exec: bool,
+    /// The project's approved `network` table.
+    pub network: Option<crate::policy::network::NetworkTable>,
     /// Each permissive difference from the ledger that was ignored, in
     /// words for the log and `doctor`.
     pub ignored: Vec<String>,
@@ -261,6 +270,29 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     } else if approved.code_exec == Some(true) {
         ledger.code_exec = Some(false);
     }
+    // The network table widens the user's: it counts once approved as
+    // written. A table that opens nothing needs no approval, nor does one
+    // narrower than the approved one (recorded, so what was cut needs a
+    // new approval). Removed, it leaves the ledger.
+    let network = match &config.network {
+        None => {
+            ledger.network = None;
+            None
+        }
+        Some(table) if !table.opens_anything() => Some(table.clone()),
+        Some(table) if approved.network.as_ref() == Some(table) => Some(table.clone()),
+        Some(table) if approved.network.as_ref().is_some_and(|a| table.within(a)) => {
+            ledger.network = Some(table.clone());
+            Some(table.clone())
+        }
+        Some(table) => {
+            ignored.push(format!(
+                "`network` ({}) was not approved: the user's table applies",
+                table.describe()
+            ));
+            None
+        }
+    };
     // Entries removed from the file leave the ledger: adding them back
     // needs a new approval.
     ledger.allow.retain(|a| config.allow.contains(a));
@@ -281,6 +313,7 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
             strict_git,
         },
         code_exec,
+        network,
         ignored,
         ledger,
         state: read.state.clone(),
@@ -350,6 +383,8 @@ pub enum WriteError {
     Malformed(String),
     #[error("sandbox.json cannot be approved as it is: it is {0}")]
     NotApprovable(FileState),
+    #[error("its `network` table has changes you have not approved; approve the file first (`zcode-acp approve --workspace DIR`, or accept it in the editor)")]
+    UnapprovedNetwork,
     #[error("cannot read or write {path}: {source}")]
     Io {
         path: PathBuf,
@@ -378,21 +413,7 @@ pub fn append(
     managed: &ManagedRoot,
 ) -> Result<(), WriteError> {
     let _lock = lock_project(root, managed)?;
-    if let Some(link) = symlinked_dir(root) {
-        return Err(WriteError::Symlinked(link));
-    }
-    let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).map_err(io_at(root))?;
-    let path = dir.join(CONFIG_FILE);
-    let mut value: Value = match plain_file(&path).map_err(io_at(&path))? {
-        None => serde_json::from_slice(&template()).expect("static JSON"),
-        Some(false) => return Err(WriteError::Untrusted),
-        Some(true) => {
-            let bytes = read_nofollow(&path).map_err(io_at(&path))?;
-            // A file we cannot read correctly is never rewritten.
-            parse(&bytes).map_err(WriteError::Malformed)?;
-            serde_json::from_slice(&bytes).map_err(|e| WriteError::Malformed(e.to_string()))?
-        }
-    };
+    let (path, mut value) = read_for_update(root)?;
     let not_a_list = || WriteError::Malformed(format!("`{}` is not a list", list.key()));
     let obj = value
         .as_object_mut()
@@ -417,6 +438,66 @@ pub fn append(
     }
     // Ledger first: a crash between the two writes leaves an approved entry
     // the file does not have yet (harmless), never the reverse.
+    ledger.save(&approved).map_err(io_at(&managed.path))?;
+    write_atomic(&path, &bytes, 0o644).map_err(io_at(&path))
+}
+
+/// The file's path and contents, to be changed and written back whole
+/// (unknown keys kept); the template where there is no file yet. Under
+/// the project's lock.
+fn read_for_update(root: &Path) -> Result<(PathBuf, Value), WriteError> {
+    if let Some(link) = symlinked_dir(root) {
+        return Err(WriteError::Symlinked(link));
+    }
+    let dir = create_real_dirs(root, &CONFIG_DIR, 0o755).map_err(io_at(root))?;
+    let path = dir.join(CONFIG_FILE);
+    let value = match plain_file(&path).map_err(io_at(&path))? {
+        None => serde_json::from_slice(&template()).expect("static JSON"),
+        Some(false) => return Err(WriteError::Untrusted),
+        Some(true) => {
+            let bytes = read_nofollow(&path).map_err(io_at(&path))?;
+            // A file we cannot read correctly is never rewritten.
+            parse(&bytes).map_err(WriteError::Malformed)?;
+            serde_json::from_slice(&bytes).map_err(|e| WriteError::Malformed(e.to_string()))?
+        }
+    };
+    Ok((path, value))
+}
+
+/// Widens `root`'s `network` table by `grant` and approves the result
+/// (the network prompt's "always allow").
+pub fn widen_network(
+    root: &Path,
+    grant: &crate::policy::network::NetworkTable,
+    managed: &ManagedRoot,
+) -> Result<(), WriteError> {
+    let _lock = lock_project(root, managed)?;
+    let (path, mut value) = read_for_update(root)?;
+    let current = match value.get("network") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            Some(crate::policy::network::NetworkTable::parse(v).map_err(WriteError::Malformed)?)
+        }
+    };
+    let ledger = Ledger::new(managed.clone());
+    let mut approved = ledger.load(root);
+    // Recording approves the whole table: never what the user has not
+    // approved beside the one entry they allowed now.
+    if current
+        .as_ref()
+        .is_some_and(|t| t.opens_anything() && approved.network.as_ref() != Some(t))
+    {
+        return Err(WriteError::UnapprovedNetwork);
+    }
+    let table = current.unwrap_or_default().widened(grant);
+    value
+        .as_object_mut()
+        .ok_or_else(|| WriteError::Malformed("not a JSON object".into()))?
+        .insert("network".into(), table.to_json());
+    let mut bytes = serde_json::to_vec_pretty(&value).expect("a JSON value serializes");
+    bytes.push(b'\n');
+    approved.network = Some(table);
+    // Ledger first, as for allow entries.
     ledger.save(&approved).map_err(io_at(&managed.path))?;
     write_atomic(&path, &bytes, 0o644).map_err(io_at(&path))
 }
@@ -454,6 +535,7 @@ pub fn approve_current(root: &Path, managed: &ManagedRoot) -> Result<(), WriteEr
         strict_git: Some(read.config.strict_git),
         allow: read.config.allow.clone(),
         code_exec: Some(read.config.code_exec),
+        network: read.config.network.clone(),
     };
     Ledger::new(managed.clone())
         .save(&approved)
@@ -676,6 +758,89 @@ mod tests {
         // Something odd in the way reads as armed, never as "off".
         let r = read(&ro);
         assert!(r.config.enabled, "{r:?}");
+    }
+
+    #[test]
+    fn an_always_allowed_connection_widens_the_table_and_is_approved() {
+        let f = fixture();
+        write(
+            &f.root,
+            r#"{"enabled": true, "future": 1, "network": {"egress": ["a.com"]}}"#,
+        );
+        // The file's table was never approved: recording would approve it.
+        let port =
+            crate::policy::network::NetworkTable::parse(&json!({"hostLoopback": [8888]})).unwrap();
+        assert!(matches!(
+            widen_network(&f.root, &port, &f.managed),
+            Err(WriteError::UnapprovedNetwork)
+        ));
+        approve_current(&f.root, &f.managed).unwrap();
+        let grant = |v: serde_json::Value| crate::policy::network::NetworkTable::parse(&v).unwrap();
+        widen_network(&f.root, &grant(json!({"hostLoopback": [8888]})), &f.managed).unwrap();
+        widen_network(&f.root, &grant(json!({"egress": ["b.com"]})), &f.managed).unwrap();
+        let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
+        assert_eq!(
+            v["network"],
+            json!({"hostLoopback": [8888], "egress": ["a.com", "b.com"]})
+        );
+        assert_eq!(v["future"], 1);
+        let eff = load(&f.root, &f.managed);
+        assert_eq!(eff.network.unwrap().to_json(), v["network"]);
+        assert!(eff.ignored.is_empty(), "{:?}", eff.ignored);
+    }
+
+    #[test]
+    fn a_network_table_counts_once_approved_as_written() {
+        let table = |v: serde_json::Value| crate::policy::network::NetworkTable::parse(&v).unwrap();
+        let wide = table(json!({"hostLoopback": [11434]}));
+        let read = |network: Option<crate::policy::network::NetworkTable>| ProjectRead {
+            config: ProjectConfig {
+                network,
+                ..ProjectConfig::default()
+            },
+            state: FileState::Ok,
+        };
+        let approved = |network| Approved {
+            root: "/p".into(),
+            network,
+            ..Approved::default()
+        };
+        let asked = effective(&read(Some(wide.clone())), &approved(None));
+        assert_eq!(asked.network, None);
+        assert!(
+            asked.ignored.iter().any(|w| w.contains("`network`")),
+            "{:?}",
+            asked.ignored
+        );
+        let ok = effective(&read(Some(wide.clone())), &approved(Some(wide.clone())));
+        assert_eq!(ok.network, Some(wide.clone()));
+        // Another table than the one approved is asked again.
+        let other = table(json!({"hostLoopback": [11434, 22]}));
+        assert_eq!(
+            effective(&read(Some(other)), &approved(Some(wide.clone()))).network,
+            None
+        );
+        // An egress entry adds to a user's list: asked like any other.
+        let hosts = table(json!({"egress": ["example.com"]}));
+        assert_eq!(effective(&read(Some(hosts)), &approved(None)).network, None);
+        // Nothing but denials: nothing to approve.
+        let closed = table(json!({"lan": "deny"}));
+        assert_eq!(
+            effective(&read(Some(closed.clone())), &approved(None)).network,
+            Some(closed)
+        );
+        // Narrower than approved: applied, and recorded as the approval.
+        let both = table(json!({"hostLoopback": [11434, 22]}));
+        let cut = effective(&read(Some(wide.clone())), &approved(Some(both)));
+        assert_eq!(cut.network, Some(wide.clone()));
+        assert_eq!(cut.ledger.network, Some(wide.clone()));
+        // Removed: it leaves the ledger.
+        assert_eq!(
+            effective(&read(None), &approved(Some(wide))).ledger.network,
+            None
+        );
+        // A wrong table makes the file malformed: armed, nothing allowed.
+        assert!(parse(br#"{"network": {"lan": "open"}}"#).is_err());
     }
 
     #[test]

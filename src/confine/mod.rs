@@ -80,6 +80,15 @@ pub trait Enforce: Send + Sync {
     /// (`run_code`'s `inherited: ...`): the same words the sandbox's own
     /// marker uses.
     fn confined_by(&self) -> String;
+    /// What the sandbox does with the network under `table`, in one line
+    /// for `doctor` and the editor's notice.
+    fn network(&self, table: &crate::policy::network::NetworkPolicy) -> String {
+        table.describe()
+    }
+    /// Whether commands get a network of their own under `table`.
+    fn own_network(&self, _table: &crate::policy::network::NetworkPolicy) -> bool {
+        false
+    }
     /// Writes what every command confined by `policy` shares into its
     /// private directory (Seatbelt's profile). Called once per arming.
     fn prepare(&self, _policy: &Policy, _dir: Option<&GenerationDir>) -> Result<(), ArmError> {
@@ -135,7 +144,23 @@ pub struct Armed {
     /// started later for it enter (Linux: the generation's helper, a
     /// child of this process); None until the backend runs.
     pub holder: Option<i32>,
+    /// The abstract socket the bridge hears the proxy's questions on
+    /// (`network::asks`), when commands are started by others.
+    pub network_asks: Option<String>,
     enforcer: Arc<dyn Enforce>,
+}
+
+impl Armed {
+    /// What this arming does with the network, in one line.
+    pub fn network_line(&self) -> String {
+        self.enforcer.network(&self.policy.network)
+    }
+
+    /// Whether its commands get a network of their own, with a proxy that
+    /// asks about what the table refuses.
+    pub fn own_network(&self) -> bool {
+        self.enforcer.own_network(&self.policy.network)
+    }
 }
 
 impl Sandbox {
@@ -220,6 +245,7 @@ impl Sandbox {
                 dir,
                 backend_profile,
                 holder: None,
+                network_asks: (starter == Starter::Spawned).then(crate::network::asks::new_name),
                 enforcer,
             })
         })();
@@ -396,6 +422,7 @@ pub(crate) mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: PathBuf::new(),
+            network: Default::default(),
         }
     }
 
@@ -476,6 +503,7 @@ pub(crate) mod tests {
         let enforcer = LinuxEnforcer {
             level: Level::MountsOnly,
             landlock_abi: 3,
+            network_namespace: true,
         };
         let sandbox = Sandbox::Ready(Arc::new(enforcer));
         let c = sandbox.arm(

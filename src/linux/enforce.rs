@@ -8,7 +8,9 @@
 //! built here and nowhere else.
 
 use crate::confine::{ArmError, Armed, Command, Enforce, Launch};
-use crate::linux::exec::{choose_level, namespaces_available, LaunchSpec, Level};
+use crate::linux::exec::{
+    choose_level, namespaces_available, network_namespace_available, LaunchSpec, Level,
+};
 use crate::linux::plan::{self, RealFs, UserFacts};
 use crate::policy::Platform;
 
@@ -19,6 +21,8 @@ use crate::policy::Platform;
 pub struct LinuxEnforcer {
     pub level: Level,
     pub landlock_abi: i32,
+    /// Whether its sandboxes can have a network namespace of their own.
+    pub network_namespace: bool,
 }
 
 impl LinuxEnforcer {
@@ -36,9 +40,16 @@ impl LinuxEnforcer {
                 level.name()
             );
         }
+        let network_namespace = level != Level::LandlockOnly
+            && network_namespace_available()
+            && no_test("ZCODE_ACP_TEST_NO_NETWORK_NAMESPACE");
+        if level != Level::LandlockOnly && !network_namespace {
+            tracing::warn!("this machine refuses the sandbox a network namespace of its own: the network is NOT confined");
+        }
         Ok(LinuxEnforcer {
             level,
             landlock_abi: abi,
+            network_namespace,
         })
     }
 
@@ -60,6 +71,10 @@ impl LinuxEnforcer {
             command.cwd.clone(),
         )
         .armed_at(self.level, self.landlock_abi)
+        .with_network(
+            &armed.policy.network,
+            self.own_network(&armed.policy.network),
+        )
     }
 }
 
@@ -83,6 +98,11 @@ fn joinable(armed: &Armed, terminal: &LaunchSpec) -> Option<crate::linux::join::
         return None;
     }
     let mut join = crate::linux::join::Join::of_child(holder)?;
+    if join.net.is_some() != terminal.network.is_some() {
+        // A network of its own was to be joined, or none was, and the
+        // generation's is otherwise.
+        return None;
+    }
     // The slot whose layers the terminal will work in, which it holds
     // while it runs; a layered generation whose slot cannot be told is
     // not joined.
@@ -99,6 +119,24 @@ impl Enforce for LinuxEnforcer {
 
     fn confined_by(&self) -> String {
         self.level.confined_by().into()
+    }
+
+    fn own_network(&self, table: &crate::policy::network::NetworkPolicy) -> bool {
+        table.confines() && self.level != Level::LandlockOnly && self.network_namespace
+    }
+
+    fn network(&self, table: &crate::policy::network::NetworkPolicy) -> String {
+        if !table.confines() {
+            return table.describe();
+        }
+        match self.level {
+            Level::LandlockOnly => "NOT confined at this level (no namespaces): the host's loopback, the LAN and the internet are reachable directly".into(),
+            _ if !self.network_namespace => "NOT confined: this machine refuses the sandbox a network namespace of its own, so the host's loopback, the LAN and the internet are reachable directly".into(),
+            _ => format!(
+                "a network of its own; out through the sandbox's proxy: {}",
+                table.describe()
+            ),
+        }
     }
 
     fn describe(&self) -> String {
@@ -120,6 +158,10 @@ impl Enforce for LinuxEnforcer {
         launch: Launch,
     ) -> Result<Vec<String>, ArmError> {
         let mut spec = self.spec(armed, command);
+        // The bridge listens there for as long as the generation runs.
+        if spec.network.is_some() && self.level != Level::LandlockOnly {
+            spec.network_asks = armed.network_asks.clone();
+        }
         if launch == Launch::Terminal {
             spec.join = joinable(armed, &spec);
         }

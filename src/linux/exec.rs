@@ -7,8 +7,10 @@
 //! Order, and why:
 //! 1. read the host's mount table first (which mounts were read-only for
 //!    the user) and the current mount namespace;
-//! 2. unshare the mount and PID namespaces (and, for a non-root user, a
-//!    user namespace mapping the uid and gid to themselves, never to 0);
+//! 2. start the network proxy in the host's network (`net::start`), then
+//!    unshare the user, mount, PID, IPC and (unless the table shares the
+//!    host's network) network namespaces; a non-root user's user
+//!    namespace maps the uid and gid to themselves, never to 0;
 //! 3. check the mount namespace really is new before touching any mount:
 //!    a mount in the host namespace would change the machine;
 //! 4. the plan's mount operations, in the order the pure planner gives
@@ -29,6 +31,9 @@
 //!    namespace (a copy of the generation's, for its own /proc) and a PID
 //!    namespace, and checks that mount namespace is new against both the
 //!    host's and the generation's before step 5 mounts;
+//!    Then the network: checked to be new, its loopback up, the proxy
+//!    handed its listeners (`net::arm`); a joined command uses the
+//!    generation's;
 //! 5. fork the PID namespace's init: it mounts a fresh read-only /proc,
 //!    drops every capability (keeping CAP_SYS_ADMIN would let the agent
 //!    clear read-only with mount_setattr), sets no_new_privs, enforces
@@ -119,7 +124,17 @@ pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, NothingTo
 /// Whether this process could create the namespaces the plan needs
 /// (probed in a short-lived child, so nothing here changes).
 pub fn namespaces_available() -> bool {
-    let flags = NAMESPACES;
+    can_unshare(NAMESPACES)
+}
+
+/// Whether it could also give the sandbox a network of its own: probed
+/// apart, so a machine that refuses only that keeps the rest of the
+/// sandbox (and says the network is not confined).
+pub fn network_namespace_available() -> bool {
+    can_unshare(NAMESPACES | CloneFlags::CLONE_NEWNET)
+}
+
+fn can_unshare(flags: CloneFlags) -> bool {
     // SAFETY: the child only calls unshare and _exit.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
@@ -303,6 +318,15 @@ pub struct LaunchSpec {
     /// (an editor terminal of an armed bridge; see [`super::join`]).
     #[serde(default)]
     pub join: Option<super::join::Join>,
+    /// The network table, when the sandbox gets a network of its own
+    /// (see [`super::net`]); `None`: the host's network, as it is.
+    #[serde(default)]
+    pub network: Option<crate::policy::network::NetworkPolicy>,
+    /// Where the proxy asks about the connections the table refuses (the
+    /// bridge's abstract socket, see `network::asks`); none: refusals are
+    /// final.
+    #[serde(default)]
+    pub network_asks: Option<String>,
 }
 
 impl LaunchSpec {
@@ -326,7 +350,20 @@ impl LaunchSpec {
             landlock_abi: None,
             clear_env: false,
             join: None,
+            network: None,
+            network_asks: None,
         }
+    }
+
+    /// A network of its own under `table` where `own` (the table does not
+    /// share the host's, and the machine allows it).
+    pub fn with_network(
+        mut self,
+        table: &crate::policy::network::NetworkPolicy,
+        own: bool,
+    ) -> LaunchSpec {
+        self.network = own.then(|| table.clone());
+        self
     }
 
     /// The level decided (and announced) by the caller, with the Landlock
@@ -557,6 +594,7 @@ fn arm_mounts(
     plan: &Plan,
     visible: &[PathBuf],
     layer: Option<&super::layers::Slot>,
+    own_network: bool,
 ) -> Result<(), LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
@@ -567,7 +605,12 @@ fn arm_mounts(
     // Root's full-range map must be written by a process that keeps its
     // privilege in the parent namespace: a helper of ours, forked now.
     let mapper = if is_root { Some(Mapper::fork()?) } else { None };
-    sys(Syscall::Unshare, unshare(NAMESPACES))?;
+    let namespaces = if own_network {
+        NAMESPACES | CloneFlags::CLONE_NEWNET
+    } else {
+        NAMESPACES
+    };
+    sys(Syscall::Unshare, unshare(namespaces))?;
     match mapper {
         Some(m) => m.map_parent()?,
         None => {
@@ -986,6 +1029,9 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         }
         _ => (false, false, None),
     };
+    // The sandbox's network (see `net`): started before the namespaces,
+    // armed once they exist.
+    let mut network: Option<super::net::Started> = None;
     // A copy-on-write layer for the shared caches: the first slot of this
     // project no other sandbox holds, taken (and its directories made)
     // before the namespaces, as you. A joined generation has its own.
@@ -1008,7 +1054,11 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     } else if joined {
         Ok(())
     } else {
-        arm_mounts(&spec.plan, &visible, layer.as_ref())
+        // The proxy starts in the host's network, before the namespaces.
+        if spec.network.is_some() {
+            network = Some(super::net::start()?);
+        }
+        arm_mounts(&spec.plan, &visible, layer.as_ref(), network.is_some())
     };
     let namespaces = match mounts {
         Ok(()) => true,
@@ -1040,6 +1090,37 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     }
     if level != Level::Full {
         tracing::warn!("the sandbox is armed at a lower level: {}", level.name());
+    }
+    // Its one way out, once the namespaces exist; a joined generation's
+    // proxy already serves its namespace, at the same fixed port.
+    let proxy = match (network, &spec.network) {
+        (Some(started), Some(policy)) if namespaces => Some(super::net::arm(
+            started,
+            policy,
+            spec.network_asks.as_deref(),
+        )?),
+        (_, Some(_)) if joined => {
+            for (k, v) in super::net::proxy_env() {
+                // Single-threaded: set_var is safe.
+                std::env::set_var(k, v);
+            }
+            None
+        }
+        (_, Some(_)) => {
+            tracing::warn!(
+                "the network is not confined at this level: the command reaches the host's loopback and network directly"
+            );
+            None
+        }
+        _ => None,
+    };
+    // A command that gets a cleared environment keeps the proxy variables
+    // (see `command`) only where they are this sandbox's own.
+    if spec.clear_env && proxy.is_none() && !(joined && spec.network.is_some()) {
+        for name in super::net::PROXY_VARS {
+            // Single-threaded: remove_var is safe.
+            std::env::remove_var(name);
+        }
     }
     // What confines the command, for a tool inside that confines its own
     // runs (`run_code`): it reads this together with facts no process can
@@ -1108,7 +1189,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 Syscall::DropCapabilities,
                 sys::drop_all_capabilities(is_root),
             )?;
-            let code = wait_for_init(child, &forwarded, supervisor)?;
+            let code = wait_for_init(child, &forwarded, supervisor, proxy.as_ref().map(|p| p.pid))?;
             if reaper {
                 end_leftovers();
             }
@@ -1163,6 +1244,7 @@ fn wait_for_init(
     child: Pid,
     forwarded: &SigSet,
     mut supervisor: Option<super::supervise::Supervisor>,
+    proxy: Option<Pid>,
 ) -> Result<i32, LaunchError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -1184,6 +1266,19 @@ fn wait_for_init(
                         return Ok(128 + sig as i32)
                     }
                     Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => break,
+                    // Ended on purpose: the sandbox is being stopped.
+                    Ok(WaitStatus::Signaled(pid, Signal::SIGTERM, _)) if Some(pid) == proxy => {
+                        continue
+                    }
+                    Ok(status) if proxy.is_some() && status.pid() == proxy => {
+                        // The sandbox lives on with no way out: said, so a
+                        // broken network is not taken for a policy.
+                        tracing::error!(
+                            ?status,
+                            "the sandbox's network proxy ended: nothing inside can reach the network until the sandbox is started again (restart the agent or the session)"
+                        );
+                        continue;
+                    }
                     Ok(_) => continue,
                     Err(e) => {
                         return Err(LaunchError::Sys {
@@ -1401,7 +1496,9 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
     if spec.clear_env {
         let names: Vec<_> = std::env::vars_os()
             .map(|(k, _)| k)
-            .filter(|k| k != CONFINED_ENV)
+            // What the helper itself set: what confines the command, and
+            // the way out of its network (`net::arm`).
+            .filter(|k| k != CONFINED_ENV && !super::net::PROXY_VARS.iter().any(|p| k == p))
             .collect();
         for k in names {
             std::env::remove_var(k);

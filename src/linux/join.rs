@@ -39,19 +39,16 @@ pub struct Join {
     pub user: u64,
     pub mnt: u64,
     pub ipc: u64,
+    /// Its network namespace, when it has one of its own (see
+    /// `super::net`): the terminal then uses the generation's loopback and
+    /// proxy, and reaches the servers the agent started.
+    #[serde(default)]
+    pub net: Option<u64>,
     /// The lock file of the caches' slot the generation holds
     /// (`BASE/N.lock`), if it layers any.
     #[serde(default)]
     pub slot: Option<PathBuf>,
 }
-
-/// The namespaces, in the order they are entered: the user namespace
-/// first, since entering the others needs its capabilities.
-const KINDS: [(&str, CloneFlags); 3] = [
-    ("user", CloneFlags::CLONE_NEWUSER),
-    ("mnt", CloneFlags::CLONE_NEWNS),
-    ("ipc", CloneFlags::CLONE_NEWIPC),
-];
 
 fn ns_inode(pid: &str, kind: &str) -> Option<u64> {
     std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
@@ -80,6 +77,7 @@ impl Join {
             user: ns_inode(&p, "user")?,
             mnt: ns_inode(&p, "mnt")?,
             ipc: ns_inode(&p, "ipc")?,
+            net: ns_inode(&p, "net").filter(|n| Some(*n) != ns_inode("self", "net")),
             slot: None,
         };
         let unshared = Some(join.user) != ns_inode("self", "user")
@@ -92,12 +90,18 @@ impl Join {
         (unshared && init_started).then_some(join)
     }
 
-    fn inode(&self, kind: &str) -> u64 {
-        match kind {
-            "user" => self.user,
-            "mnt" => self.mnt,
-            _ => self.ipc,
+    /// The namespaces to enter, in order: the user namespace first, since
+    /// entering the others needs its capabilities.
+    fn kinds(&self) -> Vec<(&'static str, CloneFlags, u64)> {
+        let mut kinds = vec![
+            ("user", CloneFlags::CLONE_NEWUSER, self.user),
+            ("mnt", CloneFlags::CLONE_NEWNS, self.mnt),
+            ("ipc", CloneFlags::CLONE_NEWIPC, self.ipc),
+        ];
+        if let Some(net) = self.net {
+            kinds.push(("net", CloneFlags::CLONE_NEWNET, net));
         }
+        kinds
     }
 
     /// Opens the namespaces, checking each is the one named. Nothing is
@@ -109,17 +113,17 @@ impl Join {
                 self.pid
             ));
         }
-        let mut fds = Vec::with_capacity(KINDS.len());
-        for (kind, flag) in KINDS {
+        let mut fds = Vec::new();
+        for (kind, flag, named) in self.kinds() {
             let path = format!("/proc/{}/ns/{kind}", self.pid);
             let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
             let ino = file.metadata().map_err(|e| format!("{path}: {e}"))?.ino();
-            if ino != self.inode(kind) {
+            if ino != named {
                 return Err(format!(
                     "{path} is not the generation's namespace (the generation has ended)"
                 ));
             }
-            fds.push((OwnedFd::from(file), flag));
+            fds.push((kind, OwnedFd::from(file), flag));
         }
         // Still holding its caches' slot: between the end of a helper's
         // launch and its exit, another sandbox may have taken the slot
@@ -142,7 +146,7 @@ impl Join {
 
 /// The generation's namespaces, open and checked.
 pub struct Opened {
-    fds: Vec<(OwnedFd, CloneFlags)>,
+    fds: Vec<(&'static str, OwnedFd, CloneFlags)>,
     /// The generation's root, as seen from here.
     root: PathBuf,
 }
@@ -171,9 +175,9 @@ impl Opened {
     /// process with threads). Afterwards the root and the working
     /// directory are the generation's root.
     pub fn enter(self) -> Result<(), NotEntered> {
-        for (n, (fd, flag)) in self.fds.iter().enumerate() {
+        for (n, (kind, fd, flag)) in self.fds.iter().enumerate() {
             setns(fd.as_fd(), *flag).map_err(|errno| NotEntered {
-                kind: KINDS[n].0,
+                kind,
                 errno,
                 changed: n > 0,
             })?;
@@ -235,6 +239,7 @@ mod tests {
             user: ns_inode(&p, "user").unwrap(),
             mnt: ns_inode(&p, "mnt").unwrap(),
             ipc: ns_inode(&p, "ipc").unwrap(),
+            net: None,
             slot: None,
         }
     }
@@ -278,6 +283,10 @@ mod tests {
             },
             Join {
                 user: named.user + 1,
+                ..named.clone()
+            },
+            Join {
+                net: Some(named.ipc + 1),
                 ..named.clone()
             },
             // A slot the process does not hold.

@@ -597,6 +597,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: "/home/u/.zcode-acp".into(),
+            network: Default::default(),
         })
     }
 
@@ -720,6 +721,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: "/home/u/.zcode-acp".into(),
+            network: Default::default(),
         });
         let fs = fake(&[
             ("/home/u", true),

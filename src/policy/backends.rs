@@ -103,6 +103,9 @@ pub struct StateSettings {
     pub choice: Choice,
     /// `sandbox.statePaths`: state directories of backends no profile knows.
     pub extra: Vec<PathBuf>,
+    /// The user config's `network` table (it comes to every arming with
+    /// the state settings, from the same file).
+    pub network: super::network::NetworkPolicy,
 }
 
 /// The profiles applied and why, in words for the editor and `doctor`.
@@ -400,6 +403,19 @@ pub fn state_settings(
     Ok(StateSettings {
         choice,
         extra: user.sandbox.state_paths.clone(),
+        network: user_network(user),
+    })
+}
+
+/// The user's network table; a wrong one counts as the default (host
+/// loopback and LAN closed), and the log says what is wrong.
+fn user_network(user: &UserConfig) -> super::network::NetworkPolicy {
+    let Some(value) = &user.network else {
+        return Default::default();
+    };
+    super::network::NetworkPolicy::parse(value).unwrap_or_else(|why| {
+        tracing::warn!("the user config's network table is ignored (the defaults apply: the host's loopback and the LAN are closed): {why}");
+        Default::default()
     })
 }
 

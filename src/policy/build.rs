@@ -77,6 +77,8 @@ pub struct PolicyInput {
     pub profile_dir: Option<PathBuf>,
     /// `~/.zcode-acp`: every generation's profile, the approval ledger.
     pub managed_root: PathBuf,
+    /// Which destinations the sandbox may reach (`policy::network`).
+    pub network: super::network::NetworkPolicy,
 }
 
 fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
@@ -409,7 +411,10 @@ impl Policy {
         let mut rules = allows;
         rules.extend(protected);
         rules.extend(islands);
-        Policy { rules }
+        Policy {
+            rules,
+            network: input.network.clone(),
+        }
     }
 }
 
@@ -475,6 +480,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: Some("/home/u/.zcode-acp/sandbox/abc".into()),
             managed_root: "/home/u/.zcode-acp".into(),
+            network: Default::default(),
         }
     }
 

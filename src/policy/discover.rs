@@ -78,6 +78,14 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
         once_allows,
         profile_dir: None,
         managed_root: resolve_real(&src.managed.path)?,
+        // The user's table, widened by each root's approved one (a
+        // generation has one network for all its roots).
+        network: projects
+            .iter()
+            .filter_map(|(_, eff)| eff.network.as_ref())
+            .fold(src.state.network.clone(), |table, project| {
+                table.widened_by(project)
+            }),
     };
     Ok(Gathered {
         input,
@@ -779,6 +787,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: home.join(".zcode-acp"),
+            network: Default::default(),
         };
         create_writable_dirs(&input);
         for dir in [home.join(".claude"), codex_home, home.join(".cache")] {

@@ -15,6 +15,7 @@ pub mod backends;
 pub mod build;
 pub mod discover;
 pub mod git_cmd;
+pub mod network;
 pub mod offerable;
 pub mod protected;
 pub mod resolve;
@@ -166,6 +167,9 @@ pub struct Decision {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Policy {
     pub rules: Vec<Rule>,
+    /// Which destinations the sandbox may reach.
+    #[serde(default)]
+    pub network: network::NetworkPolicy,
 }
 
 impl Policy {
@@ -222,6 +226,7 @@ mod tests {
     #[test]
     fn the_last_matching_rule_wins() {
         let p = Policy {
+            network: Default::default(),
             rules: vec![
                 rule(Kind::Allow, Matcher::Subpath("/w".into()), Ops::All),
                 rule(

@@ -173,6 +173,17 @@ impl Confiner {
         matches!(self, Confiner::Unconfined)
     }
 
+    /// Whether runs stay in the sandbox this server runs in, and so in its
+    /// network: they are then pointed at its proxy as the server is.
+    pub fn inherits_a_sandbox(&self) -> bool {
+        match self {
+            #[cfg(target_os = "linux")]
+            Confiner::Linux { inherited, .. } => inherited.is_some(),
+            Confiner::Inherited(_) => true,
+            _ => false,
+        }
+    }
+
     /// The command line that runs `command` confined, with `call_dir`
     /// writable beside the workspace.
     pub fn prepare(&self, call_dir: &Path, command: Command) -> Result<Prepared, String> {
@@ -201,6 +212,11 @@ impl Confiner {
                 }
                 let mut spec = enforcer.spec(&armed, &command);
                 spec.clear_env = true;
+                // Inside a sandbox the run stays in its network, whose proxy
+                // the code is pointed at (see the runner's environment).
+                if inherited.is_some() {
+                    spec.network = None;
+                }
                 let text = serde_json::to_vec(&spec).map_err(|e| e.to_string())?;
                 let fd =
                     spec_memfd(&text).map_err(|e| format!("cannot pass the launch spec: {e}"))?;

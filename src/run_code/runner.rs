@@ -268,6 +268,17 @@ impl Runner {
                 env.push((name.to_owned(), v));
             }
         }
+        // Inside a sandbox, the way out is its proxy (Linux), which the
+        // sandbox named in this server's environment; a run that arms a
+        // network of its own is pointed at its own proxy by its helper.
+        #[cfg(target_os = "linux")]
+        if self.confiner.inherits_a_sandbox() {
+            for name in crate::linux::net::PROXY_VARS {
+                if let Ok(v) = std::env::var(name) {
+                    env.push((name.to_owned(), v));
+                }
+            }
+        }
         if !language.takes_address_space_limit() {
             // Node's heap: its own ceiling, below the tree's.
             let heap = format!("--max-old-space-size={}", self.limits.memory_bytes >> 20);

@@ -53,6 +53,35 @@ impl Enforce for SeatbeltEnforcer {
         "macOS Seatbelt".into()
     }
 
+    fn network(&self, table: &crate::policy::network::NetworkPolicy) -> String {
+        use crate::policy::network::{Egress, HostLoopback, Lan};
+        let loopback = match &table.host_loopback {
+            HostLoopback::Allow => return table.describe(),
+            HostLoopback::Deny => {
+                "the host's loopback closed (the agent's own servers too)".to_owned()
+            }
+            HostLoopback::Ports(p) => format!(
+                "the host's loopback closed but ports {}",
+                p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        // What the table asks and Seatbelt cannot say is named, never
+        // implied.
+        // Seatbelt names the loopback only: the Mac's other addresses (a
+        // service bound to 0.0.0.0 answers there) stay open.
+        let mut unenforced = vec!["this machine's other addresses"];
+        if table.lan == Lan::Deny {
+            unenforced.push("the LAN");
+        }
+        if let Egress::Hosts(_) = table.egress {
+            unenforced.push("the egress list");
+        }
+        format!(
+            "{loopback}; NOT enforced on macOS: {} (Seatbelt cannot filter by address)",
+            unenforced.join(", ")
+        )
+    }
+
     fn confined_by(&self) -> String {
         crate::run_code::confinement::MACOS_SEATBELT.into()
     }

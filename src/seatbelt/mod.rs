@@ -175,7 +175,28 @@ pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String
         }
     }
     emit_sockets(&mut out, policy)?;
+    emit_network(&mut out, &policy.network);
     Ok(out)
+}
+
+/// The network table, as far as Seatbelt can say it: its `remote ip`
+/// filter knows only `*` and `localhost`, so the host's loopback is
+/// closed (but the ports the table lists), while the LAN and host
+/// patterns need a proxy this profile does not have.
+fn emit_network(out: &mut String, table: &crate::policy::network::NetworkPolicy) {
+    if !table.confines() {
+        return;
+    }
+    out.push_str("\n;; ---- the network: the host's own services (a notebook, a database, an\n");
+    out.push_str(";; editor server) would act for the agent, so its loopback is closed. The\n");
+    out.push_str(";; agent's own servers listen there too: reachable on the listed ports only.\n");
+    out.push_str("(deny network-outbound (remote ip \"localhost:*\"))\n");
+    for port in table.mirrored_ports() {
+        let _ = writeln!(
+            out,
+            "(allow network-outbound (remote ip \"localhost:{port}\"))"
+        );
+    }
 }
 
 /// Unix sockets, default-deny (see `policy::sockets`): a server outside runs
@@ -284,6 +305,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: Some("/Users/dev/.zcode-acp/sandbox/0123abcd".into()),
             managed_root: "/Users/dev/.zcode-acp".into(),
+            network: Default::default(),
         };
         let mut rich = base.clone();
         rich.roots[0].project = ProjectRules {
@@ -335,6 +357,28 @@ mod tests {
                 "{name}: the profile changed; review and re-bless with ZCODE_ACP_BLESS=1"
             );
         }
+    }
+
+    #[test]
+    fn the_hosts_loopback_is_closed_but_the_listed_ports() {
+        let (_, input) = golden_inputs().remove(0);
+        let mut policy = Policy::build(&input);
+        let text = build_profile(&policy).unwrap();
+        let deny = "(deny network-outbound (remote ip \"localhost:*\"))";
+        assert!(text.contains(deny));
+        policy.network = crate::policy::network::NetworkPolicy::parse(
+            &serde_json::json!({"hostLoopback": [11434]}),
+        )
+        .unwrap();
+        let text = build_profile(&policy).unwrap();
+        let allow = "(allow network-outbound (remote ip \"localhost:11434\"))";
+        // Seatbelt's last matching rule decides: the port after the deny.
+        assert!(text.find(allow).unwrap() > text.find(deny).unwrap());
+        policy.network = crate::policy::network::NetworkPolicy::parse(
+            &serde_json::json!({"hostLoopback": "allow"}),
+        )
+        .unwrap();
+        assert!(!build_profile(&policy).unwrap().contains("remote ip"));
     }
 
     #[test]

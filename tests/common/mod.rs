@@ -806,6 +806,28 @@ pub fn terminal_joins_its_generation(ed: &mut Editor, sid: &str) {
         after.split("mounts=").nth(1),
         "the terminal's mounts reached the agent"
     );
+    // The network too: a server the agent started on its loopback
+    // answers the terminal, which is pointed at the generation's proxy.
+    let port = 20_000 + tag % 10_000;
+    let (_, text) = ed.prompt(
+        sid,
+        &format!(
+            "python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & \
+             for _ in $(seq 200); do curl -s -m 1 http://127.0.0.1:{port}/ >/dev/null && break; sleep 0.05; done; echo server-up"
+        ),
+    );
+    assert!(text.contains("server-up"), "{text}");
+    let (_, text) = ed.prompt(
+        sid,
+        &format!(
+            "/terminal curl -s -m 5 -o /dev/null -w 'code=%{{http_code}} ' http://127.0.0.1:{port}/; echo proxy=$HTTPS_PROXY"
+        ),
+    );
+    assert!(
+        text.contains("code=200"),
+        "the terminal does not share the agent's network: {text}"
+    );
+    assert!(text.contains("proxy=http://127.0.0.1:3128"), "{text}");
     let wanted = format!("sleep\0{tag}\0");
     let left: Vec<_> = std::fs::read_dir("/proc")
         .unwrap()
@@ -816,5 +838,263 @@ pub fn terminal_joins_its_generation(ed: &mut Editor, sid: &str) {
     assert!(
         left.is_empty(),
         "the terminal's process outlived it: {left:?}"
+    );
+}
+
+/// A user the test creates, and removes when dropped, with a directory of
+/// its own (outside /tmp) holding a home, a workspace, an outside folder it
+/// may normally write, and copies of the binary and the ops script.
+#[cfg(target_os = "linux")]
+pub struct TestUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub base: PathBuf,
+}
+
+#[cfg(target_os = "linux")]
+impl TestUser {
+    pub fn create() -> TestUser {
+        let name = format!("zcacp{:06x}", rand_u32() & 0xff_ffff);
+        let base = PathBuf::from(format!("/var/lib/zcode-acp-test-{name}"));
+        std::fs::create_dir_all(&base).unwrap();
+        let status = Command::new("useradd")
+            .args(["--no-create-home", "--home-dir"])
+            .arg(base.join("home"))
+            .args(["--shell", "/bin/sh", &name])
+            .status()
+            .expect("useradd");
+        assert!(status.success(), "useradd failed");
+        let user = nix::unistd::User::from_name(&name).unwrap().unwrap();
+        let u = TestUser {
+            name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            base,
+        };
+        std::fs::create_dir_all(u.base.join("bin")).unwrap();
+        std::fs::copy(BIN, u.base.join("bin/zcode-acp")).unwrap();
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
+            u.base.join("bin/ops.py"),
+        )
+        .unwrap();
+        for d in ["home", "ws", "outside"] {
+            std::fs::create_dir_all(u.base.join(d)).unwrap();
+        }
+        u
+    }
+
+    /// Hands everything below `dir` to the user.
+    pub fn own(&self, dir: &Path) {
+        let status = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{}:{}", self.uid, self.gid))
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        // Processes the test started as this user are ended by their own
+        // guards first (userdel refuses a user that still runs something).
+        match Command::new("userdel").arg(&self.name).status() {
+            Ok(s) if s.success() => {}
+            other => eprintln!(
+                "WARNING: could not remove the test user {}: {other:?}",
+                self.name
+            ),
+        }
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+pub fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    u32::from_ne_bytes(b)
+}
+
+#[cfg(target_os = "linux")]
+/// A service of the test's own on this machine's loopback (an ephemeral
+/// port), recording the path of every request that reaches it; ended by
+/// pid when dropped.
+pub struct LoopbackService {
+    child: std::process::Child,
+    pub port: u16,
+    record: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+#[cfg(target_os = "linux")]
+impl LoopbackService {
+    pub fn start() -> LoopbackService {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir_in(scratch_base()).unwrap();
+        let record = dir.path().join("record");
+        let mut child = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/net_service.py"
+            ))
+            .args(["127.0.0.1", "0"])
+            .arg(&record)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+        LoopbackService {
+            child,
+            port,
+            record,
+            _dir: dir,
+        }
+    }
+
+    pub fn recorded(&self) -> String {
+        std::fs::read_to_string(&self.record).unwrap_or_default()
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for LoopbackService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The one entry named `name` in a subdirectory of `dir`.
+fn glob_one(dir: &Path, name: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join(name))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// Has the armed agent connect, through the sandbox's proxy, to services
+/// of the test's own on this machine's loopback, and answers the prompts
+/// each way: checks what reached the services, what the project's
+/// sandbox.json records, and that a question sent from inside the sandbox
+/// reaches no one.
+#[cfg(target_os = "linux")]
+pub fn refused_connections_are_put_to_the_user(ed: &mut Editor, ws: &Path, sid: &str) {
+    let once = LoopbackService::start();
+    let always = LoopbackService::start();
+    // Through the sandbox's proxy (`--noproxy ''`: curl would otherwise go
+    // straight to the sandbox's own loopback, where nothing listens).
+    let fetch = |host: &str, port: u16, path: &str| {
+        format!("curl -s -m 60 --noproxy '' http://{host}:{port}/{path}; echo; echo done")
+    };
+
+    // Allow once: this connection, and the same destination for the rest
+    // of the bridge's life, without asking again.
+    let (ask, text) = prompt_answering(
+        ed,
+        sid,
+        &fetch("127.0.0.1", once.port, "once"),
+        "allow-once",
+    );
+    let title = ask["params"]["toolCall"]["title"].as_str().unwrap();
+    assert!(
+        title.contains(&format!("connect to 127.0.0.1:{}", once.port)),
+        "{title}"
+    );
+    assert!(text.contains("hello from 127.0.0.1"), "{text}");
+    let (_, text) = ed.prompt(sid, &fetch("127.0.0.1", once.port, "again"));
+    assert!(text.contains("hello from 127.0.0.1"), "{text}");
+    assert_eq!(once.recorded(), "/once\n/again\n");
+
+    // Don't allow: refused, and nothing reached the service.
+    let (_, text) = prompt_answering(
+        ed,
+        sid,
+        &fetch("localhost", once.port, "refused"),
+        "reject-once",
+    );
+    assert!(text.contains("refuses this connection"), "{text}");
+    assert_eq!(once.recorded(), "/once\n/again\n");
+
+    // Always allow: recorded in the project's table and approved, and
+    // from the next prompt (re-armed) reached directly too.
+    let (_, text) = prompt_answering(
+        ed,
+        sid,
+        &fetch("127.0.0.1", always.port, "always"),
+        "allow-always",
+    );
+    assert!(text.contains("hello from 127.0.0.1"), "{text}");
+    ed.wait_for("the re-arm", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+    });
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["network"],
+        serde_json::json!({"hostLoopback": [always.port]})
+    );
+    let (_, text) = ed.prompt(
+        sid,
+        &format!(
+            "curl -s -m 20 http://127.0.0.1:{}/direct; echo; echo done",
+            always.port
+        ),
+    );
+    assert!(text.contains("hello from 127.0.0.1"), "{text}");
+    assert_eq!(always.recorded(), "/always\n/direct\n");
+
+    // The question socket's name is in the generation's launch spec,
+    // which the agent can read; but abstract socket names belong to a
+    // network namespace, and the sandbox has its own: a question from
+    // inside reaches no one.
+    let start = ed.seen.len();
+    let spec = glob_one(
+        &std::fs::canonicalize(ed.home())
+            .unwrap()
+            .join(".zcode-acp/sandbox"),
+        "launch.json",
+    );
+    let forged = format!(
+        r#"python3 -c "
+import json, socket
+name = json.load(open('{}'))['network_asks']
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+try:
+    s.connect(chr(0) + name)
+    s.sendall(json.dumps(dict(host='forged.example', port=443, addr='1.2.3.4', zone='Public', why='forged')).encode() + b'\\n')
+    print('answered', s.recv(100))
+except OSError as e:
+    print('no answer:', e)
+""#,
+        spec.display()
+    );
+    let (_, text) = ed.prompt(sid, &forged);
+    assert!(
+        text.contains("no answer: [Errno 111] Connection refused"),
+        "{text}"
+    );
+    assert!(
+        !ed.seen[start..]
+            .iter()
+            .any(|l| l.value["method"] == "session/request_permission"),
+        "a forged question reached the editor"
     );
 }

@@ -47,6 +47,7 @@ pub fn one_root(root: &str) -> PolicyInput {
         once_allows: vec![],
         profile_dir: None,
         managed_root: "/h/.zcode-acp".into(),
+        network: Default::default(),
     }
 }
 
@@ -146,6 +147,7 @@ fn input_with(
                 once_allows: once,
                 profile_dir: Some("/h/.zcode-acp/sandbox/gen".into()),
                 managed_root: "/h/.zcode-acp".into(),
+                network: Default::default(),
             }
         })
 }

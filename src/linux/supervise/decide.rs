@@ -364,6 +364,7 @@ mod tests {
             once_allows: vec![],
             profile_dir: None,
             managed_root: home.join(".zcode-acp"),
+            network: Default::default(),
         });
         let dirs = vec![Supervised {
             dir: home,

@@ -1,0 +1,359 @@
+//! The sandbox's network namespace and its one way out.
+//!
+//! A sandbox armed with namespaces gets a network namespace of its own:
+//! only a loopback, so nothing inside reaches the host's loopback (the
+//! user's Jupyter, databases, editor servers), the LAN or the internet
+//! directly. Servers the agent starts listen on that loopback and work
+//! as usual. The way out is the proxy (`network::proxy`), which runs in
+//! the host's network and judges each destination by the network table.
+//!
+//! Order, and why:
+//! 1. before the namespaces ([`start`]): the proxy is started as
+//!    `zcode-acp __netproxy`, a child that stays in the host's network
+//!    (and dies with the helper), with one end of a socket pair;
+//! 2. after `unshare` ([`arm`]): the network namespace is checked to be
+//!    new (never configure the host's), its loopback brought up, and the
+//!    listeners made on it: the proxy's port and one per allowed host
+//!    loopback port (a mirror). They go to the proxy over the socket pair,
+//!    which answers once it serves them (or the launch fails: a sandbox
+//!    with no way out would look like a broken network, not a policy);
+//! 3. the command's environment names the proxy (`HTTP_PROXY` and the
+//!    rest), with the sandbox's own loopback left direct (`NO_PROXY`).
+//!
+//! What does not get out: programs that ignore the proxy variables (Node's
+//! built-in `fetch` before Node 24, `ssh` remotes without a ProxyCommand),
+//! UDP, and name lookups made inside (the proxy resolves names itself).
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use serde::{Deserialize, Serialize};
+
+use super::exec::LaunchError;
+use crate::policy::network::{NetworkPolicy, PROXY_PORT};
+
+/// The variables that point a command at the proxy.
+pub const PROXY_VARS: [&str; 8] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
+/// The proxy's environment for the command: the same in every process of
+/// a generation, since the proxy's port is fixed.
+pub fn proxy_env() -> Vec<(String, String)> {
+    // ALL_PROXY too names the HTTP proxy, not SOCKS (which the same port
+    // also speaks): some clients refuse a scheme they were built without.
+    let http = format!("http://127.0.0.1:{PROXY_PORT}");
+    let direct = "localhost,127.0.0.1,::1".to_owned();
+    let values = [&http, &http, &http, &http, &http, &http, &direct, &direct];
+    PROXY_VARS
+        .iter()
+        .zip(values)
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// What the helper hands the proxy with the listeners.
+#[derive(Debug, Serialize, Deserialize)]
+struct Handover {
+    policy: NetworkPolicy,
+    /// The host loopback port each listener after the first mirrors.
+    mirrors: Vec<u16>,
+    /// The bridge's socket for questions about refused connections.
+    asks: Option<String>,
+}
+
+/// The proxy, started and waiting for its listeners. Dropped unused (the
+/// launch failed or armed less), its channel closes and it exits.
+pub struct Started {
+    _child: Child,
+    channel: OwnedFd,
+    host_net: u64,
+}
+
+/// The running proxy's channel: the proxy serves until every copy is
+/// closed (the helper and the sandbox's init hold one; neither execs), so
+/// it ends with the sandbox without a pid to signal, which the helper's
+/// reaping could have let the system reuse.
+pub struct Running {
+    _channel: OwnedFd,
+    /// The proxy, for the helper to say so if it ends before the sandbox.
+    pub pid: nix::unistd::Pid,
+}
+
+fn refused(what: &str, e: impl std::fmt::Display) -> LaunchError {
+    LaunchError::Refused(format!("cannot give the sandbox its network: {what}: {e}"))
+}
+
+/// Step 1: the proxy process, in the host's network. Single-threaded
+/// caller (the helper): spawning forks no thread.
+pub fn start() -> Result<Started, LaunchError> {
+    let host_net = super::sys::ns_inode("/proc/self/ns/net")
+        .map_err(|e| refused("read /proc/self/ns/net", e))?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| refused("socketpair", e))?;
+    let exe = std::env::current_exe().map_err(|e| refused("find zcode-acp", e))?;
+    let fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(exe);
+    cmd.arg("__netproxy")
+        // stdout may be the agent's protocol pipe: never written here.
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // SAFETY: runs in the forked child before exec: dup2 and prctl only.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 leaves the copy open across exec; nothing else the
+            // helper was handed goes with it.
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| refused("start its proxy", e))?;
+    drop(theirs);
+    Ok(Started {
+        _child: child,
+        channel: ours,
+        host_net,
+    })
+}
+
+/// Brings the loopback up (the one interface of a new namespace).
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: a plain socket for the ioctls, owned at once.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `sock` is a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // SAFETY: an all-zero ifreq is valid; the name fits (3 bytes of 16).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write `req`, a valid
+    // ifreq naming `lo`.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Steps 2 and 3, in the helper after `unshare`: the namespace checked,
+/// its loopback up, the listeners handed over, the environment set.
+pub fn arm(
+    started: Started,
+    policy: &NetworkPolicy,
+    asks: Option<&str>,
+) -> Result<Running, LaunchError> {
+    let Started {
+        _child: child,
+        channel,
+        host_net,
+    } = started;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let now = super::sys::ns_inode("/proc/self/ns/net")
+        .map_err(|e| refused("read /proc/self/ns/net", e))?;
+    if now == host_net {
+        // Never configure the network namespace we started in.
+        return Err(LaunchError::Refused(
+            "the network namespace did not change after unshare; refusing to configure it".into(),
+        ));
+    }
+    loopback_up().map_err(|e| refused("bring the loopback up", e))?;
+    let mut listeners = vec![std::net::TcpListener::bind(("127.0.0.1", PROXY_PORT))
+        .map_err(|e| refused("listen for the proxy", e))?];
+    let mut mirrors = Vec::new();
+    for port in policy.mirrored_ports() {
+        let l = std::net::TcpListener::bind(("127.0.0.1", port))
+            .map_err(|e| refused(&format!("mirror port {port}"), e))?;
+        listeners.push(l);
+        mirrors.push(port);
+        // Clients that try ::1 first (`localhost`) find it there too.
+        if let Ok(l6) = std::net::TcpListener::bind(("::1", port)) {
+            listeners.push(l6);
+            mirrors.push(port);
+        }
+    }
+    let handover = serde_json::to_vec(&Handover {
+        policy: policy.clone(),
+        mirrors,
+        asks: asks.map(str::to_owned),
+    })
+    .map_err(|e| refused("describe the listeners", e))?;
+    let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    sendmsg::<()>(
+        channel.as_raw_fd(),
+        &[IoSlice::new(&handover)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| refused("hand the proxy its listeners", e))?;
+    drop(listeners);
+    // The proxy answers once it serves them.
+    let mut poll = [nix::poll::PollFd::new(
+        channel.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let ready = nix::poll::poll(
+        &mut poll,
+        nix::poll::PollTimeout::try_from(Duration::from_secs(10))
+            .unwrap_or(nix::poll::PollTimeout::MAX),
+    )
+    .map_err(|e| refused("wait for the proxy", e))?;
+    let mut ack = [0u8; 1];
+    let answered = ready > 0 && nix::unistd::read(&channel, &mut ack).unwrap_or(0) == 1;
+    if !answered {
+        return Err(LaunchError::Refused(
+            "the sandbox's network proxy did not start (see the log above); the sandbox would have no way out".into(),
+        ));
+    }
+    for (k, v) in proxy_env() {
+        // The helper is single-threaded: set_var is safe.
+        std::env::set_var(k, v);
+    }
+    Ok(Running {
+        _channel: channel,
+        pid,
+    })
+}
+
+/// `zcode-acp __netproxy`: receives the listeners on fd 3, confines
+/// itself (no file writes, no privilege) and serves until its helper ends.
+pub fn proxy_main() -> Result<(), String> {
+    // SAFETY: fd 3 was handed to this process for this purpose (see
+    // `start`); it is owned here.
+    let channel = unsafe { OwnedFd::from_raw_fd(3) };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut space = nix::cmsg_space!([RawFd; 512]);
+    let (bytes, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            channel.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("cannot receive the listeners: {e}"))?;
+        if msg.bytes == 0 {
+            // The launch ended (or armed less) before handing any over.
+            std::process::exit(0);
+        }
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(|e| e.to_string())? {
+            if let ControlMessageOwned::ScmRights(r) = c {
+                fds.extend(r);
+            }
+        }
+        (msg.bytes, fds)
+    };
+    let handover: Handover = serde_json::from_slice(&buf[..bytes])
+        .map_err(|e| format!("cannot read the handover: {e}"))?;
+    // SAFETY: each descriptor arrived in this message and is owned here.
+    let mut listeners = fds
+        .into_iter()
+        .map(|fd| std::net::TcpListener::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+    let proxy = listeners.next().ok_or("no listener was handed over")?;
+    let mirrors: Vec<(u16, std::net::TcpListener)> =
+        handover.mirrors.iter().copied().zip(listeners).collect();
+    confine_self()?;
+    // As many descriptors as this user may have: each connection takes
+    // two (see `proxy::connection_slots`).
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let to_tokio = |l: std::net::TcpListener| {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)
+        };
+        let proxy = to_tokio(proxy).map_err(|e| e.to_string())?;
+        let mut served = Vec::new();
+        for (port, l) in mirrors {
+            served.push((port, to_tokio(l).map_err(|e| e.to_string())?));
+        }
+        nix::unistd::write(&channel, &[1]).map_err(|e| format!("cannot answer: {e}"))?;
+        // Served until the sandbox ends: its last copy of the channel
+        // closing reads as end-of-file here.
+        std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            loop {
+                match nix::unistd::read(&channel, &mut b) {
+                    Ok(n) if n > 0 => continue,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    _ => std::process::exit(0),
+                }
+            }
+        });
+        let judge = crate::network::proxy::Judge::new(handover.policy, handover.asks);
+        crate::network::proxy::serve(judge, proxy, served).await;
+        Ok(())
+    })
+}
+
+/// The proxy parses what sandboxed code sends it: it keeps no privilege
+/// and may write no file (it needs neither; it only connects).
+fn confine_self() -> Result<(), String> {
+    use landlock::{AccessFs, Ruleset, RulesetAttr, RulesetStatus, ABI};
+    // A user's process holds no capability to drop (and may not touch
+    // the bounding set); root's are all dropped, the securebits locked.
+    if nix::unistd::getuid().is_root() {
+        super::sys::drop_all_capabilities(true)
+            .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    // It stays dumpable: the bridge reads its /proc/PID/ns/net to tell it
+    // from a process inside a sandbox (`network::asks`), which the kernel
+    // refuses for a process that is not dumpable. Nothing inside can name
+    // it (it is outside their PID namespace) or trace it (Landlock keeps
+    // a sandboxed process from tracing one outside its domain).
+    let writes = AccessFs::from_write(ABI::V5);
+    let status = Ruleset::default()
+        .handle_access(writes)
+        .and_then(|r| r.create())
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| format!("cannot confine the proxy with Landlock: {e}"))?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        tracing::debug!("Landlock is not available: the proxy runs without it");
+    }
+    Ok(())
+}

@@ -1,0 +1,538 @@
+//! The sandbox's way out: an HTTP (CONNECT and absolute-form requests)
+//! and SOCKS5 proxy, on one port of the sandbox's own loopback, that
+//! judges every destination by the network table before it connects from
+//! the host's network. Also the mirrors of allowed host loopback ports:
+//! a connection to `127.0.0.1:PORT` inside is carried to the host's.
+//!
+//! It runs outside the sandbox's network namespace, on listening sockets
+//! made inside it (a socket stays in the namespace it was made in), so
+//! nothing inside can reach the host's network but through here.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::policy::network::{NetworkPolicy, Verdict, Zone};
+
+/// The largest request head read (a CONNECT line and its headers).
+const MAX_HEAD: usize = 64 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the proxy judges with.
+pub struct Judge {
+    pub policy: NetworkPolicy,
+    /// The name servers of `/etc/resolv.conf`, read at start.
+    pub resolvers: Vec<IpAddr>,
+    /// Where refused connections are put to the user (the bridge's
+    /// socket); without it a refusal is final.
+    pub asks: Option<String>,
+    /// The user's answers that hold for this proxy's lifetime, by
+    /// destination as named and the zone it was in.
+    answers: std::sync::Mutex<std::collections::HashMap<AnswerKey, bool>>,
+}
+
+/// What an answer holds for: the name, the port, the zone and, outside
+/// the public zone, the address.
+type AnswerKey = (String, u16, Zone, Option<IpAddr>);
+
+/// Why a connection did not happen.
+enum Refusal {
+    /// The table refuses it: what to tell the client, and how to allow.
+    Denied(String),
+    /// It was allowed and failed (no such host, refused, unreachable).
+    Failed(String),
+}
+
+impl Judge {
+    pub fn new(policy: NetworkPolicy, asks: Option<String>) -> Judge {
+        let resolvers = std::fs::read_to_string("/etc/resolv.conf")
+            .map(|t| crate::policy::network::resolvers_of(&t))
+            .unwrap_or_default();
+        Judge {
+            policy,
+            resolvers,
+            asks,
+            answers: Default::default(),
+        }
+    }
+
+    /// What the user says about a refused destination: asked once where
+    /// the answer is to be remembered, never where nobody can be asked.
+    async fn user_allows(
+        &self,
+        host: &str,
+        port: u16,
+        addr: IpAddr,
+        zone: Zone,
+        why: &str,
+    ) -> bool {
+        // The zone too, and for this machine or the LAN the address: a
+        // name allowed for one place that resolves elsewhere later is
+        // another question.
+        let key = (
+            host.to_ascii_lowercase(),
+            port,
+            zone,
+            (zone != Zone::Public).then_some(addr),
+        );
+        let Some(socket) = &self.asks else {
+            return false;
+        };
+        if let Some(answer) = self.answers.lock().ok().and_then(|a| a.get(&key).copied()) {
+            return answer;
+        }
+        let reply = crate::network::asks::ask(
+            socket,
+            &crate::network::asks::Ask {
+                host: host.to_owned(),
+                port,
+                addr,
+                zone,
+                why: why.to_owned(),
+            },
+        )
+        .await;
+        if reply.remember {
+            if let Ok(mut a) = self.answers.lock() {
+                a.insert(key, reply.allow);
+            }
+        }
+        reply.allow
+    }
+
+    /// Resolves `host` here (outside), judges each address and connects to
+    /// the first allowed one that answers: the address judged is the
+    /// address connected to, so a name cannot be re-resolved elsewhere.
+    async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| Refusal::Failed(format!("cannot resolve {host}: {e}")))?
+                .collect(),
+        };
+        let Some(own) = own_addresses() else {
+            return Err(Refusal::Failed(
+                "cannot read this machine's addresses to judge the destination (out of descriptors?)".into(),
+            ));
+        };
+        let mut denied = Vec::new();
+        let mut failed = None;
+        for addr in addrs {
+            match self
+                .policy
+                .decide(host, port, addr.ip(), &own, &self.resolvers)
+            {
+                Verdict::Allow => match open(addr).await {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => failed = Some(format!("{host}:{port} ({addr}): {e}")),
+                },
+                Verdict::Deny { zone, why } => denied.push((addr, zone, why)),
+            }
+        }
+        if let Some(f) = failed {
+            return Err(Refusal::Failed(f));
+        }
+        let Some((first, zone, why)) = denied.first().cloned() else {
+            return Err(Refusal::Failed(format!("{host} has no address")));
+        };
+        if !self.user_allows(host, port, first.ip(), zone, &why).await {
+            tracing::warn!("the sandbox refused a connection: {why}");
+            return Err(Refusal::Denied(why));
+        }
+        tracing::info!("the user allowed a connection to {host}:{port}");
+        // Only where the user was shown: the zone asked about, and for this
+        // machine or the LAN the very address.
+        let mut failed = String::new();
+        let shown =
+            |a: &SocketAddr, z: Zone| z == zone && (zone == Zone::Public || a.ip() == first.ip());
+        for (addr, ..) in denied.into_iter().filter(|(a, z, _)| shown(a, *z)) {
+            match open(addr).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => failed = format!("{host}:{port} ({addr}): {e}"),
+            }
+        }
+        Err(Refusal::Failed(failed))
+    }
+}
+
+/// A connection from the host's network, within the time limit.
+async fn open(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "timed out",
+        )),
+    }
+}
+
+/// This machine's interface addresses, read at each connection (they
+/// change with the network); `None` when they cannot be read (out of
+/// descriptors), which refuses the connection: without them an address of
+/// this machine would pass for a public one.
+fn own_addresses() -> Option<Vec<IpAddr>> {
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
+    {
+        nix::ifaddrs::getifaddrs().ok().map(|addrs| {
+            addrs
+                .filter_map(|a| a.address)
+                .filter_map(|s| {
+                    s.as_sockaddr_in()
+                        .map(|v4| IpAddr::V4(v4.ip()))
+                        .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+                })
+                .collect()
+        })
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    None
+}
+
+/// Serves the proxy port and the mirrors until the process ends.
+pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListener)>) {
+    let judge = std::sync::Arc::new(judge);
+    // Connections at once, at most: each holds two descriptors, and the
+    // proxy must keep some to judge with (see `own_addresses`). Beyond
+    // it, new ones wait in the listeners' queues.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_slots()));
+    for (port, listener) in mirrors {
+        let (judge, slots) = (judge.clone(), slots.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let Some(client) = accepted(&listener).await else {
+                    continue;
+                };
+                let judge = judge.clone();
+                tokio::spawn(async move {
+                    mirror(&judge, client, port).await;
+                    drop(slot);
+                });
+            }
+        });
+    }
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(client) = accepted(&proxy).await else {
+            continue;
+        };
+        let judge = judge.clone();
+        tokio::spawn(async move {
+            handle(&judge, client).await;
+            drop(slot);
+        });
+    }
+}
+
+/// How many connections may be open at once: what the descriptor limit
+/// leaves after a reserve, two descriptors each (the proxy raises its
+/// limit to the hard one first, on Linux).
+fn connection_slots() -> usize {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    (limit.min(1 << 20) as usize).saturating_sub(64).max(32) / 2
+}
+
+/// The next connection; after a failure (out of descriptors), a pause, so
+/// the loop does not spin while connections are still open.
+async fn accepted(listener: &TcpListener) -> Option<TcpStream> {
+    match listener.accept().await {
+        Ok((client, _)) => Some(client),
+        Err(e) => {
+            tracing::debug!("the proxy could not accept a connection: {e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
+async fn mirror(judge: &Judge, mut client: TcpStream, port: u16) {
+    match judge.connect("127.0.0.1", port).await {
+        Ok(mut upstream) => {
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        }
+        Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
+            tracing::debug!("mirrored port {port}: {why}");
+        }
+    }
+}
+
+async fn handle(judge: &Judge, client: TcpStream) {
+    let _ = client.set_nodelay(true);
+    let mut first = [0u8; 1];
+    if client.peek(&mut first).await.unwrap_or(0) == 0 {
+        return;
+    }
+    if first[0] == 5 {
+        socks5(judge, client).await;
+    } else {
+        http(judge, client).await;
+    }
+}
+
+/// SOCKS5, no authentication, CONNECT only (RFC 1928).
+async fn socks5(judge: &Judge, mut client: TcpStream) {
+    let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
+    let mut head = [0u8; 2];
+    if client.read_exact(&mut head).await.is_err() {
+        return;
+    }
+    let mut methods = vec![0u8; head[1] as usize];
+    if client.read_exact(&mut methods).await.is_err() {
+        return;
+    }
+    if !methods.contains(&0) {
+        let _ = client.write_all(&[5, 0xff]).await;
+        return;
+    }
+    if client.write_all(&[5, 0]).await.is_err() {
+        return;
+    }
+    let mut req = [0u8; 4];
+    if client.read_exact(&mut req).await.is_err() {
+        return;
+    }
+    if req[1] != 1 {
+        // Only CONNECT: no BIND, no UDP.
+        let _ = client.write_all(&reply(7)).await;
+        return;
+    }
+    let host = match req[3] {
+        1 => {
+            let mut a = [0u8; 4];
+            if client.read_exact(&mut a).await.is_err() {
+                return;
+            }
+            IpAddr::from(a).to_string()
+        }
+        4 => {
+            let mut a = [0u8; 16];
+            if client.read_exact(&mut a).await.is_err() {
+                return;
+            }
+            IpAddr::from(a).to_string()
+        }
+        3 => {
+            let mut len = [0u8; 1];
+            if client.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let mut name = vec![0u8; len[0] as usize];
+            if client.read_exact(&mut name).await.is_err() {
+                return;
+            }
+            String::from_utf8_lossy(&name).into_owned()
+        }
+        _ => {
+            let _ = client.write_all(&reply(8)).await;
+            return;
+        }
+    };
+    let mut port = [0u8; 2];
+    if client.read_exact(&mut port).await.is_err() {
+        return;
+    }
+    match judge.connect(&host, u16::from_be_bytes(port)).await {
+        Ok(mut upstream) => {
+            if client.write_all(&reply(0)).await.is_ok() {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            }
+        }
+        // 2: not allowed by the ruleset; 4: host unreachable.
+        Err(Refusal::Denied(_)) => {
+            let _ = client.write_all(&reply(2)).await;
+        }
+        Err(Refusal::Failed(_)) => {
+            let _ = client.write_all(&reply(4)).await;
+        }
+    }
+}
+
+/// Reads a request head (up to the blank line), returning it and whatever
+/// came after it in the same reads.
+async fn read_head(client: &mut (impl AsyncRead + Unpin)) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = client.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Some((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return None;
+        }
+    }
+}
+
+async fn respond(client: &mut TcpStream, status: &str, body: &str) {
+    let text = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}\n",
+        body.len() + 1
+    );
+    let _ = client.write_all(text.as_bytes()).await;
+}
+
+async fn http(judge: &Judge, mut client: TcpStream) {
+    let Some((head, rest)) = read_head(&mut client).await else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (method, target, version) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("HTTP/1.1"),
+    );
+    let (host, port, path) = if method.eq_ignore_ascii_case("CONNECT") {
+        match split_host_port(target, 443) {
+            Some((h, p)) => (h, p, None),
+            None => {
+                return respond(
+                    &mut client,
+                    "400 Bad Request",
+                    "zcode-acp: CONNECT needs host:port",
+                )
+                .await
+            }
+        }
+    } else if let Some(rest) = target.strip_prefix("http://") {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        match split_host_port(authority, 80) {
+            Some((h, p)) => (h, p, Some(if path.is_empty() { "/" } else { path })),
+            None => {
+                return respond(
+                    &mut client,
+                    "400 Bad Request",
+                    "zcode-acp: no host in the request",
+                )
+                .await
+            }
+        }
+    } else {
+        return respond(
+            &mut client,
+            "400 Bad Request",
+            "zcode-acp: this is the sandbox's proxy; send it CONNECT or http:// requests",
+        )
+        .await;
+    };
+    let mut upstream = match judge.connect(&host, port).await {
+        Ok(s) => s,
+        Err(Refusal::Denied(why)) => {
+            let body =
+                format!("zcode-acp: the sandbox's network policy refuses this connection: {why}");
+            return respond(&mut client, "403 Forbidden", &body).await;
+        }
+        Err(Refusal::Failed(why)) => {
+            return respond(&mut client, "502 Bad Gateway", &format!("zcode-acp: {why}")).await
+        }
+    };
+    match path {
+        None => {
+            if client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        Some(path) => {
+            // One request per connection: the next one may be for another
+            // host, so the origin is told to close after this one.
+            // The Host the origin sees is the one judged (a shared front
+            // must not be asked for another name than the one allowed).
+            let authority = match (port, host.contains(':')) {
+                (80, false) => host.clone(),
+                (80, true) => format!("[{host}]"),
+                (_, true) => format!("[{host}]:{port}"),
+                (_, false) => format!("{host}:{port}"),
+            };
+            let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
+            for line in lines.filter(|l| !l.is_empty()) {
+                let name = line.split(':').next().unwrap_or_default().trim();
+                if [
+                    "host",
+                    "connection",
+                    "proxy-connection",
+                    "keep-alive",
+                    "proxy-authorization",
+                ]
+                .iter()
+                .any(|h| name.eq_ignore_ascii_case(h))
+                {
+                    continue;
+                }
+                out.push_str(line);
+                out.push_str("\r\n");
+            }
+            out.push_str("Connection: close\r\n\r\n");
+            if upstream.write_all(out.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+    if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+/// `host:port`, `[v6]:port` or a bare host (with the default port).
+fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
+    let authority = authority.rsplit('@').next()?;
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, rest) = v6.split_once(']')?;
+        let port = match rest.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None => default,
+        };
+        return Some((host.to_owned(), port));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (authority, default),
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_are_split() {
+        assert_eq!(
+            split_host_port("example.com:8443", 443),
+            Some(("example.com".into(), 8443))
+        );
+        assert_eq!(
+            split_host_port("example.com", 80),
+            Some(("example.com".into(), 80))
+        );
+        assert_eq!(split_host_port("[::1]:99", 80), Some(("::1".into(), 99)));
+        assert_eq!(split_host_port("user:pw@h:1", 80), Some(("h".into(), 1)));
+        assert_eq!(split_host_port(":80", 80), None);
+        assert_eq!(split_host_port("h:notaport", 80), None);
+    }
+}

@@ -1,0 +1,734 @@
+//! The network table: which destinations a sandboxed process may reach,
+//! one decision for both platforms (Linux enforces it in its proxy,
+//! Seatbelt the part its profile can express).
+//!
+//! Three zones, judged on the address a connection would really go to
+//! (after name resolution, so a name that resolves to the LAN is LAN):
+//! - **host loopback**: 127.0.0.0/8, ::1, the unspecified addresses, and
+//!   every address of this machine's own interfaces (a service bound to
+//!   0.0.0.0 answers on all of them): the user's Jupyter, code-server,
+//!   databases, Docker on TCP;
+//! - **LAN**: private, shared, link-local and unique-local ranges;
+//! - **public**: everything else.
+//!
+//! Defaults: host loopback and LAN denied, public egress allowed, and the
+//! resolvers of `/etc/resolv.conf` reachable on port 53 whatever their
+//! range.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The port of the sandbox's own proxy on its loopback (Linux): fixed, so
+/// every process of a generation (the agent, its terminals, `run_code`)
+/// is told the same address, and never a host port to open a way to.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The most host loopback ports a table may list.
+pub const MAX_PORTS: usize = 100;
+
+/// The table, as the user config and sandbox.json write it:
+/// `"network": {"hostLoopback": "deny" | "allow" | [ports], "lan": "deny"
+/// | "allow", "egress": "allow" | [host patterns]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetworkPolicy {
+    pub host_loopback: HostLoopback,
+    pub lan: Lan,
+    pub egress: Egress,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum HostLoopback {
+    #[default]
+    Deny,
+    /// These ports only (a local model server, an MCP server).
+    Ports(BTreeSet<u16>),
+    /// Everything on the host's loopback: the sandbox then shares the
+    /// host's network, and no other rule of the table can hold.
+    Allow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Lan {
+    #[default]
+    Deny,
+    Allow,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Egress {
+    #[default]
+    Allow,
+    /// Only hosts matching one of these (`example.com`, `*.example.com`).
+    Hosts(Vec<String>),
+}
+
+/// Where an address is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Zone {
+    HostLoopback,
+    Lan,
+    Public,
+}
+
+impl Zone {
+    pub fn name(self) -> &'static str {
+        match self {
+            Zone::HostLoopback => "the host's loopback or own address",
+            Zone::Lan => "the local network",
+            Zone::Public => "the internet",
+        }
+    }
+}
+
+/// A destination judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    Deny { zone: Zone, why: String },
+}
+
+impl NetworkPolicy {
+    /// Reads the user's table (what it names replaces the default);
+    /// `Err` says what is wrong in the user's terms.
+    pub fn parse(value: &Value) -> Result<NetworkPolicy, String> {
+        let table = NetworkTable::parse(value)?;
+        let default = NetworkPolicy::default();
+        Ok(NetworkPolicy {
+            host_loopback: table.host_loopback.unwrap_or(default.host_loopback),
+            lan: table.lan.unwrap_or(default.lan),
+            egress: table.egress.unwrap_or(default.egress),
+        })
+    }
+
+    /// Whether the sandbox keeps a network of its own: not when the whole
+    /// host loopback is allowed (it is then the host's network).
+    pub fn confines(&self) -> bool {
+        self.host_loopback != HostLoopback::Allow
+    }
+
+    /// The host loopback ports reachable from inside, mirrored onto the
+    /// sandbox's own loopback (Linux).
+    pub fn mirrored_ports(&self) -> Vec<u16> {
+        match &self.host_loopback {
+            HostLoopback::Ports(p) => p.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// This table widened by what a project's `table` names (each
+    /// root's approved table adds to the user's; what it does not name
+    /// changes nothing).
+    pub fn widened_by(mut self, table: &NetworkTable) -> NetworkPolicy {
+        if let Some(theirs) = &table.host_loopback {
+            self.host_loopback = union_loopback(self.host_loopback, theirs);
+        }
+        if table.lan == Some(Lan::Allow) {
+            self.lan = Lan::Allow;
+        }
+        if let Some(theirs) = &table.egress {
+            self.egress = union_egress(self.egress, theirs);
+        }
+        self
+    }
+
+    /// Judges a connection to `addr`, asked for as `host` (a name, or the
+    /// address itself), port `port`. `own`: this machine's interface
+    /// addresses; `resolvers`: the name servers it uses.
+    pub fn decide(
+        &self,
+        host: &str,
+        port: u16,
+        addr: IpAddr,
+        own: &[IpAddr],
+        resolvers: &[IpAddr],
+    ) -> Verdict {
+        let zone = zone(addr, own);
+        let allowed = match zone {
+            Zone::HostLoopback => match &self.host_loopback {
+                HostLoopback::Allow => true,
+                HostLoopback::Ports(ports) => is_loopback(addr) && ports.contains(&port),
+                HostLoopback::Deny => false,
+            },
+            Zone::Lan => {
+                self.lan == Lan::Allow || (port == 53 && resolvers.contains(&canonical(addr)))
+            }
+            Zone::Public => match &self.egress {
+                Egress::Allow => true,
+                Egress::Hosts(patterns) => patterns.iter().any(|p| host_matches(p, host)),
+            },
+        };
+        if allowed {
+            return Verdict::Allow;
+        }
+        let why = match zone {
+            Zone::HostLoopback if !is_loopback(addr) => format!(
+                "{host}:{port} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
+            ),
+            Zone::HostLoopback => format!(
+                "{host}:{port} is on this machine ({addr}); to let the agent reach it, add \"network\": {{\"hostLoopback\": [{port}]}} to the user config"
+            ),
+            Zone::Lan => format!(
+                "{host}:{port} ({addr}) is on the local network; to let the agent reach it, add \"network\": {{\"lan\": \"allow\"}} to the user config"
+            ),
+            Zone::Public => format!(
+                "{host} is not in the egress list; to let the agent reach it, add \"{host}\" to \"network\": {{\"egress\": [...]}} in the user config"
+            ),
+        };
+        Verdict::Deny { zone, why }
+    }
+
+    /// One line for `doctor` and the editor's notice.
+    pub fn describe(&self) -> String {
+        if !self.confines() {
+            return "not confined (hostLoopback: allow shares the host's network)".into();
+        }
+        let loopback = match &self.host_loopback {
+            HostLoopback::Deny => "host loopback denied".to_owned(),
+            HostLoopback::Ports(p) => format!(
+                "host loopback denied but port{} {}",
+                if p.len() == 1 { "" } else { "s" },
+                p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+            ),
+            HostLoopback::Allow => unreachable!("confines() said no"),
+        };
+        let lan = match self.lan {
+            Lan::Deny => "LAN denied",
+            Lan::Allow => "LAN allowed",
+        };
+        let egress = match &self.egress {
+            Egress::Allow => "public egress allowed".to_owned(),
+            Egress::Hosts(h) => format!("public egress to {} only", h.join(", ")),
+        };
+        format!("{loopback}, {lan}, {egress}")
+    }
+}
+
+fn union_loopback(mine: HostLoopback, theirs: &HostLoopback) -> HostLoopback {
+    match (mine, theirs) {
+        (HostLoopback::Allow, _) | (_, HostLoopback::Allow) => HostLoopback::Allow,
+        (HostLoopback::Ports(mut a), HostLoopback::Ports(b)) => {
+            a.extend(b);
+            HostLoopback::Ports(a)
+        }
+        (HostLoopback::Deny, o) => o.clone(),
+        (mine, HostLoopback::Deny) => mine,
+    }
+}
+
+fn union_egress(mine: Egress, theirs: &Egress) -> Egress {
+    match (mine, theirs) {
+        (Egress::Allow, _) | (_, Egress::Allow) => Egress::Allow,
+        (Egress::Hosts(mut a), Egress::Hosts(b)) => {
+            for h in b {
+                if !a.contains(h) {
+                    a.push(h.clone());
+                }
+            }
+            Egress::Hosts(a)
+        }
+    }
+}
+
+/// A table as a file writes it: only what it names (a project's, which
+/// widens the user's, and the approval ledger's copy of it).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetworkTable {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_loopback: Option<HostLoopback>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lan: Option<Lan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+}
+
+impl NetworkTable {
+    /// Reads `"network": {...}`; `Err` says what is wrong.
+    pub fn parse(value: &Value) -> Result<NetworkTable, String> {
+        let obj = value.as_object().ok_or(
+            "`network` must be an object: {\"hostLoopback\": ..., \"lan\": ..., \"egress\": ...}",
+        )?;
+        let mut table = NetworkTable::default();
+        for (key, v) in obj {
+            match key.as_str() {
+                "hostLoopback" => table.host_loopback = Some(parse_loopback(v)?),
+                "lan" => {
+                    table.lan = Some(match v.as_str() {
+                        Some("deny") => Lan::Deny,
+                        Some("allow") => Lan::Allow,
+                        _ => return Err("`network.lan` must be \"deny\" or \"allow\"".into()),
+                    })
+                }
+                "egress" => table.egress = Some(parse_egress(v)?),
+                other => {
+                    return Err(format!(
+                        "`network.{other}` is not a setting (known: hostLoopback, lan, egress)"
+                    ))
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    /// The table as the config files write it.
+    pub fn to_json(&self) -> Value {
+        let mut obj = serde_json::Map::new();
+        if let Some(l) = &self.host_loopback {
+            let v = match l {
+                HostLoopback::Deny => Value::from("deny"),
+                HostLoopback::Allow => Value::from("allow"),
+                HostLoopback::Ports(p) => Value::from(p.iter().copied().collect::<Vec<u16>>()),
+            };
+            obj.insert("hostLoopback".into(), v);
+        }
+        if let Some(l) = self.lan {
+            let v = match l {
+                Lan::Deny => "deny",
+                Lan::Allow => "allow",
+            };
+            obj.insert("lan".into(), Value::from(v));
+        }
+        if let Some(e) = &self.egress {
+            let v = match e {
+                Egress::Allow => Value::from("allow"),
+                Egress::Hosts(h) => Value::from(h.clone()),
+            };
+            obj.insert("egress".into(), v);
+        }
+        Value::Object(obj)
+    }
+
+    /// This table with `other`'s entries added.
+    pub fn widened(self, other: &NetworkTable) -> NetworkTable {
+        let add = |mine: Option<HostLoopback>, theirs: &Option<HostLoopback>| match (mine, theirs) {
+            (Some(m), Some(t)) => Some(union_loopback(m, t)),
+            (m, t) => m.or_else(|| t.clone()),
+        };
+        NetworkTable {
+            host_loopback: add(self.host_loopback, &other.host_loopback),
+            lan: match (self.lan, other.lan) {
+                (Some(Lan::Allow), _) | (_, Some(Lan::Allow)) => Some(Lan::Allow),
+                (m, t) => m.or(t),
+            },
+            egress: match (self.egress, &other.egress) {
+                (Some(m), Some(t)) => Some(union_egress(m, t)),
+                (m, t) => m.or_else(|| t.clone()),
+            },
+        }
+    }
+
+    /// Whether it names anything that may open a way out (and so needs
+    /// the user's approval in a project's file): a host loopback port, the
+    /// LAN, or any egress entry, which adds to a user's egress list. Only
+    /// a table of `deny`s opens nothing.
+    pub fn opens_anything(&self) -> bool {
+        matches!(
+            self.host_loopback,
+            Some(HostLoopback::Ports(_) | HostLoopback::Allow)
+        ) || self.lan == Some(Lan::Allow)
+            || self.egress.is_some()
+    }
+
+    /// Whether it allows nothing `other` does not (a narrowing of an
+    /// approved table needs no new approval).
+    pub fn within(&self, other: &NetworkTable) -> bool {
+        let policy = |t: &NetworkTable| {
+            NetworkPolicy {
+                egress: Egress::Hosts(Vec::new()),
+                ..NetworkPolicy::default()
+            }
+            .widened_by(t)
+        };
+        policy(other).widened_by(self) == policy(other)
+    }
+
+    /// The narrowest entry that lets a connection through (what "always
+    /// allow" records): `None` where a table has none that narrow (one
+    /// host of the LAN; an address of this machine other than loopback).
+    pub fn opening(host: &str, port: u16, addr: IpAddr, zone: Zone) -> Option<NetworkTable> {
+        let mut table = NetworkTable::default();
+        match zone {
+            Zone::HostLoopback if is_loopback(addr) && port != PROXY_PORT => {
+                table.host_loopback = Some(HostLoopback::Ports([port].into()));
+            }
+            Zone::Public => {
+                let host = host.trim_end_matches('.').to_ascii_lowercase();
+                parse_egress(&Value::from(vec![host.clone()])).ok()?;
+                table.egress = Some(Egress::Hosts(vec![host]));
+            }
+            _ => return None,
+        }
+        Some(table)
+    }
+
+    /// The host loopback ports it names.
+    pub fn ports(&self) -> Vec<u16> {
+        match &self.host_loopback {
+            Some(HostLoopback::Ports(p)) => p.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        self.to_json().to_string()
+    }
+}
+
+fn parse_loopback(v: &Value) -> Result<HostLoopback, String> {
+    const EXPECTED: &str =
+        "`network.hostLoopback` must be \"deny\", \"allow\" or a list of ports ([11434])";
+    match v {
+        Value::String(s) if s == "deny" => Ok(HostLoopback::Deny),
+        Value::String(s) if s == "allow" => Ok(HostLoopback::Allow),
+        Value::Array(items) => {
+            let mut ports = BTreeSet::new();
+            for item in items {
+                let port = item
+                    .as_u64()
+                    .filter(|p| (1..=65535).contains(p))
+                    .ok_or(EXPECTED)? as u16;
+                if port == PROXY_PORT {
+                    return Err(format!(
+                        "`network.hostLoopback`: port {PROXY_PORT} is the sandbox's own proxy inside the sandbox and cannot be mirrored; run the host's service on another port"
+                    ));
+                }
+                ports.insert(port);
+            }
+            // Each is a listener handed to the proxy in one message, which
+            // carries 253 descriptors at most.
+            if ports.len() > MAX_PORTS {
+                return Err(format!(
+                    "`network.hostLoopback` lists {} ports; at most {MAX_PORTS} can be mirrored",
+                    ports.len()
+                ));
+            }
+            Ok(if ports.is_empty() {
+                HostLoopback::Deny
+            } else {
+                HostLoopback::Ports(ports)
+            })
+        }
+        _ => Err(EXPECTED.into()),
+    }
+}
+
+fn parse_egress(v: &Value) -> Result<Egress, String> {
+    const EXPECTED: &str =
+        "`network.egress` must be \"allow\" or a list of host names ([\"api.anthropic.com\", \"*.github.com\"])";
+    match v {
+        Value::String(s) if s == "allow" => Ok(Egress::Allow),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                let h = i.as_str().ok_or(EXPECTED)?.trim().to_ascii_lowercase();
+                let bare = h.strip_prefix("*.").unwrap_or(&h);
+                if bare.is_empty() || bare.contains(['*', '/', ':', ' ']) {
+                    return Err(format!(
+                        "`network.egress`: `{h}` is not a host name or `*.domain` pattern"
+                    ));
+                }
+                Ok(h)
+            })
+            .collect::<Result<_, _>>()
+            .map(Egress::Hosts),
+        _ => Err(EXPECTED.into()),
+    }
+}
+
+/// `example.com` matches itself; `*.example.com` matches its subdomains
+/// and itself. Names compare without case and a trailing dot.
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    match pattern.strip_prefix("*.") {
+        Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
+        None => host == pattern,
+    }
+}
+
+/// IPv6 addresses that carry an IPv4 address are judged as that address:
+/// mapped (`::ffff:a.b.c.d`), compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4 (`2002::/16`), where a
+/// translator may carry the connection to the LAN.
+fn canonical(addr: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = addr else {
+        return addr;
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    let compatible = s[..6] == [0; 6] && !v6.is_loopback() && !v6.is_unspecified();
+    let nat64 = s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1);
+    if compatible || nat64 {
+        return IpAddr::V4(v4(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return IpAddr::V4(v4(s[1], s[2]));
+    }
+    addr
+}
+
+fn is_loopback(addr: IpAddr) -> bool {
+    canonical(addr).is_loopback()
+}
+
+/// The zone of `addr`, given this machine's own addresses.
+pub fn zone(addr: IpAddr, own: &[IpAddr]) -> Zone {
+    let addr = canonical(addr);
+    if addr.is_loopback() || addr.is_unspecified() || own.iter().any(|o| canonical(*o) == addr) {
+        return Zone::HostLoopback;
+    }
+    let lan = match addr {
+        IpAddr::V4(v4) => lan_v4(v4),
+        IpAddr::V6(v6) => lan_v6(v6),
+    };
+    if lan {
+        Zone::Lan
+    } else {
+        Zone::Public
+    }
+}
+
+fn lan_v4(a: Ipv4Addr) -> bool {
+    let [b0, b1, ..] = a.octets();
+    a.is_private()
+        || a.is_link_local()
+        || a.is_broadcast()
+        || a.is_multicast()
+        // 0.0.0.0/8 reaches this host on Linux; 100.64.0.0/10 is shared
+        // (carrier-grade NAT, and tailnets).
+        || b0 == 0
+        || (b0 == 100 && (64..128).contains(&b1))
+}
+
+fn lan_v6(a: Ipv6Addr) -> bool {
+    let s0 = a.segments()[0];
+    (s0 & 0xfe00) == 0xfc00 // unique local
+        || (s0 & 0xffc0) == 0xfe80 // link-local
+        || a.is_multicast()
+}
+
+/// The name servers of `/etc/resolv.conf`.
+pub fn resolvers_of(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|a| a.split('%').next()?.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn zones_follow_the_address() {
+        let own = [ip("192.0.2.2"), ip("2001:db8::2")];
+        for a in [
+            "127.0.0.1",
+            "127.8.9.1",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "192.0.2.2",
+            "::ffff:127.0.0.1",
+            "2001:db8::2",
+            "::127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+        ] {
+            assert_eq!(zone(ip(a), &own), Zone::HostLoopback, "{a}");
+        }
+        for a in [
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.100.1.1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+            "0.1.2.3",
+            "224.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::10.0.0.1",
+            "64:ff9b:1::a00:1",
+            "2002:a00:1::",
+        ] {
+            assert_eq!(zone(ip(a), &own), Zone::Lan, "{a}");
+        }
+        for a in [
+            "1.1.1.1",
+            "198.51.100.2",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "192.0.2.9",
+        ] {
+            assert_eq!(zone(ip(a), &own), Zone::Public, "{a}");
+        }
+    }
+
+    #[test]
+    fn the_default_closes_the_host_and_the_lan_and_keeps_the_internet() {
+        let p = NetworkPolicy::default();
+        let resolvers = [ip("10.0.0.53")];
+        let d = |host: &str, port, a| p.decide(host, port, ip(a), &[], &resolvers);
+        assert!(matches!(
+            d("localhost", 8888, "127.0.0.1"),
+            Verdict::Deny {
+                zone: Zone::HostLoopback,
+                ..
+            }
+        ));
+        assert!(matches!(
+            d("nas", 445, "192.168.1.5"),
+            Verdict::Deny {
+                zone: Zone::Lan,
+                ..
+            }
+        ));
+        assert_eq!(d("example.com", 443, "93.184.216.34"), Verdict::Allow);
+        // The resolver, on port 53 only.
+        assert_eq!(d("10.0.0.53", 53, "10.0.0.53"), Verdict::Allow);
+        assert!(matches!(
+            d("10.0.0.53", 80, "10.0.0.53"),
+            Verdict::Deny { .. }
+        ));
+        assert!(p.confines());
+    }
+
+    #[test]
+    fn the_table_is_read_as_written_and_wrong_values_say_what_is_expected() {
+        let p = NetworkPolicy::parse(&json!({"hostLoopback": [11434, 8080], "lan": "allow", "egress": ["*.GitHub.com", "api.anthropic.com"]})).unwrap();
+        assert_eq!(p.mirrored_ports(), vec![8080, 11434]);
+        assert_eq!(
+            p.decide("localhost", 11434, ip("127.0.0.1"), &[], &[]),
+            Verdict::Allow
+        );
+        // A listed port on the host's other addresses stays closed: only
+        // loopback is mirrored.
+        assert!(matches!(
+            p.decide("h", 11434, ip("192.0.2.2"), &[ip("192.0.2.2")], &[]),
+            Verdict::Deny { .. }
+        ));
+        assert!(matches!(
+            p.decide("localhost", 8888, ip("127.0.0.1"), &[], &[]),
+            Verdict::Deny { .. }
+        ));
+        assert_eq!(
+            p.decide("nas", 445, ip("192.168.1.5"), &[], &[]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            p.decide("api.github.com", 443, ip("140.82.1.1"), &[], &[]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            p.decide("github.com.", 443, ip("140.82.1.1"), &[], &[]),
+            Verdict::Allow
+        );
+        assert!(matches!(
+            p.decide("evil.com", 443, ip("6.6.6.6"), &[], &[]),
+            Verdict::Deny {
+                zone: Zone::Public,
+                ..
+            }
+        ));
+        for (bad, says) in [
+            (json!([]), "must be an object"),
+            (json!({"hostLoopback": "yes"}), "list of ports"),
+            (json!({"hostLoopback": [0]}), "list of ports"),
+            (json!({"hostLoopback": [PROXY_PORT]}), "own proxy"),
+            (json!({"lan": true}), "\"deny\" or \"allow\""),
+            (json!({"egress": ["a b"]}), "not a host name"),
+            (json!({"egres": "allow"}), "known: hostLoopback"),
+        ] {
+            let e = NetworkPolicy::parse(&bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert!(!NetworkPolicy::parse(&json!({"hostLoopback": "allow"}))
+            .unwrap()
+            .confines());
+    }
+
+    #[test]
+    fn a_project_widens_only_what_it_names() {
+        let user =
+            NetworkPolicy::parse(&json!({"hostLoopback": [1], "egress": ["a.com"]})).unwrap();
+        let project = NetworkTable::parse(&json!({"hostLoopback": [2]})).unwrap();
+        let both = user.clone().widened_by(&project);
+        assert_eq!(both.mirrored_ports(), vec![1, 2]);
+        // What the project does not name stays the user's.
+        assert_eq!(both.egress, Egress::Hosts(vec!["a.com".into()]));
+        let hosts = NetworkTable::parse(&json!({"egress": ["b.com"]})).unwrap();
+        assert_eq!(
+            user.widened_by(&hosts).egress,
+            Egress::Hosts(vec!["a.com".into(), "b.com".into()])
+        );
+        // Every entry that may add a way out is to be approved.
+        assert!(project.opens_anything() && hosts.opens_anything());
+        assert!(NetworkTable::parse(&json!({"lan": "allow"}))
+            .unwrap()
+            .opens_anything());
+        assert!(
+            !NetworkTable::parse(&json!({"lan": "deny", "hostLoopback": "deny"}))
+                .unwrap()
+                .opens_anything()
+        );
+        let wide =
+            NetworkTable::parse(&json!({"hostLoopback": [1, 2], "egress": ["a.com", "b.com"]}))
+                .unwrap();
+        assert!(project.within(&wide) && hosts.within(&wide));
+        assert!(!wide.within(&project));
+        assert!(!NetworkTable::parse(&json!({"egress": "allow"}))
+            .unwrap()
+            .within(&wide));
+        let t = project.clone().widened(&hosts);
+        assert_eq!(
+            (t.ports(), t.egress.clone()),
+            (vec![2], Some(Egress::Hosts(vec!["b.com".into()])))
+        );
+        assert_eq!(t.lan, None);
+    }
+
+    #[test]
+    fn the_table_is_written_as_it_is_read_and_openings_are_narrow() {
+        for v in [
+            json!({"hostLoopback": [1, 2], "lan": "allow", "egress": ["a.com"]}),
+            json!({"hostLoopback": "allow", "lan": "deny", "egress": "allow"}),
+            json!({"egress": ["a.com"]}),
+        ] {
+            let t = NetworkTable::parse(&v).unwrap();
+            assert_eq!(t.to_json(), v);
+        }
+        let port =
+            NetworkTable::opening("localhost", 8888, ip("127.0.0.1"), Zone::HostLoopback).unwrap();
+        assert_eq!(port.to_json(), json!({"hostLoopback": [8888]}));
+        let host =
+            NetworkTable::opening("API.Example.com.", 443, ip("1.2.3.4"), Zone::Public).unwrap();
+        assert_eq!(host.to_json(), json!({"egress": ["api.example.com"]}));
+        assert_eq!(
+            NetworkTable::opening("nas", 445, ip("10.0.0.2"), Zone::Lan),
+            None
+        );
+        assert_eq!(
+            NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
+            None
+        );
+    }
+
+    #[test]
+    fn resolvers_are_read_from_resolv_conf() {
+        let text = "# comment\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\nsearch lan\n";
+        assert_eq!(resolvers_of(text), vec![ip("10.0.0.53"), ip("fe80::1")]);
+    }
+}

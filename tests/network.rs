@@ -1,0 +1,495 @@
+//! The sandbox's network against the real kernel, in a world of network
+//! namespaces the test makes (nothing here touches this machine's own
+//! network, and no packet leaves it):
+//!
+//! - "the host": a network namespace standing in for the user's machine,
+//!   where `zcode-acp run` starts; on its 127.0.0.1 a service of the
+//!   test's own that records every request it gets (a dev server, a
+//!   notebook), and one on all its addresses;
+//! - "the internet" and "the LAN": a second namespace joined to the first
+//!   by a veth pair, with a server answering on a public-looking address
+//!   (198.51.100.2 and .3, a documentation range) and a private one
+//!   (10.77.0.2).
+//!
+//! Each namespace is made by `unshare --net` in a shell that first checks
+//! `/proc/self/ns/net` is not this process's; processes enter "the host"
+//! with `setns` and check the same before running. Root only (making the
+//! world needs it); the sandboxed runs are root's and a test user's.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
+
+const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
+/// The host's services: one on its loopback (recording), one on every
+/// address.
+const LOOPBACK_PORT: u16 = 18081;
+const ALL_ADDRESSES_PORT: u16 = 18082;
+
+fn net_ns_of(pid: &str) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .unwrap()
+        .ino()
+}
+
+/// A process of the test's own in a network namespace it made; ended by
+/// pid when dropped.
+struct Netns {
+    holder: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Netns {
+    /// `unshare --net`, the check, `setup`, then `exec last` (which must
+    /// print "ready" once it serves).
+    fn spawn(setup: &str, last: &str) -> Netns {
+        let check = r#"[ "$(stat -Lc %i /proc/self/ns/net)" != "$ZC_OUTER_NET" ] || { echo "the network namespace did not change: refusing to configure it" >&2; exit 99; }"#;
+        let mut holder = Command::new("unshare")
+            .args(["--net", "--", "sh", "-euc"])
+            .arg(format!("{check}\n{setup}\nexec {last}"))
+            .env("ZC_OUTER_NET", net_ns_of("self").to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let out = BufReader::new(holder.stdout.take().unwrap());
+        Netns { holder, out }
+    }
+
+    fn pid(&self) -> u32 {
+        self.holder.id()
+    }
+
+    fn wait_ready(&mut self) {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with("ready"),
+            "a namespace of the test's world did not start"
+        );
+    }
+
+    /// `cmd` runs in this namespace (as `ids`, if given, after entering it).
+    fn enter(&self, cmd: &mut Command, ids: Option<(u32, u32)>) -> std::fs::File {
+        let ns = std::fs::File::open(format!("/proc/{}/ns/net", self.pid())).unwrap();
+        let (fd, want) = (ns.as_raw_fd(), ns.metadata().unwrap().ino());
+        // SAFETY: runs in the forked child before exec; system calls only.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::stat(c"/proc/self/ns/net".as_ptr(), &mut st) != 0 || st.st_ino != want {
+                    return Err(std::io::Error::other("not in the test's network namespace"));
+                }
+                if let Some((uid, gid)) = ids {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        // Kept open by the caller until the command is spawned.
+        ns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// The test's world: the host, the internet and LAN beyond it, and the
+/// host's services.
+struct World {
+    host: Netns,
+    _internet: Netns,
+    _services: Vec<Netns>,
+    /// What the host's loopback service was asked, one path per line.
+    record: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn world() -> World {
+    let mut internet = Netns::spawn(
+        "ip link set lo up
+         while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
+         ip addr add 198.51.100.2/24 dev vb
+         ip addr add 198.51.100.3/24 dev vb
+         ip addr add 10.77.0.2/24 dev vb
+         ip link set vb up",
+        &format!("python3 {SERVICE} 0.0.0.0 8080"),
+    );
+    let mut host = Netns::spawn(
+        &format!(
+            "ip link set lo up
+             ip link add va type veth peer name vb netns {}
+             ip addr add 198.51.100.1/24 dev va
+             ip addr add 10.77.0.1/24 dev va
+             ip link set va up
+             echo ready",
+            internet.pid()
+        ),
+        "sleep 100000",
+    );
+    host.wait_ready();
+    internet.wait_ready();
+    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
+    let record = dir.path().join("record");
+    let mut services = Vec::new();
+    for (addr, port, record) in [
+        ("127.0.0.1", LOOPBACK_PORT, Some(&record)),
+        ("0.0.0.0", ALL_ADDRESSES_PORT, None),
+    ] {
+        let mut cmd = Command::new("python3");
+        cmd.args([SERVICE, addr, &port.to_string()])
+            .args(record)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        let _ns = host.enter(&mut cmd, None);
+        let mut child = cmd.spawn().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut service = Netns { holder: child, out };
+        service.wait_ready();
+        services.push(service);
+    }
+    World {
+        host,
+        _internet: internet,
+        _services: services,
+        record,
+        _dir: dir,
+    }
+}
+
+/// What the sandboxed script tries, one `name: result` line each: the
+/// first line of the answer, or `failed`.
+const PROBES: &str = r#"
+probe() { name=$1; shift; out=$(curl -sS -m 10 "$@" 2>/dev/null | head -1); echo "$name: ${out:-failed}"; }
+probe host-direct http://127.0.0.1:18081/direct
+probe host-localhost http://localhost:18081/localhost
+probe host-via-proxy --noproxy '' http://127.0.0.1:18081/via-proxy
+probe host-via-socks --noproxy '' --socks5-hostname 127.0.0.1:3128 http://127.0.0.1:18081/via-socks
+probe host-own-address http://10.77.0.1:18082/
+probe lan http://10.77.0.2:8080/
+probe internet http://198.51.100.2:8080/
+probe internet-tunnel -p http://198.51.100.2:8080/
+probe internet-socks --socks5-hostname 127.0.0.1:3128 http://198.51.100.2:8080/
+probe internet-other http://198.51.100.3:8080/
+probe internet-direct --noproxy '*' http://198.51.100.2:8080/
+python3 "$HOME/net_service.py" 127.0.0.1 18500 >/dev/null 2>&1 &
+server=$!
+for _ in $(seq 100); do curl -s -m 1 http://127.0.0.1:18500/ >/dev/null && break; sleep 0.05; done
+probe own-server http://127.0.0.1:18500/
+kill $server
+"#;
+
+/// Runs the probes in `zcode-acp run`, started in the test's host (as
+/// `user`, if any) with `config` as the user config.
+fn probe(
+    world: &World,
+    user: Option<&TestUser>,
+    config: Option<&str>,
+) -> std::collections::BTreeMap<String, String> {
+    probe_with(world, user, config, &[]).0
+}
+
+/// As [`probe`], with `env` for zcode-acp; also returns what it logged.
+fn probe_with(
+    world: &World,
+    user: Option<&TestUser>,
+    config: Option<&str>,
+    env: &[(&str, &str)],
+) -> (std::collections::BTreeMap<String, String>, String) {
+    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
+    let (home, ws, bin) = match user {
+        Some(u) => (
+            u.base.join("home"),
+            u.base.join("ws"),
+            u.base.join("bin/zcode-acp"),
+        ),
+        None => (
+            scratch.path().join("home"),
+            scratch.path().join("ws"),
+            PathBuf::from(BIN),
+        ),
+    };
+    let _ = std::fs::remove_dir_all(home.join(".config"));
+    std::fs::create_dir_all(home.join(".config/zcode-acp")).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::copy(SERVICE, home.join("net_service.py")).unwrap();
+    if let Some(config) = config {
+        std::fs::write(home.join(".config/zcode-acp/config.json"), config).unwrap();
+    }
+    if let Some(u) = user {
+        u.own(&home);
+        u.own(&ws);
+    }
+    let mut cmd = Command::new(bin);
+    cmd.args(["run", "--", "sh", "-c", PROBES])
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("ZCODE_ACP_LOG", "warn")
+        .envs(env.iter().copied())
+        .current_dir(&ws)
+        .stdin(Stdio::null());
+    let _ns = world.host.enter(&mut cmd, user.map(|u| (u.uid, u.gid)));
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}{log}");
+    assert!(out.status.success(), "zcode-acp run failed: {out:?}");
+    let results = text
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    (results, log)
+}
+
+fn recorded(world: &World) -> String {
+    std::fs::read_to_string(&world.record).unwrap_or_default()
+}
+
+fn can_make_the_world() -> bool {
+    if !require_kernel_features() {
+        return false;
+    }
+    let missing: Vec<&str> = ["ip", "curl", "unshare"]
+        .into_iter()
+        .filter(|tool| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    missing.is_empty()
+        || skip(&format!(
+            "the test's network world needs {}",
+            missing.join(", ")
+        ))
+}
+
+const REFUSED: &str = "zcode-acp: the sandbox's network policy refuses this connection";
+
+fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World) {
+    // The host's services: not reachable, directly or through the proxy.
+    for name in ["host-direct", "host-localhost", "host-via-socks"] {
+        assert_eq!(r[name], "failed", "{name}");
+    }
+    for name in ["host-via-proxy", "host-own-address", "lan"] {
+        assert!(r[name].starts_with(REFUSED), "{name}: {}", r[name]);
+    }
+    assert!(
+        r["host-via-proxy"].contains("\"hostLoopback\": [18081]"),
+        "says how to allow it"
+    );
+    assert_eq!(recorded(world), "", "the host's service was reached");
+    // The internet, through the proxy by each of its doors, and only so.
+    for name in [
+        "internet",
+        "internet-tunnel",
+        "internet-socks",
+        "internet-other",
+    ] {
+        assert!(
+            r[name].starts_with("hello from 198.51.100."),
+            "{name}: {}",
+            r[name]
+        );
+    }
+    assert_eq!(r["internet-direct"], "failed", "a way out around the proxy");
+    // Servers the sandboxed process starts work on its own loopback.
+    assert_eq!(r["own-server"], "hello from 127.0.0.1");
+}
+
+fn defaults_and_allows(user: Option<&TestUser>) {
+    let world = world();
+    let r = probe(&world, user, None);
+    assert_defaults(&r, &world);
+
+    // One config line away: the host's port (directly, as a mirror, and
+    // through the proxy), the LAN, and only the listed public host.
+    let r = probe(
+        &world,
+        user,
+        Some(
+            r#"{"network": {"hostLoopback": [18081], "lan": "allow", "egress": ["198.51.100.2"]}}"#,
+        ),
+    );
+    for name in [
+        "host-direct",
+        "host-localhost",
+        "host-via-proxy",
+        "host-via-socks",
+    ] {
+        assert_eq!(r[name], "hello from 127.0.0.1", "{name}");
+    }
+    assert_eq!(
+        recorded(&world),
+        "/direct\n/localhost\n/via-proxy\n/via-socks\n"
+    );
+    assert!(
+        r["host-own-address"].starts_with(REFUSED),
+        "only the loopback port is opened"
+    );
+    assert_eq!(r["lan"], "hello from 10.77.0.2");
+    assert_eq!(r["internet"], "hello from 198.51.100.2");
+    assert!(
+        r["internet-other"].starts_with(REFUSED),
+        "{}",
+        r["internet-other"]
+    );
+    assert!(r["internet-other"].contains("egress"));
+    assert_eq!(r["own-server"], "hello from 127.0.0.1");
+
+    // The whole host loopback allowed: the host's network, as it is.
+    let r = probe(
+        &world,
+        user,
+        Some(r#"{"network": {"hostLoopback": "allow"}}"#),
+    );
+    assert_eq!(r["host-direct"], "hello from 127.0.0.1");
+
+    // A machine that refuses network namespaces keeps the rest of the
+    // sandbox, and says the network is not confined.
+    let (r, log) = probe_with(
+        &world,
+        user,
+        None,
+        &[("ZCODE_ACP_TEST_NO_NETWORK_NAMESPACE", "1")],
+    );
+    assert_eq!(r["host-direct"], "hello from 127.0.0.1");
+    assert!(log.contains("the network is NOT confined"), "{log}");
+}
+
+#[test]
+fn the_hosts_services_are_closed_by_default_and_one_config_line_opens_them() {
+    if !can_make_the_world() {
+        return;
+    }
+    defaults_and_allows(None);
+}
+
+#[test]
+fn the_hosts_services_are_closed_by_default_as_an_unprivileged_user() {
+    if !can_make_the_world() {
+        return;
+    }
+    let user = TestUser::create();
+    defaults_and_allows(Some(&user));
+}
+
+/// The bridge's side of the questions about refused connections takes
+/// them from the proxy only (this user, this network, this binary, no
+/// seccomp filter): its abstract socket does not exist in another network
+/// namespace (a sandbox's), and other processes are not heard.
+#[test]
+fn a_question_from_anyone_but_the_proxy_is_not_taken() {
+    if !can_make_the_world() {
+        return;
+    }
+    use zcode_acp::network::asks::{self, Ask, Reply};
+    let question = Ask {
+        host: "example.com".into(),
+        port: 443,
+        addr: "93.184.216.34".parse().unwrap(),
+        zone: zcode_acp::policy::network::Zone::Public,
+        why: "not in the egress list".into(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let name = asks::new_name();
+        let listener = asks::listen(&name).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(asks::serve(listener, tx));
+
+        // From this process (its user, its network): taken, and answered.
+        let asking = {
+            let (name, question) = (name.clone(), question.clone());
+            tokio::spawn(async move { asks::ask(&name, &question).await })
+        };
+        let (taken, answer) = rx.recv().await.unwrap();
+        assert_eq!(taken, question);
+        let yes = Reply {
+            allow: true,
+            remember: false,
+        };
+        answer.send(yes).unwrap();
+        assert_eq!(asking.await.unwrap(), yes);
+
+        let line = serde_json::to_string(&question).unwrap();
+        let forge = r#"
+import os, socket, sys
+if sys.argv[3] == "nobody":
+    os.setgid(65534)
+    os.setuid(65534)
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+try:
+    s.connect("\0" + sys.argv[1])
+    s.sendall(sys.argv[2].encode() + b"\n")
+    print("answered", s.recv(100))
+except OSError as e:
+    print("no answer:", e)
+"#;
+        // From another network namespace; from another user (nobody) in
+        // this one; and from this user and network, but another program
+        // than zcode-acp (as a sandbox sharing the host's network would).
+        for (prefix, who) in [
+            (&["unshare", "--net", "--"][..], "elsewhere"),
+            (&[][..], "nobody"),
+            (&[][..], "another program"),
+        ] {
+            let mut cmd =
+                tokio::process::Command::new(prefix.first().copied().unwrap_or("python3"));
+            cmd.args(prefix.iter().skip(1));
+            if !prefix.is_empty() {
+                cmd.arg("python3");
+            }
+            let out = cmd
+                .args(["-c", forge, &name, &line, who])
+                .output()
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let expected = if who == "elsewhere" {
+                // No such name in that network namespace.
+                text.contains("Connection refused")
+            } else {
+                // Closed on it, unanswered (whether before or after it
+                // wrote its question).
+                ["answered b''", "reset by peer", "Broken pipe"]
+                    .iter()
+                    .any(|t| text.contains(t))
+            };
+            assert!(
+                expected,
+                "{who}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(rx.try_recv().is_err(), "{who}: a forged question was taken");
+        }
+    });
+}
