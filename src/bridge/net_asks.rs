@@ -265,7 +265,7 @@ impl Bridge {
         let bid = self.alloc_id();
         self.announcements += 1;
         // The address as well as the name: the name is the agent's to choose.
-        let title = if ask.host == ask.addr.to_string() {
+        let title = if ask.host == ask.addr.to_string() || ask.addr.is_unspecified() {
             format!("Allow the agent to connect to {}:{}?", ask.host, ask.port)
         } else {
             format!(
@@ -274,9 +274,13 @@ impl Bridge {
             )
         };
         let text = format!(
-            "The sandbox refused a connection to {} ({}): {}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json.",
+            "The sandbox refused a connection to {}{}: {}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json.",
             ask.zone.name(),
-            ask.addr,
+            if ask.addr.is_unspecified() {
+                " (not resolved: the name is outside the egress list)".to_owned()
+            } else {
+                format!(" ({})", ask.addr)
+            },
             ask.why
         );
         let params = prompts::connection_request(

@@ -279,7 +279,10 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
             ledger.network = None;
             None
         }
-        Some(table) if !table.opens_anything() => Some(table.clone()),
+        Some(table) if !table.opens_anything() => {
+            ledger.network = None;
+            Some(table.clone())
+        }
         Some(table) if approved.network.as_ref() == Some(table) => Some(table.clone()),
         Some(table) if approved.network.as_ref().is_some_and(|a| table.within(a)) => {
             ledger.network = Some(table.clone());
@@ -483,13 +486,18 @@ pub fn widen_network(
     let mut approved = ledger.load(root);
     // Recording approves the whole table: never what the user has not
     // approved beside the one entry they allowed now.
-    if current
-        .as_ref()
-        .is_some_and(|t| t.opens_anything() && approved.network.as_ref() != Some(t))
-    {
+    if current.as_ref().is_some_and(|t| {
+        t.opens_anything() && !approved.network.as_ref().is_some_and(|a| t.within(a))
+    }) {
         return Err(WriteError::UnapprovedNetwork);
     }
     let table = current.unwrap_or_default().widened(grant);
+    if table.ports().len() > crate::policy::network::MAX_PORTS {
+        return Err(WriteError::Malformed(format!(
+            "`network.hostLoopback` would list more than {} ports",
+            crate::policy::network::MAX_PORTS
+        )));
+    }
     value
         .as_object_mut()
         .ok_or_else(|| WriteError::Malformed("not a JSON object".into()))?

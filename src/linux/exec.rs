@@ -605,12 +605,17 @@ fn arm_mounts(
     // Root's full-range map must be written by a process that keeps its
     // privilege in the parent namespace: a helper of ours, forked now.
     let mapper = if is_root { Some(Mapper::fork()?) } else { None };
-    let namespaces = if own_network {
-        NAMESPACES | CloneFlags::CLONE_NEWNET
+    if own_network {
+        // Probed when the sandbox was announced: failing now (too many
+        // network namespaces) refuses, never arms less than announced.
+        unshare(NAMESPACES | CloneFlags::CLONE_NEWNET).map_err(|e| {
+            LaunchError::Refused(format!(
+                "cannot create the sandbox's namespaces, its network namespace included ({e}); `zcode-acp doctor` says what this machine allows"
+            ))
+        })?;
     } else {
-        NAMESPACES
-    };
-    sys(Syscall::Unshare, unshare(namespaces))?;
+        sys(Syscall::Unshare, unshare(NAMESPACES))?;
+    }
     match mapper {
         Some(m) => m.map_parent()?,
         None => {

@@ -66,6 +66,23 @@ pub fn proxy_env() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether this process is in a sandbox's network of its own (only a
+/// loopback): its proxy is then at the fixed port, whatever an agent left
+/// of the environment it gave the process (codex filters what its MCP
+/// servers get).
+pub fn in_a_sandbox_network() -> bool {
+    let Ok(dev) = std::fs::read_to_string("/proc/net/dev") else {
+        return false;
+    };
+    let interfaces: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    interfaces == ["lo"]
+}
+
 /// What the helper hands the proxy with the listeners.
 #[derive(Debug, Serialize, Deserialize)]
 struct Handover {
@@ -121,12 +138,20 @@ pub fn start() -> Result<Started, LaunchError> {
     // SAFETY: runs in the forked child before exec: dup2 and prctl only.
     unsafe {
         cmd.pre_exec(move || {
-            // dup2 leaves the copy open across exec; nothing else the
-            // helper was handed goes with it.
-            if libc::dup2(fd, 3) < 0 {
+            // dup2 leaves the copy open across exec (already fd 3, its
+            // close-on-exec flag is cleared instead); nothing else the
+            // helper was handed goes with it (marked close-on-exec, not
+            // closed: std reports a failed exec through one of them).
+            let moved = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if moved < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+            let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, cloexec) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -258,7 +283,8 @@ pub fn proxy_main() -> Result<(), String> {
     // SAFETY: fd 3 was handed to this process for this purpose (see
     // `start`); it is owned here.
     let channel = unsafe { OwnedFd::from_raw_fd(3) };
-    let mut buf = vec![0u8; 64 * 1024];
+    // The table (a thousand hosts at most) fits with room to spare.
+    let mut buf = vec![0u8; 1 << 20];
     let mut space = nix::cmsg_space!([RawFd; 512]);
     let (bytes, fds) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
@@ -272,6 +298,12 @@ pub fn proxy_main() -> Result<(), String> {
         if msg.bytes == 0 {
             // The launch ended (or armed less) before handing any over.
             std::process::exit(0);
+        }
+        if msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC)
+        {
+            return Err("the handover was cut short".into());
         }
         let mut fds = Vec::new();
         for c in msg.cmsgs().map_err(|e| e.to_string())? {

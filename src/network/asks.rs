@@ -108,6 +108,17 @@ pub async fn ask(name: &str, question: &Ask) -> Reply {
             .await
             .map_err(|e| tracing::warn!("cannot put a refused connection to the user: {e}"))
             .ok()?;
+        // Abstract names are anyone's to take once freed (a generation
+        // that ended): only the bridge of this user answers.
+        let ours = stream
+            .peer_cred()
+            .is_ok_and(|c| c.uid() == nix::unistd::getuid().as_raw());
+        if !ours {
+            tracing::warn!(
+                "the socket for questions about the network is not the bridge's: refused"
+            );
+            return None;
+        }
         let mut line = serde_json::to_vec(question).ok()?;
         line.push(b'\n');
         stream.write_all(&line).await.ok()?;
@@ -131,14 +142,7 @@ pub type Question = (Ask, oneshot::Sender<Reply>);
 /// The bridge's side: takes questions on `listener` from processes of
 /// this user in this network namespace, and hands each to `tx`.
 pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) {
-    let own_net = std::fs::metadata("/proc/self/ns/net").ok().map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        m.ino()
-    });
-    let own_exe = std::fs::metadata("/proc/self/exe").ok().map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        (m.dev(), m.ino())
-    });
+    let own = Peer::of("self");
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -149,7 +153,7 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
                 continue;
             }
         };
-        if !outside_the_sandbox(&stream, own_net, own_exe) {
+        if !outside_the_sandbox(&stream, &own) {
             tracing::warn!("a question about the network came from inside a sandbox: ignored");
             continue;
         }
@@ -185,20 +189,15 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
     }
 }
 
-/// Whether the peer is a process of this user outside every sandbox:
-/// in this process's network namespace (a sandbox with a network of its
-/// own is in another), under no seccomp filter (every process of a
-/// zcode-acp sandbox has one, and cannot shed it), and running this very
-/// binary (the proxy is `zcode-acp __netproxy`). A sandbox that shares the
-/// host's network (another bridge's, with the whole host loopback
-/// allowed) and has read this socket's name from a launch spec is refused
-/// all the same.
-fn outside_the_sandbox(
-    stream: &UnixStream,
-    own_net: Option<u64>,
-    own_exe: Option<(u64, u64)>,
-) -> bool {
-    use std::os::unix::fs::MetadataExt;
+/// Whether the peer is a process of this user outside every sandbox: in
+/// this process's network namespace (a sandbox with a network of its own
+/// is in another) and under no more seccomp filters than this process
+/// (every process of a zcode-acp sandbox has one more, and cannot shed
+/// it): a sandbox that shares the host's network (another bridge's, with
+/// the whole host loopback allowed) and read this socket's name from a
+/// launch spec is refused all the same. A process of this user outside
+/// any sandbox could do anything the user can anyway.
+fn outside_the_sandbox(stream: &UnixStream, own: &Peer) -> bool {
     let Ok(cred) = stream.peer_cred() else {
         return false;
     };
@@ -208,16 +207,44 @@ fn outside_the_sandbox(
     let Some(pid) = cred.pid() else {
         return false;
     };
-    let net = std::fs::metadata(format!("/proc/{pid}/ns/net"))
-        .ok()
-        .map(|m| m.ino());
-    let exe = std::fs::metadata(format!("/proc/{pid}/exe"))
-        .ok()
-        .map(|m| (m.dev(), m.ino()));
-    let unfiltered = std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Seccomp:"))
-            .is_some_and(|v| v.trim() == "0")
-    });
-    net.is_some() && net == own_net && exe.is_some() && exe == own_exe && unfiltered
+    match (Peer::of(&pid.to_string()), own) {
+        (
+            Peer {
+                net: Some(net),
+                filters: Some(filters),
+            },
+            Peer {
+                net: Some(own_net),
+                filters: Some(own_filters),
+            },
+        ) => net == *own_net && filters <= *own_filters,
+        _ => false,
+    }
+}
+
+/// What tells a process inside a sandbox from one outside.
+pub struct Peer {
+    net: Option<u64>,
+    /// Its seccomp filters (`Seccomp_filters`, Linux 5.9; before that,
+    /// whether it has any: `Seccomp`).
+    filters: Option<u64>,
+}
+
+impl Peer {
+    pub fn of(pid: &str) -> Peer {
+        use std::os::unix::fs::MetadataExt;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        Peer {
+            net: std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .ok()
+                .map(|m| m.ino()),
+            filters: field("Seccomp_filters:").or_else(|| field("Seccomp:").map(|m| m.min(1))),
+        }
+    }
 }

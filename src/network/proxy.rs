@@ -107,6 +107,12 @@ impl Judge {
     /// address connected to, so a name cannot be re-resolved elsewhere.
     async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
         let host = host.trim_start_matches('[').trim_end_matches(']');
+        if self.policy.refuses_unresolved(host, port) {
+            // Not even resolved: asking the host's resolver about a name
+            // outside the egress list would carry it (and what the agent
+            // wrote into it) to whoever serves that domain.
+            return self.unlisted(host, port).await;
+        }
         let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => tokio::net::lookup_host((host, port))
@@ -147,9 +153,49 @@ impl Judge {
         // Only where the user was shown: the zone asked about, and for this
         // machine or the LAN the very address.
         let mut failed = String::new();
-        let shown =
-            |a: &SocketAddr, z: Zone| z == zone && (zone == Zone::Public || a.ip() == first.ip());
+        let shown = |a: &SocketAddr, z: Zone| {
+            z == zone
+                && match zone {
+                    Zone::Public => true,
+                    // `localhost` is ::1 and 127.0.0.1: either answers.
+                    Zone::HostLoopback if first.ip().is_loopback() => a.ip().is_loopback(),
+                    _ => a.ip() == first.ip(),
+                }
+        };
         for (addr, ..) in denied.into_iter().filter(|(a, z, _)| shown(a, *z)) {
+            match open(addr).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => failed = format!("{host}:{port} ({addr}): {e}"),
+            }
+        }
+        Err(Refusal::Failed(failed))
+    }
+}
+
+impl Judge {
+    /// A name outside the egress list, where nothing but the internet
+    /// could be allowed: put to the user unresolved, and after a yes
+    /// connected only to public addresses.
+    async fn unlisted(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
+        let why = format!(
+            "{host} is not in the egress list; to let the agent reach it, add \"{host}\" to \"network\": {{\"egress\": [...]}} in the user config"
+        );
+        let unresolved = IpAddr::from([0u8, 0, 0, 0]);
+        if !self
+            .user_allows(host, port, unresolved, Zone::Public, &why)
+            .await
+        {
+            tracing::warn!("the sandbox refused a connection: {why}");
+            return Err(Refusal::Denied(why));
+        }
+        let own = own_addresses().ok_or_else(|| {
+            Refusal::Failed("cannot read this machine's addresses to judge the destination".into())
+        })?;
+        let addrs = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| Refusal::Failed(format!("cannot resolve {host}: {e}")))?;
+        let mut failed = format!("{host} has no public address");
+        for addr in addrs.filter(|a| crate::policy::network::zone(a.ip(), &own) == Zone::Public) {
             match open(addr).await {
                 Ok(stream) => return Ok(stream),
                 Err(e) => failed = format!("{host}:{port} ({addr}): {e}"),

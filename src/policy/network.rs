@@ -28,6 +28,8 @@ pub const PROXY_PORT: u16 = 3128;
 
 /// The most host loopback ports a table may list.
 pub const MAX_PORTS: usize = 100;
+/// The most hosts an egress list may hold.
+pub const MAX_HOSTS: usize = 1000;
 
 /// The table, as the user config and sandbox.json write it:
 /// `"network": {"hostLoopback": "deny" | "allow" | [ports], "lan": "deny"
@@ -146,15 +148,18 @@ impl NetworkPolicy {
         resolvers: &[IpAddr],
     ) -> Verdict {
         let zone = zone(addr, own);
+        // The name servers, on port 53 only, whatever their zone (a stub
+        // resolver on 127.0.0.53, one on the LAN).
+        if port == 53 && resolvers.contains(&canonical(addr)) {
+            return Verdict::Allow;
+        }
         let allowed = match zone {
             Zone::HostLoopback => match &self.host_loopback {
                 HostLoopback::Allow => true,
                 HostLoopback::Ports(ports) => is_loopback(addr) && ports.contains(&port),
                 HostLoopback::Deny => false,
             },
-            Zone::Lan => {
-                self.lan == Lan::Allow || (port == 53 && resolvers.contains(&canonical(addr)))
-            }
+            Zone::Lan => self.lan == Lan::Allow,
             Zone::Public => match &self.egress {
                 Egress::Allow => true,
                 Egress::Hosts(patterns) => patterns.iter().any(|p| host_matches(p, host)),
@@ -178,6 +183,25 @@ impl NetworkPolicy {
             ),
         };
         Verdict::Deny { zone, why }
+    }
+
+    /// Whether a connection to `host` (a name) is refused whatever it
+    /// resolves to: a name outside an egress list, where neither the LAN
+    /// nor this machine's port is open. Such a name is not resolved.
+    pub fn refuses_unresolved(&self, host: &str, port: u16) -> bool {
+        let Egress::Hosts(patterns) = &self.egress else {
+            return false;
+        };
+        let loopback_open = match &self.host_loopback {
+            HostLoopback::Allow => true,
+            HostLoopback::Ports(p) => p.contains(&port),
+            HostLoopback::Deny => false,
+        };
+        host.parse::<IpAddr>().is_err()
+            && port != 53
+            && self.lan == Lan::Deny
+            && !loopback_open
+            && !patterns.iter().any(|p| host_matches(p, host))
     }
 
     /// One line for `doctor` and the editor's notice.
@@ -431,8 +455,17 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
                 }
                 Ok(h)
             })
-            .collect::<Result<_, _>>()
-            .map(Egress::Hosts),
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|h| {
+                if h.len() > MAX_HOSTS {
+                    Err(format!(
+                        "`network.egress` lists {} hosts; at most {MAX_HOSTS}",
+                        h.len()
+                    ))
+                } else {
+                    Ok(Egress::Hosts(h))
+                }
+            }),
         _ => Err(EXPECTED.into()),
     }
 }
@@ -724,6 +757,24 @@ mod tests {
             NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
             None
         );
+    }
+
+    #[test]
+    fn a_name_outside_the_egress_list_is_refused_unresolved() {
+        let p = NetworkPolicy::parse(&json!({"egress": ["*.github.com"]})).unwrap();
+        assert!(p.refuses_unresolved("secret.attacker.example", 443));
+        assert!(!p.refuses_unresolved("api.github.com", 443));
+        assert!(
+            !p.refuses_unresolved("1.2.3.4", 443),
+            "an address is judged as such"
+        );
+        assert!(!NetworkPolicy::default().refuses_unresolved("x.example", 443));
+        // Where the name might lead to an open LAN or port, it is resolved.
+        let lan = NetworkPolicy::parse(&json!({"egress": [], "lan": "allow"})).unwrap();
+        assert!(!lan.refuses_unresolved("nas.local", 445));
+        let port = NetworkPolicy::parse(&json!({"egress": [], "hostLoopback": [8080]})).unwrap();
+        assert!(!port.refuses_unresolved("localhost", 8080));
+        assert!(port.refuses_unresolved("localhost", 8081));
     }
 
     #[test]

@@ -273,10 +273,14 @@ impl Runner {
         // network of its own is pointed at its own proxy by its helper.
         #[cfg(target_os = "linux")]
         if self.confiner.inherits_a_sandbox() {
+            let before = env.len();
             for name in crate::linux::net::PROXY_VARS {
                 if let Ok(v) = std::env::var(name) {
                     env.push((name.to_owned(), v));
                 }
+            }
+            if env.len() == before && crate::linux::net::in_a_sandbox_network() {
+                env.extend(crate::linux::net::proxy_env());
             }
         }
         if !language.takes_address_space_limit() {
