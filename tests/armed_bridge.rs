@@ -33,6 +33,11 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         update["title"], "Sandbox: Linux namespaces+Landlock, 1 root writable",
         "{state}"
     );
+    // The network, in one line.
+    assert!(
+        state.to_string().contains("Network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress allowed."),
+        "{state}"
+    );
     // A missing kind is `other`, the schema's default (the schema types
     // leave it out).
     assert_eq!(

@@ -921,6 +921,10 @@ fn doctor_reports_the_level_and_passes_its_self_test() {
         stdout.contains(".git/hooks"),
         "the protected paths are listed: {stdout}"
     );
+    assert!(
+        stdout.contains("network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress allowed"),
+        "{stdout}"
+    );
 }
 
 /// The user's runtime dir holds the session bus and the systemd user
