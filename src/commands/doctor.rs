@@ -58,7 +58,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
             "not available".into()
         }
     );
-    let ns = namespaces_available();
+    let available = namespaces_available();
+    let ns = available.namespaces;
     println!(
         "namespaces: {}",
         if ns {
@@ -106,7 +107,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
                 level,
                 landlock_abi: abi,
                 network_namespace: level != crate::linux::exec::Level::LandlockOnly
-                    && crate::linux::exec::network_namespace_available(),
+                    && available.network,
             };
             enforcer.network(&input.network)
         }

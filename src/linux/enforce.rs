@@ -8,9 +8,7 @@
 //! built here and nowhere else.
 
 use crate::confine::{ArmError, Armed, Command, Enforce, Launch};
-use crate::linux::exec::{
-    choose_level, namespaces_available, network_namespace_available, LaunchSpec, Level,
-};
+use crate::linux::exec::{choose_level, namespaces_available, LaunchSpec, Level};
 use crate::linux::plan::{self, RealFs, UserFacts};
 use crate::policy::Platform;
 
@@ -32,7 +30,8 @@ impl LinuxEnforcer {
         let no_test = |var: &str| std::env::var_os(var).is_none();
         let abi = super::landlock_abi();
         let landlock = abi >= 1 && no_test("ZCODE_ACP_TEST_NO_LANDLOCK");
-        let namespaces = namespaces_available() && no_test("ZCODE_ACP_TEST_NO_NAMESPACES");
+        let available = namespaces_available();
+        let namespaces = available.namespaces && no_test("ZCODE_ACP_TEST_NO_NAMESPACES");
         let level = choose_level(namespaces, landlock)?;
         if level != Level::Full {
             tracing::warn!(
@@ -41,7 +40,7 @@ impl LinuxEnforcer {
             );
         }
         let network_namespace = level != Level::LandlockOnly
-            && network_namespace_available()
+            && available.network
             && no_test("ZCODE_ACP_TEST_NO_NETWORK_NAMESPACE");
         if level != Level::LandlockOnly && !network_namespace {
             tracing::warn!("this machine refuses the sandbox a network namespace of its own: the network is NOT confined");

@@ -121,31 +121,49 @@ pub fn choose_level(namespaces: bool, landlock: bool) -> Result<Level, NothingTo
     }
 }
 
-/// Whether this process could create the namespaces the plan needs
-/// (probed in a short-lived child, so nothing here changes).
-pub fn namespaces_available() -> bool {
-    can_unshare(NAMESPACES)
+/// Which namespaces this process could create: those the plan needs,
+/// and with them a network namespace of the sandbox's own (probed in one
+/// short-lived child, so nothing here changes; a machine that refuses only
+/// the network keeps the rest of the sandbox, and says the network is not
+/// confined).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Available {
+    pub namespaces: bool,
+    pub network: bool,
 }
 
-/// Whether it could also give the sandbox a network of its own: probed
-/// apart, so a machine that refuses only that keeps the rest of the
-/// sandbox (and says the network is not confined).
-pub fn network_namespace_available() -> bool {
-    can_unshare(NAMESPACES | CloneFlags::CLONE_NEWNET)
-}
-
-fn can_unshare(flags: CloneFlags) -> bool {
+pub fn namespaces_available() -> Available {
     // SAFETY: the child only calls unshare and _exit.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
-            let ok = unshare(flags).is_ok();
+            let code = if unshare(NAMESPACES | CloneFlags::CLONE_NEWNET).is_ok() {
+                0
+            } else if unshare(NAMESPACES).is_ok() {
+                2
+            } else {
+                1
+            };
             // SAFETY: leaves the child at once, without running destructors.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            unsafe { libc::_exit(code) }
         }
-        Ok(ForkResult::Parent { child }) => {
-            matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0)))
-        }
-        Err(_) => false,
+        Ok(ForkResult::Parent { child }) => match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, 0)) => Available {
+                namespaces: true,
+                network: true,
+            },
+            Ok(WaitStatus::Exited(_, 2)) => Available {
+                namespaces: true,
+                network: false,
+            },
+            _ => Available {
+                namespaces: false,
+                network: false,
+            },
+        },
+        Err(_) => Available {
+            namespaces: false,
+            network: false,
+        },
     }
 }
 

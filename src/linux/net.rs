@@ -15,8 +15,9 @@
 //!    new (never configure the host's), its loopback brought up, and the
 //!    listeners made on it: the proxy's port and one per allowed host
 //!    loopback port (a mirror). They go to the proxy over the socket pair,
-//!    which answers once it serves them (or the launch fails: a sandbox
-//!    with no way out would look like a broken network, not a policy);
+//!    and the launch goes on meanwhile: a connection waits on its listener
+//!    until the proxy takes it, and a proxy that fails closes them (then
+//!    connections are refused at once) and the helper says so;
 //! 3. the command's environment names the proxy (`HTTP_PROXY` and the
 //!    rest), with the sandbox's own loopback left direct (`NO_PROXY`).
 //!
@@ -25,10 +26,9 @@
 //! UDP, and name lookups made inside (the proxy resolves names itself).
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
@@ -249,24 +249,10 @@ pub fn arm(
     )
     .map_err(|e| refused("hand the proxy its listeners", e))?;
     drop(listeners);
-    // The proxy answers once it serves them.
-    let mut poll = [nix::poll::PollFd::new(
-        channel.as_fd(),
-        nix::poll::PollFlags::POLLIN,
-    )];
-    let ready = nix::poll::poll(
-        &mut poll,
-        nix::poll::PollTimeout::try_from(Duration::from_secs(10))
-            .unwrap_or(nix::poll::PollTimeout::MAX),
-    )
-    .map_err(|e| refused("wait for the proxy", e))?;
-    let mut ack = [0u8; 1];
-    let answered = ready > 0 && nix::unistd::read(&channel, &mut ack).unwrap_or(0) == 1;
-    if !answered {
-        return Err(LaunchError::Refused(
-            "the sandbox's network proxy did not start (see the log above); the sandbox would have no way out".into(),
-        ));
-    }
+    // Not waited for: connections queue on the listeners until the proxy
+    // takes them, and a proxy that fails takes the listeners with it
+    // (connections are then refused at once, never hang) and is reported
+    // by the helper when it ends (`exec::wait_for_init`).
     for (k, v) in proxy_env() {
         // The helper is single-threaded: set_var is safe.
         std::env::set_var(k, v);
@@ -343,7 +329,6 @@ pub fn proxy_main() -> Result<(), String> {
         for (port, l) in mirrors {
             served.push((port, to_tokio(l).map_err(|e| e.to_string())?));
         }
-        nix::unistd::write(&channel, &[1]).map_err(|e| format!("cannot answer: {e}"))?;
         // Served until the sandbox ends: its last copy of the channel
         // closing reads as end-of-file here.
         std::thread::spawn(move || {
