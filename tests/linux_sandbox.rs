@@ -290,13 +290,9 @@ fn every_write_operation_in_every_place_as_an_unprivileged_user() {
     );
 }
 
-#[test]
-fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
-    if !require_kernel_features() {
-        return;
-    }
-    // Declared first, so the bridge below is gone before the user is removed.
-    let user = TestUser::create();
+/// The armed bridge in front of the shell agent, run by `user` with its
+/// own copy of the binary, and a session in the user's workspace.
+fn armed_editor_as(user: &TestUser) -> (common::Editor, PathBuf, String) {
     user.own(&user.base.join("home"));
     user.own(&user.base.join("ws"));
     let bin = user.base.join("bin/zcode-acp");
@@ -312,6 +308,17 @@ fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
     ed.initialize();
     let ws = user.base.join("ws");
     let sid = ed.new_session(&ws);
+    (ed, ws, sid)
+}
+
+#[test]
+fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Declared first, so the bridge below is gone before the user is removed.
+    let user = TestUser::create();
+    let (mut ed, ws, sid) = armed_editor_as(&user);
     common::terminal_joins_its_generation(&mut ed, &sid);
     // The terminal ran as the user, in the workspace it may write.
     let (_, text) = ed.prompt(&sid, "/terminal id -u; echo x > made-by-terminal");
@@ -332,21 +339,7 @@ fn refused_connections_are_put_to_an_unprivileged_user() {
     }
     // Declared first, so the bridge below is gone before the user is removed.
     let user = TestUser::create();
-    user.own(&user.base.join("home"));
-    user.own(&user.base.join("ws"));
-    let bin = user.base.join("bin/zcode-acp");
-    let mut opts = common::Options::new(vec![
-        bin.to_string_lossy().into_owned(),
-        "shell-agent".into(),
-    ])
-    .env("ZCODE_ACP_SANDBOX", "1")
-    .env("ZCODE_SHELL_AGENT_HOME", "");
-    opts.home_at = Some(user.base.join("home"));
-    opts.run_as = Some((user.uid, user.gid, bin));
-    let mut ed = common::Editor::start_with(opts);
-    ed.initialize();
-    let ws = user.base.join("ws");
-    let sid = ed.new_session(&ws);
+    let (mut ed, ws, sid) = armed_editor_as(&user);
     common::refused_connections_are_put_to_the_user(&mut ed, &ws, &sid);
 }
 

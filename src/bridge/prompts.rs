@@ -83,16 +83,7 @@ pub(super) fn permission_request(
         .status(acp::ToolCallStatus::Pending)
         .locations(vec![acp::ToolCallLocation::new(path)])
         .content(vec![acp::ToolCallContent::from(text)]);
-    let options = answers
-        .iter()
-        .map(|a| acp::PermissionOption::new(a.id, a.name, a.kind))
-        .collect();
-    let request = acp::RequestPermissionRequest::new(
-        session.to_owned(),
-        acp::ToolCallUpdate::new(tool_call_id, fields),
-        options,
-    );
-    serde_json::to_string(&request).expect("schema types serialize")
+    request_with(session, tool_call_id, fields, answers)
 }
 
 /// The `session/request_permission` params of a prompt about a refused
@@ -108,7 +99,17 @@ pub(super) fn connection_request(
         .kind(acp::ToolKind::Fetch)
         .status(acp::ToolCallStatus::Pending)
         .content(vec![acp::ToolCallContent::from(text)]);
-    let options = ALLOW_FLOW
+    request_with(session, tool_call_id, fields, ALLOW_FLOW)
+}
+
+/// A prompt's params: the tool call it is about, and the answers offered.
+fn request_with(
+    session: &str,
+    tool_call_id: String,
+    fields: acp::ToolCallUpdateFields,
+    answers: &[Answer],
+) -> String {
+    let options = answers
         .iter()
         .map(|a| acp::PermissionOption::new(a.id, a.name, a.kind))
         .collect();

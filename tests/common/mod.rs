@@ -901,13 +901,26 @@ impl TestUser {
 impl Drop for TestUser {
     fn drop(&mut self) {
         // Processes the test started as this user are ended by their own
-        // guards first (userdel refuses a user that still runs something).
-        match Command::new("userdel").arg(&self.name).status() {
-            Ok(s) if s.success() => {}
-            other => eprintln!(
+        // guards first (userdel refuses a user that still runs something);
+        // what they started may take a moment more to go (a sandbox's
+        // proxy ends when its sandbox's last process has), so userdel is
+        // tried again for a few seconds.
+        let mut last = None;
+        for _ in 0..50 {
+            match Command::new("userdel").arg(&self.name).status() {
+                Ok(s) if s.success() => {
+                    last = None;
+                    break;
+                }
+                other => last = Some(other),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if let Some(other) = last {
+            eprintln!(
                 "WARNING: could not remove the test user {}: {other:?}",
                 self.name
-            ),
+            );
         }
         let _ = std::fs::remove_dir_all(&self.base);
     }
