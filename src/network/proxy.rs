@@ -9,10 +9,12 @@
 //! nothing inside can reach the host's network but through here.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use crate::policy::network::{NetworkPolicy, Verdict, Zone};
 
@@ -244,39 +246,43 @@ fn own_addresses() -> Option<Vec<IpAddr>> {
 
 /// Serves the proxy port and the mirrors until the process ends.
 pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListener)>) {
-    let judge = std::sync::Arc::new(judge);
+    let judge = Arc::new(judge);
     // Connections at once, at most: each holds two descriptors, and the
     // proxy must keep some to judge with (see `own_addresses`). Beyond
     // it, new ones wait in the listeners' queues.
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_slots()));
+    let slots = Arc::new(Semaphore::new(connection_slots()));
     for (port, listener) in mirrors {
-        let (judge, slots) = (judge.clone(), slots.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let Some(client) = accepted(&listener).await else {
-                    continue;
-                };
-                let judge = judge.clone();
-                tokio::spawn(async move {
-                    mirror(&judge, client, port).await;
-                    drop(slot);
-                });
-            }
-        });
+        tokio::spawn(take_connections(
+            listener,
+            Some(port),
+            judge.clone(),
+            slots.clone(),
+        ));
     }
+    take_connections(proxy, None, judge, slots).await
+}
+
+/// Takes `listener`'s connections, each while it holds a slot: the
+/// proxy's own (`mirrored` none), or a mirror of that host port.
+async fn take_connections(
+    listener: TcpListener,
+    mirrored: Option<u16>,
+    judge: Arc<Judge>,
+    slots: Arc<Semaphore>,
+) {
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(client) = accepted(&proxy).await else {
+        let Some(client) = accepted(&listener).await else {
             continue;
         };
         let judge = judge.clone();
         tokio::spawn(async move {
-            handle(&judge, client).await;
+            match mirrored {
+                Some(port) => mirror(&judge, client, port).await,
+                None => handle(&judge, client).await,
+            }
             drop(slot);
         });
     }

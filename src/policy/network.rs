@@ -52,6 +52,16 @@ pub enum HostLoopback {
     Allow,
 }
 
+impl HostLoopback {
+    /// The ports it lists, if it lists any.
+    fn ports(&self) -> Vec<u16> {
+        match self {
+            HostLoopback::Ports(p) => p.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Lan {
     #[default]
@@ -114,10 +124,7 @@ impl NetworkPolicy {
     /// The host loopback ports reachable from inside, mirrored onto the
     /// sandbox's own loopback (Linux).
     pub fn mirrored_ports(&self) -> Vec<u16> {
-        match &self.host_loopback {
-            HostLoopback::Ports(p) => p.iter().copied().collect(),
-            _ => Vec::new(),
-        }
+        self.host_loopback.ports()
     }
 
     /// This table widened by what a project's `table` names (each
@@ -389,10 +396,9 @@ impl NetworkTable {
 
     /// The host loopback ports it names.
     pub fn ports(&self) -> Vec<u16> {
-        match &self.host_loopback {
-            Some(HostLoopback::Ports(p)) => p.iter().copied().collect(),
-            _ => Vec::new(),
-        }
+        self.host_loopback
+            .as_ref()
+            .map_or_else(Vec::new, HostLoopback::ports)
     }
 
     pub fn describe(&self) -> String {
