@@ -893,6 +893,56 @@ fn codex_calls_run_code_through_the_bridge() {
     );
 }
 
+/// The editor gives the session an MCP server of its own; code run
+/// through run_code calls its tools in a loop (the server's definition
+/// reached the run_code server inside the sandbox through the bridge's
+/// servers file) and returns a structured result.
+#[test]
+fn code_run_by_codex_calls_the_sessions_mcp_tools_through_the_bridge() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
+    run.bridge_args = vec!["--code-exec".into()];
+    let mut ed = run.start(&w);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+    let r = ed.call(
+        "session/new",
+        json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),
+    );
+    let sid = r["sessionId"].as_str().unwrap().to_owned();
+    std::fs::write(w.ws.join("notes.txt"), "n").unwrap();
+    let source = "import zcode_tools as t\nn = sum(len(t.fs.echo(text='ab', times=i)) for i in range(20))\nfiles = t.fs.list_files(dir='.')['files']\nt.result({'echoed': n, 'notes': 'notes.txt' in files})\nprint('TOOLS' + '_DONE')";
+    let t = turn(
+        &mut ed,
+        &sid,
+        json!([{"tool": "mcp", "name": "run_code", "arguments": {"language": "python", "source": source, "tools": ["fs.echo", "fs.list_files"]}}]),
+        "reject-once",
+    );
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    let log = std::fs::read_to_string(&w.model.log).unwrap();
+    let results = tool_outputs(&log);
+    let result = results
+        .iter()
+        .find(|r| r.contains("TOOLS_DONE"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the run's result never reached the model: {results:?}\n{}",
+                t.text
+            )
+        });
+    assert!(
+        result.contains(r#""result":{"echoed":380,"notes":true}"#)
+            || result.contains(r#"result: {"echoed":380,"notes":true}"#),
+        "{result}"
+    );
+    assert!(
+        result.contains(r#""toolCalls":21"#) || result.contains("tool calls: 21"),
+        "{result}"
+    );
+}
+
 /// The outputs of tool calls the agent sent back to its model.
 fn tool_outputs(log: &str) -> Vec<String> {
     let mut outputs = Vec::new();

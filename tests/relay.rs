@@ -1169,7 +1169,22 @@ fn code_exec_offers_run_code_in_every_session_and_restore_keeping_the_editors_se
         std::fs::canonicalize(entry["command"].as_str().unwrap()).unwrap(),
         std::fs::canonicalize(BIN).unwrap()
     );
-    assert_eq!(entry["args"], json!(["mcp", "--workspace", ws]));
+    assert_eq!(
+        entry["args"].as_array().unwrap()[..3],
+        json!(["mcp", "--workspace", ws]).as_array().unwrap()[..]
+    );
+    // The editor's servers reach the run_code server in a file only the
+    // user can read (its entries can hold secrets), never in argv.
+    assert_eq!(entry["args"][3], "--servers", "{entry}");
+    let file = std::path::PathBuf::from(entry["args"][4].as_str().unwrap());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let handed: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(handed[0]["command"], "theirs", "{handed}");
+        assert_eq!(handed[0]["futureField"], 1.5);
+    }
     // Unarmed: the server arms its own sandbox, so nothing is claimed.
     assert_eq!(entry["env"], json!([]));
 
@@ -1182,7 +1197,9 @@ fn code_exec_offers_run_code_in_every_session_and_restore_keeping_the_editors_se
         .find(|l| l.contains("\"session/load\""))
         .expect("the session was restored with session/load");
     let servers = &serde_json::from_str::<Value>(&load).unwrap()["params"]["mcpServers"];
-    assert_eq!(ours(servers)["args"], json!(["mcp", "--workspace", ws]));
+    assert_eq!(ours(servers)["args"], entry["args"]);
+    drop(ed);
+    assert!(!file.exists(), "the servers file outlived the bridge");
 }
 
 #[test]

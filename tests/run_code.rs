@@ -55,10 +55,15 @@ impl World {
     /// The server as an MCP client starts it: a cleared environment with
     /// this home, a PATH that has tsx, and a secret it must not pass on.
     async fn server(&self, extra_env: &[(&str, &str)]) -> Server {
+        self.server_with(extra_env, &[]).await
+    }
+
+    async fn server_with(&self, extra_env: &[(&str, &str)], args: &[&str]) -> Server {
         let mut cmd = std::process::Command::new(BIN);
         cmd.arg("mcp")
             .arg("--workspace")
             .arg(self.workspace())
+            .args(args)
             .env_clear()
             .env("HOME", self.path())
             .env("XDG_CONFIG_HOME", self.path().join(".config"))
@@ -778,4 +783,199 @@ async fn the_run_directories_of_a_server_that_is_gone_are_swept() {
     assert!(!stale.exists(), "a dead server's run directory was left");
     assert!(live.exists(), "a live process's run directory was removed");
     std::fs::remove_dir_all(&live).unwrap();
+}
+
+/// The test's own MCP server (two tools), given to `zcode-acp mcp` in a
+/// servers file as the bridge writes one; it counts the calls it served.
+struct ToolWorld {
+    world: World,
+    count: PathBuf,
+    servers: PathBuf,
+}
+
+impl ToolWorld {
+    fn new(config: Value) -> ToolWorld {
+        use std::os::unix::fs::PermissionsExt;
+        let world = World::new(config);
+        let count = world.path().join("served");
+        let servers = world.path().join("servers.json");
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+        let defs = json!([{"name": "fs", "command": "python3", "args": [fixture],
+            "env": [{"name": "MCP_TOOLS_COUNT", "value": count}]}]);
+        std::fs::write(&servers, defs.to_string()).unwrap();
+        std::fs::set_permissions(&servers, std::fs::Permissions::from_mode(0o600)).unwrap();
+        for name in ["a.txt", "b.txt", "c.md"] {
+            std::fs::write(world.workspace().join(name), name).unwrap();
+        }
+        ToolWorld {
+            world,
+            count,
+            servers,
+        }
+    }
+
+    async fn server(&self) -> Server {
+        self.world
+            .server_with(&[], &["--servers", self.servers.to_str().unwrap()])
+            .await
+    }
+
+    /// Tool calls the MCP server served.
+    fn served(&self) -> usize {
+        std::fs::read(&self.count).map_or(0, |c| c.len())
+    }
+}
+
+/// The run's own directory and socket, as the script saw them, are gone.
+fn run_paths_are_gone(r: &Value) {
+    let out = r["stdout"].as_str().unwrap();
+    let mut seen = 0;
+    for line in out.lines() {
+        if let Some(p) = line.strip_prefix("path=") {
+            seen += 1;
+            assert!(!std::path::Path::new(p).exists(), "{p} is still there");
+        }
+    }
+    assert_eq!(
+        seen, 3,
+        "the script said where its socket, stub and directory were: {out}"
+    );
+}
+
+#[tokio::test]
+async fn python_and_typescript_call_two_mcp_tools_a_hundred_times_and_return_a_result() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server().await;
+    let ws = tw.world.workspace();
+    let listed = server.call("which_tools", json!({})).await;
+    let listed = listed.structured_content.unwrap();
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fs.list_files", "fs.echo"], "{listed}");
+    let python = r#"
+import os, zcode_tools
+from zcode_tools import fs
+seen = set()
+for i in range(50):
+    listing = fs.list_files({"dir": os.environ["ZCODE_RUN_WORKSPACE"]})
+    seen.update(n for n in listing["files"] if n.endswith(".txt"))
+    assert fs.echo(text="x", times=i) == "x" * i
+zcode_tools.log("info", "looped")
+zcode_tools.result({"txt": sorted(seen), "language": "python"})
+print("path=" + os.environ["ZCODE_TOOLS_SOCKET"])
+print("path=" + os.path.abspath(zcode_tools.__file__))
+print("path=" + os.environ["ZCODE_RUN_DIR"])
+"#;
+    let typescript = r#"
+import { fs, log, result } from "zcode-tools";
+import { createRequire } from "node:module";
+const seen = new Set<string>();
+for (let i = 0; i < 50; i++) {
+  const listing = (await fs.list_files({ dir: process.env.ZCODE_RUN_WORKSPACE! })) as { files: string[] };
+  listing.files.filter((n) => n.endsWith(".txt")).forEach((n) => seen.add(n));
+  const echoed = await fs.echo({ text: "x", times: i });
+  if (echoed !== "x".repeat(i)) throw new Error(`echo ${i}: ${echoed}`);
+}
+await log("info", "looped");
+await result({ txt: [...seen].sort(), language: "typescript" });
+console.log("path=" + process.env.ZCODE_TOOLS_SOCKET);
+console.log("path=" + createRequire(import.meta.url).resolve("zcode-tools").replace(/index\.cjs$/, ""));
+console.log("path=" + process.env.ZCODE_RUN_DIR);
+"#;
+    for (language, source) in [("python", python), ("typescript", typescript)] {
+        let before = tw.served();
+        let (r, text) = server
+            .run(json!({"language": language, "source": source, "tools": ["fs.list_files", "fs.echo"]}))
+            .await;
+        assert_eq!(r["ok"], true, "{language}: {r}");
+        assert_eq!(r["toolCalls"], 100, "{language}: {r}");
+        assert_eq!(
+            tw.served() - before,
+            100,
+            "{language}: every call reached the server"
+        );
+        assert_eq!(
+            r["result"],
+            json!({"txt": ["a.txt", "b.txt"], "language": language}),
+            "{language}: {r}"
+        );
+        assert_eq!(r["logs"][0]["level"], "info");
+        assert_eq!(r["logs"][0]["message"], "looped");
+        assert!(text.contains("tool calls: 100"), "{text}");
+        run_paths_are_gone(&r);
+    }
+    assert!(ws.join("a.txt").exists());
+}
+
+#[tokio::test]
+async fn tools_off_the_list_and_past_the_ceilings_are_refused_and_the_script_can_catch_it() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw = ToolWorld::new(json!({"runCode": {"maxToolCalls": 5, "maxToolBytes": 1024}}));
+    let server = tw.server().await;
+    let source = r#"
+import zcode_tools
+from zcode_tools import fs, ToolError
+def attempt(name, f):
+    try:
+        f()
+        print(name, "=ok")
+    except ToolError as e:
+        print(name, "=" + e.code)
+attempt("unlisted", lambda: zcode_tools.call("fs.list_files", {"dir": "/"}))
+print("stub-has-list_files", hasattr(fs, "list_files"))
+attempt("big-args", lambda: fs.echo(text="y" * 2000))
+attempt("big-answer", lambda: fs.echo(text="y" * 100, times=20))
+attempt("big-result", lambda: zcode_tools.result("z" * 2000))
+for i in range(5):
+    attempt(f"call{i}", lambda: fs.echo(text="k"))
+zcode_tools.result("still here")
+"#;
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source, "tools": ["fs.echo"]}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    for expected in [
+        "unlisted =not_allowed",
+        "stub-has-list_files False",
+        "big-args =too_large",
+        "big-answer =too_large",
+        "big-result =too_large",
+        "call0 =ok",
+        "call1 =ok",
+        "call2 =ok",
+        "call3 =ok",
+        "call4 =call_limit",
+    ] {
+        assert!(out.contains(expected), "{expected}: {out}");
+    }
+    // Refused calls never reached the server; the answer too large did
+    // (and was refused on its way back), then four more: five in all.
+    assert_eq!(tw.served(), 5, "{out}");
+    assert_eq!(r["toolCalls"], 5, "{r}");
+    assert_eq!(r["result"], "still here");
+    let logs = r["logs"].to_string();
+    for code in ["not_allowed", "too_large", "call_limit"] {
+        assert!(logs.contains(code), "{code}: {logs}");
+    }
+    // A tool the session does not have: refused before anything runs.
+    let (r, text) = server
+        .run(json!({"language": "python", "source": "print(1)", "tools": ["fs.rm"]}))
+        .await;
+    assert_eq!(r["error"]["code"], "unknown_tool", "{r}");
+    assert!(text.contains("fs.list_files, fs.echo"), "{text}");
+    assert!(r["interpreter"].as_array().unwrap().is_empty());
+    let (r, _) = server
+        .run(json!({"language": "python", "source": "print(1)", "tools": ["web.search"]}))
+        .await;
+    assert_eq!(r["error"]["code"], "unknown_tool", "{r}");
 }

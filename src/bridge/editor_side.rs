@@ -323,12 +323,27 @@ impl Bridge {
             mcp_servers: Option<Box<serde_json::value::RawValue>>,
         }
         let raw = frame.params_as::<Raw>().ok()?.mcp_servers;
+        let servers = raw.as_ref().map(|r| r.get());
+        let file = self.servers_file(servers);
         crate::run_code::inject::with_code_server(
-            raw.as_ref().map(|r| r.get()),
+            servers,
             &code_exec.exe,
             &session.cwd,
             self.confinement.confined_by().as_deref(),
+            file.as_deref(),
         )
+    }
+
+    /// The file that hands the session's MCP servers to its run_code
+    /// server, if it has any; without it runs get no tools (and say so).
+    pub(super) fn servers_file(&mut self, servers: Option<&str>) -> Option<std::path::PathBuf> {
+        match self.servers_files.file_for(servers?) {
+            Ok(file) => file,
+            Err(e) => {
+                warn!("cannot hand this session's MCP servers to run_code ({e}); its runs can call no tools");
+                None
+            }
+        }
     }
 
     /// How to offer `run_code` to `session`, if it is offered: everywhere

@@ -183,6 +183,8 @@ pub struct Bridge {
     /// What the running armed generation started with, for the post-turn
     /// audit.
     audit: Option<crate::audit::Baseline>,
+    /// The files handing sessions' MCP servers to their run_code server.
+    servers_files: crate::run_code::inject::ServersFiles,
 }
 
 impl Bridge {
@@ -206,6 +208,7 @@ impl Bridge {
         };
         let (crash_limit, crash_window, crash_cooldown) =
             (cfg.crash_limit, cfg.crash_window, cfg.crash_cooldown);
+        let managed_path = cfg.managed.path.clone();
         let mut bridge = Bridge {
             cfg,
             sandbox,
@@ -244,6 +247,7 @@ impl Bridge {
             net_asks: net_asks::NetAsks::new(),
             violations: None,
             audit: None,
+            servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");

@@ -535,11 +535,13 @@ impl Bridge {
         }
         if let Some(code_exec) = self.code_exec_for(&session) {
             let servers = session.mcp_servers.to_string();
+            let file = self.servers_file(Some(&servers));
             let with = crate::run_code::inject::with_code_server(
                 Some(&servers),
                 &code_exec.exe,
                 &session.cwd,
                 self.confinement.confined_by().as_deref(),
+                file.as_deref(),
             );
             if let Some(with) = with.and_then(|t| serde_json::from_str(&t).ok()) {
                 params["mcpServers"] = with;

@@ -180,7 +180,7 @@ impl UserFacts {
 /// sandbox is armed but the few allowed (`sockets::ALLOWED`), and
 /// `/dev/userfaultfd`. Directories first: a socket inside a covered
 /// directory needs nothing more.
-fn hidden_candidates(s: &UserFacts, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
+fn hidden_candidates(s: &UserFacts, served: &[PathBuf], fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
     let mut hide = vec![step(
         Path::new("/dev/userfaultfd"),
         "page faults served by a sandboxed program could stall the supervisor reading its memory",
@@ -194,7 +194,7 @@ fn hidden_candidates(s: &UserFacts, fs: &dyn Fs) -> (Vec<Step>, Vec<Step>) {
     }
     let mut unseen = Vec::new();
     for p in &s.bound_sockets {
-        if sockets::linux_allowed(p).is_some() {
+        if sockets::linux_allowed(p).is_some() || served.contains(p) {
             continue;
         }
         if fs.is_socket(p) {
@@ -399,7 +399,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
         "a .zcode/acp deeper than a writable directory's top, or created later, is not read-only on Linux; the approval ledger guards what it may say",
     ));
 
-    let (hide, unseen) = hidden_candidates(facts, fs);
+    let (hide, unseen) = hidden_candidates(facts, &policy.network.served_sockets, fs);
     for h in hide {
         // Inside a directory covered before it, the socket is out of sight.
         // Inside a private tmpfs it is too, unless a tree carried over (a

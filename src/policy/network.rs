@@ -39,6 +39,11 @@ pub struct NetworkPolicy {
     pub host_loopback: HostLoopback,
     pub lan: Lan,
     pub egress: Egress,
+    /// Unix sockets zcode-acp itself serves to this sandbox (a run's tools
+    /// socket), which judge every request they take: reachable although
+    /// they are bound before the sandbox is armed. Never from a config.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub served_sockets: Vec<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -112,6 +117,7 @@ impl NetworkPolicy {
             host_loopback: table.host_loopback.unwrap_or(default.host_loopback),
             lan: table.lan.unwrap_or(default.lan),
             egress: table.egress.unwrap_or(default.egress),
+            served_sockets: Vec::new(),
         })
     }
 

@@ -185,8 +185,14 @@ impl Confiner {
     }
 
     /// The command line that runs `command` confined, with `call_dir`
-    /// writable beside the workspace.
-    pub fn prepare(&self, call_dir: &Path, command: Command) -> Result<Prepared, String> {
+    /// writable beside the workspace and `served` (sockets this server
+    /// serves the run) reachable.
+    pub fn prepare(
+        &self,
+        call_dir: &Path,
+        served: &[std::path::PathBuf],
+        command: Command,
+    ) -> Result<Prepared, String> {
         match self {
             #[cfg(target_os = "linux")]
             Confiner::Linux {
@@ -198,6 +204,7 @@ impl Confiner {
                 use crate::confine::{Confinement, Sandbox, Starter};
                 let mut input = (**input).clone();
                 input.once_allows.push(call_dir.to_path_buf());
+                input.network.served_sockets.extend(served.iter().cloned());
                 let sandbox = Sandbox::Ready(std::sync::Arc::new(*enforcer));
                 let mut armed =
                     match sandbox.arm(input, managed, "none".into(), Starter::ThisProcess) {
@@ -244,6 +251,7 @@ impl Confiner {
                 use crate::confine::{Confinement, Launch, Starter};
                 let mut input = (**input).clone();
                 input.once_allows.push(call_dir.to_path_buf());
+                input.network.served_sockets.extend(served.iter().cloned());
                 let armed = sandbox.arm(input, managed, "none".into(), Starter::Spawned);
                 if let Confinement::Refused(why) = &armed {
                     return Err(why.clone());

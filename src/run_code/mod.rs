@@ -27,6 +27,7 @@ pub mod runner;
 pub mod server;
 pub mod settings;
 pub mod stage;
+pub mod tools;
 pub mod tree;
 
 pub use request::Language;

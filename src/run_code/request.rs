@@ -90,6 +90,8 @@ struct Raw {
     stdin: Option<String>,
     #[serde(default)]
     files: Vec<RawFile>,
+    #[serde(default)]
+    tools: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +116,8 @@ pub struct RunRequest {
     pub timeout_ms: u64,
     pub stdin: Option<String>,
     pub files: Vec<InputFile>,
+    /// The tools the code may call (`server.tool`), each once, in order.
+    pub tools: Vec<String>,
 }
 
 /// Bounds on what one call may carry.
@@ -121,6 +125,7 @@ pub const MAX_SOURCE_BYTES: usize = 1 << 20;
 pub const MAX_FILES: usize = 256;
 pub const MAX_FILES_BYTES: usize = 32 << 20;
 pub const MAX_STDIN_BYTES: usize = 8 << 20;
+pub const MAX_TOOLS: usize = 128;
 
 /// Checks `args` against the limits. The error says what to change.
 pub fn parse(
@@ -129,7 +134,7 @@ pub fn parse(
     max_timeout_ms: u64,
 ) -> Result<RunRequest, String> {
     let raw: Raw = serde_json::from_value(args.clone()).map_err(|e| {
-        format!("the arguments are not valid: {e}; expected {{language, source, timeoutMs?, stdin?, files?: [{{path, content}}]}}")
+        format!("the arguments are not valid: {e}; expected {{language, source, timeoutMs?, stdin?, files?: [{{path, content}}], tools?: [names]}}")
     })?;
     let language = Language::parse(&raw.language).ok_or_else(|| {
         format!(
@@ -191,12 +196,28 @@ pub fn parse(
             content: f.content,
         });
     }
+    if raw.tools.len() > MAX_TOOLS {
+        return Err(format!(
+            "{} tools listed, at most {MAX_TOOLS} are taken",
+            raw.tools.len()
+        ));
+    }
+    let mut tools: Vec<String> = Vec::with_capacity(raw.tools.len());
+    for t in raw.tools {
+        if t.trim().is_empty() || t.len() > 256 {
+            return Err(format!("{t:?} is not a tool name (server.tool)"));
+        }
+        if !tools.contains(&t) {
+            tools.push(t);
+        }
+    }
     Ok(RunRequest {
         language,
         source: raw.source,
         timeout_ms,
         stdin: raw.stdin,
         files,
+        tools,
     })
 }
 

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::stage::Output;
+use super::tools::rpc::LogEntry;
 
 /// Stable error codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -16,6 +17,8 @@ pub enum ErrorCode {
     EgressDenied,
     NoConfinement,
     BadRequest,
+    /// A tool the call listed does not exist, or its server cannot be reached.
+    UnknownTool,
     /// The run could not be started or watched (disk, spawn).
     Internal,
 }
@@ -49,6 +52,12 @@ pub struct RunResult {
     /// Null when the run never started; otherwise what landed in the
     /// output directory (empty: nothing did).
     pub outputs: Option<Vec<Output>>,
+    /// What the code passed to `result()` (null: nothing).
+    pub result: Option<serde_json::Value>,
+    /// What the code passed to `log()`, and what zcode-acp refused it.
+    pub logs: Vec<LogEntry>,
+    /// Tool calls made (null: the call listed no tools).
+    pub tool_calls: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<RunError>,
     /// Said in the structured result too (some agents hand the model that
@@ -81,6 +90,9 @@ impl RunResult {
             duration_ms: 0,
             confinement,
             outputs: None,
+            result: None,
+            logs: Vec::new(),
+            tool_calls: None,
             error: Some(RunError { code, message }),
             warning: None,
         }
@@ -127,6 +139,18 @@ impl RunResult {
                 if !text.ends_with('\n') {
                     t.push('\n');
                 }
+            }
+        }
+        if let Some(n) = self.tool_calls {
+            t.push_str(&format!("tool calls: {n}\n"));
+        }
+        if let Some(v) = &self.result {
+            t.push_str(&format!("result: {v}\n"));
+        }
+        if !self.logs.is_empty() {
+            t.push_str("--- logs ---\n");
+            for l in &self.logs {
+                t.push_str(&format!("[{} +{} ms] {}\n", l.level, l.t, l.message));
             }
         }
         match &self.outputs {

@@ -16,6 +16,9 @@ use super::request::{self, Language, RunRequest};
 use super::result::{ErrorCode, RunError, RunResult};
 use super::settings::{Limits, RunCodeSettings};
 use super::stage::{self, CallDir};
+use super::tools::mcp::McpTools;
+use super::tools::rpc::{Caller, RpcServer};
+use super::tools::{self, ToolLimits, ToolSpec};
 use super::tree;
 
 /// How often the tree's resident memory is read.
@@ -40,6 +43,9 @@ pub struct Runner {
     path: String,
     languages: tokio::sync::OnceCell<BTreeMap<Language, Found>>,
     temp_base: PathBuf,
+    /// The session's MCP servers, when they were given (`--servers`).
+    tools: Option<Arc<McpTools>>,
+    tool_limits: ToolLimits,
 }
 
 impl Runner {
@@ -57,7 +63,24 @@ impl Runner {
                 .unwrap_or_else(|| DEFAULT_PATH.into()),
             languages: tokio::sync::OnceCell::new(),
             temp_base,
+            tools: None,
+            tool_limits: ToolLimits::default(),
         }
+    }
+
+    /// Offers the session's MCP servers' tools to runs that list them.
+    pub fn with_tools(mut self, tools: McpTools, limits: ToolLimits) -> Runner {
+        self.tools = Some(Arc::new(tools));
+        self.tool_limits = limits;
+        self
+    }
+
+    pub fn tools(&self) -> Option<&McpTools> {
+        self.tools.as_deref()
+    }
+
+    pub fn tool_limits(&self) -> ToolLimits {
+        self.tool_limits
     }
 
     pub fn workspace(&self) -> &Path {
@@ -94,7 +117,7 @@ impl Runner {
         // becomes writable for a probe.
         let prepared = self
             .confiner
-            .prepare(&self.workspace, command)
+            .prepare(&self.workspace, &[], command)
             .map_err(|why| format!("it cannot be confined here: {why}"))?;
         let mut child = self
             .spawn(&prepared, false, None)
@@ -175,10 +198,29 @@ impl Runner {
                 );
             }
         }
-        self.run_checked(request, found.interpreter).await
+        let specs = if request.tools.is_empty() {
+            Vec::new()
+        } else {
+            let Some(tools) = &self.tools else {
+                return refuse(
+                    ErrorCode::UnknownTool,
+                    "this server was given no tools: the session's MCP servers reach run_code when zcode-acp's bridge starts it (or `zcode-acp mcp --servers FILE`)".into(),
+                );
+            };
+            match tools.specs(&request.tools).await {
+                Ok(specs) => specs,
+                Err(why) => return refuse(ErrorCode::UnknownTool, why),
+            }
+        };
+        self.run_checked(request, found.interpreter, specs).await
     }
 
-    async fn run_checked(&self, request: RunRequest, interpreter: Vec<String>) -> RunResult {
+    async fn run_checked(
+        &self,
+        request: RunRequest,
+        interpreter: Vec<String>,
+        specs: Vec<ToolSpec>,
+    ) -> RunResult {
         let language = request.language;
         let mut result = RunResult::refused(
             language.name(),
@@ -204,12 +246,30 @@ impl Runner {
         argv.push(call.source.to_string_lossy().into_owned());
         let mut env = self.code_env(language);
         env.extend(call.env(&self.workspace));
+        // The tools server lives from here until the run has ended.
+        let rpc = match self.serve_tools(&call, language, &request.tools, specs) {
+            Ok(rpc) => rpc,
+            Err(e) => {
+                result.error = Some(RunError {
+                    code: ErrorCode::Internal,
+                    message: format!("cannot give the run its tools: {e}"),
+                });
+                return result;
+            }
+        };
+        if let Some((path, _)) = &rpc {
+            env.push((
+                tools::SOCKET_ENV.into(),
+                path.to_string_lossy().into_owned(),
+            ));
+        }
         let command = crate::confine::Command {
             argv,
             env,
             cwd: Some(self.workspace.clone()),
         };
-        let prepared = match self.confiner.prepare(&call.path, command) {
+        let served: Vec<PathBuf> = rpc.iter().map(|(path, _)| path.clone()).collect();
+        let prepared = match self.confiner.prepare(&call.path, &served, command) {
             Ok(p) => p,
             Err(why) => {
                 result.error = Some(RunError {
@@ -235,6 +295,12 @@ impl Runner {
             }
         };
         drop(prepared);
+        if let Some((_, server)) = rpc {
+            let outcome = server.finish().await;
+            result.result = outcome.result;
+            result.logs = outcome.logs;
+            result.tool_calls = Some(outcome.calls);
+        }
         self.finish(&mut result, watched, language);
         // Reading the outputs and removing the directory can take a while
         // (a run may leave a huge tree): off the server's thread.
@@ -250,6 +316,25 @@ impl Runner {
         .await;
         result.outputs = Some(outputs.unwrap_or_default());
         result
+    }
+
+    /// The stubs and the socket of a run that listed tools.
+    fn serve_tools(
+        &self,
+        call: &CallDir,
+        language: Language,
+        names: &[String],
+        specs: Vec<ToolSpec>,
+    ) -> std::io::Result<Option<(PathBuf, RpcServer)>> {
+        let Some(caller) = self.tools.clone().filter(|_| !names.is_empty()) else {
+            return Ok(None);
+        };
+        tools::write_stubs(&call.path, language, &specs)?;
+        let path = call.path.join(tools::SOCKET_NAME);
+        let allowed = names.iter().cloned().collect();
+        let caller: Arc<dyn Caller> = caller;
+        let server = RpcServer::start(&path, allowed, caller, self.tool_limits)?;
+        Ok(Some((path, server)))
     }
 
     /// The code's environment: an allowlist, never inherited.

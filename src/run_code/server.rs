@@ -30,6 +30,11 @@ pub struct McpArgs {
     /// may write (default: the current directory).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// The session's MCP servers (ACP's `mcpServers` list, as JSON, in a
+    /// file only you can read): their tools become callable from code
+    /// (run_code's `tools`). The bridge writes this file for each session.
+    #[arg(long, value_name = "FILE")]
+    pub servers: Option<PathBuf>,
 }
 
 /// Decides the confinement (it forks to probe the kernel, so this runs
@@ -45,7 +50,15 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
     if let Some(why) = confiner.refusal() {
         tracing::warn!("run_code cannot confine runs here, so every run is refused: {why}");
     }
-    Ok(Runner::new(workspace, settings, confiner))
+    let limits = settings.tool_limits();
+    let runner = Runner::new(workspace.clone(), settings, confiner);
+    Ok(match &args.servers {
+        Some(file) => {
+            let servers = super::tools::mcp::load(file)?;
+            runner.with_tools(super::tools::mcp::McpTools::new(servers, workspace), limits)
+        }
+        None => runner,
+    })
 }
 
 /// Serves MCP on stdin/stdout until the client goes.
@@ -81,6 +94,11 @@ impl CodeServer {
                     "description": format!("Wall-clock ceiling in milliseconds (default {}).", limits.default_timeout_ms)
                 },
                 "stdin": {"type": "string", "description": "Given to the program on stdin (default: none)."},
+                "tools": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Tools the code may call, by full name (server.tool; see which_tools). Python: `import zcode_tools`; node/typescript: `import ... from \"zcode-tools\"`. Each tool is a function of its server's group (zcode_tools.fs.list_files({...})), plus result(value) and log(level, message)."
+                },
                 "files": {
                     "type": "array",
                     "description": "Input files, staged in $ZCODE_RUN_INPUTS and listed in the manifest at $ZCODE_RUN_MANIFEST.",
@@ -104,13 +122,24 @@ impl CodeServer {
              files written to $ZCODE_RUN_OUTPUTS are returned (at most {file} bytes each, {total} in all). \
              Limits: {timeout} ms by default, {mem} MiB of memory for the whole process tree, {out} bytes kept of each output stream. \
              Confinement: {conf}. \
-             The environment holds only PATH, LANG, TZ and the names the user configured.",
+             The environment holds only PATH, LANG, TZ and the names the user configured. \
+             {tools}",
             ws = self.runner.workspace().display(),
             file = limits.output_file_bytes,
             total = limits.outputs_total_bytes,
             timeout = limits.default_timeout_ms,
             mem = limits.memory_bytes >> 20,
             out = limits.output_bytes,
+            tools = match self.runner.tools() {
+                Some(t) => {
+                    let l = self.runner.tool_limits();
+                    format!(
+                        "Code can call the tools of this session's MCP servers ({}) in a loop, instead of one model turn per call: list them in `tools` (which_tools lists them); result(value) sets this call's `result` and log(level, message) adds to its `logs`. At most {} tool calls per run, {} bytes per argument or answer, {} ms per call, {} at once; each breach raises a ToolError the code can catch.",
+                        t.server_names().join(", "), l.max_calls, l.max_bytes, l.call_timeout_ms, l.concurrent
+                    )
+                }
+                None => "No tools are given to this server.".to_owned(),
+            },
             conf = match self.runner.confinement().as_str() {
                 "none" => "none: nothing confines the code (the user accepted unconfined runs)".to_owned(),
                 label => format!("{label}: writes outside the workspace and the run's own directory are refused"),
@@ -118,6 +147,11 @@ impl CodeServer {
         );
         vec![
             Tool::new("run_code", description, as_object(run_code)),
+            Tool::new(
+                "which_tools",
+                "The tools code can call from run_code (list them in its `tools`), with their descriptions and input schemas.",
+                as_object(json!({"type": "object", "properties": {}, "additionalProperties": false})),
+            ),
             Tool::new(
                 "which_languages",
                 "Which languages run_code can run here, with which interpreter and version (probed once).",
@@ -148,6 +182,30 @@ impl CodeServer {
             CallToolResult::error(content)
         };
         out.structured_content = serde_json::to_value(&result).ok();
+        out
+    }
+
+    async fn which_tools(&self) -> CallToolResult {
+        let (tools, failed) = match self.runner.tools() {
+            Some(t) => t.all().await,
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut text = String::new();
+        for t in &tools {
+            text.push_str(&format!(
+                "{}: {}\n",
+                t.name,
+                t.description.lines().next().unwrap_or("")
+            ));
+        }
+        for f in &failed {
+            text.push_str(&format!("unavailable: {f}\n"));
+        }
+        if tools.is_empty() && failed.is_empty() {
+            text.push_str("no tools: this session's MCP servers were not given to run_code\n");
+        }
+        let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+        out.structured_content = Some(json!({"tools": tools, "unavailable": failed}));
         out
     }
 
@@ -235,9 +293,10 @@ impl ServerHandler for CodeServer {
                 }
             },
             "which_languages" => self.which_languages().await,
+            "which_tools" => self.which_tools().await,
             other => {
                 return Err(ErrorData::invalid_params(
-                    format!("no tool named {other:?}; the tools are run_code and which_languages"),
+                    format!("no tool named {other:?}; the tools are run_code, which_tools and which_languages"),
                     None,
                 ))
             }

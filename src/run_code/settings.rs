@@ -44,6 +44,19 @@ pub struct RunCodeSettings {
     /// and the text the model reads starts with UNCONFINED.
     #[serde(default)]
     pub allow_unconfined: bool,
+    /// Tool calls one run may make (default 1000).
+    #[serde(default)]
+    pub max_tool_calls: Option<u32>,
+    /// The largest tool argument, answer or `result()` value in bytes of
+    /// JSON (default 1 MiB).
+    #[serde(default)]
+    pub max_tool_bytes: Option<usize>,
+    /// How long one tool call may take (default 30 s).
+    #[serde(default)]
+    pub tool_call_timeout_ms: Option<u64>,
+    /// Tool calls in flight at once (default 8).
+    #[serde(default)]
+    pub concurrent_tool_calls: Option<usize>,
 }
 
 /// The keys [`RunCodeSettings`] knows, for the warning about a misspelled one.
@@ -58,6 +71,10 @@ pub const KNOWN_KEYS: &[&str] = &[
     "maxOutputFileBytes",
     "maxOutputsTotalBytes",
     "allowUnconfined",
+    "maxToolCalls",
+    "maxToolBytes",
+    "toolCallTimeoutMs",
+    "concurrentToolCalls",
 ];
 
 /// The ceilings every run gets, resolved from the settings.
@@ -85,6 +102,20 @@ impl Default for Limits {
 }
 
 impl RunCodeSettings {
+    pub fn tool_limits(&self) -> super::tools::ToolLimits {
+        let d = super::tools::ToolLimits::default();
+        super::tools::ToolLimits {
+            max_calls: self.max_tool_calls.unwrap_or(d.max_calls),
+            max_bytes: self.max_tool_bytes.unwrap_or(d.max_bytes).max(1024),
+            call_timeout_ms: self
+                .tool_call_timeout_ms
+                .unwrap_or(d.call_timeout_ms)
+                .max(1),
+            concurrent: self.concurrent_tool_calls.unwrap_or(d.concurrent).max(1),
+            ..d
+        }
+    }
+
     pub fn limits(&self) -> Limits {
         let d = Limits::default();
         let max_timeout_ms = self.max_timeout_ms.unwrap_or(d.max_timeout_ms).max(1);

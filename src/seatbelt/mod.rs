@@ -251,6 +251,15 @@ fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
             }
         }
     }
+    for path in &policy.network.served_sockets {
+        allowed.push((
+            "a socket zcode-acp serves this sandbox (it judges every request)".to_owned(),
+            format!(
+                "(remote unix-socket (path-literal {}))",
+                quote::string(path)?
+            ),
+        ));
+    }
     for (why, f) in allowed {
         comment(out, &why);
         let _ = writeln!(out, "(allow network-outbound {f})");

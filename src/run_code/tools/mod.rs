@@ -1,0 +1,101 @@
+//! Code that calls tools: a `run_code` call that lists `tools` gets a
+//! per-call JSON-RPC server on a Unix socket in its own directory
+//! ([`rpc`]), a generated stub module for its language ([`stubs`]), and
+//! exactly the tools it listed, proxied to the session's MCP servers
+//! ([`mcp`]). The server, the socket and the stubs end with the run.
+
+pub mod mcp;
+pub mod rpc;
+pub mod stubs;
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Language;
+
+/// The variable that tells the code where its tools socket is.
+pub const SOCKET_ENV: &str = "ZCODE_TOOLS_SOCKET";
+/// The socket's name in the call directory (short: see
+/// [`rpc::MAX_SOCKET_PATH`]).
+pub const SOCKET_NAME: &str = "tools.sock";
+
+/// A tool a run may list: its full name (`server.tool`), what it does and
+/// its input schema, as its server described it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// A refused or failed call, as the script's `ToolError` carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFailure {
+    /// `not_allowed`, `call_limit`, `too_large`, `timeout`,
+    /// `too_many_at_once`, `tool_error`, `unavailable`, `bad_request`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ToolFailure {
+    pub fn new(code: &'static str, message: impl Into<String>) -> ToolFailure {
+        ToolFailure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// The bounds of one run's tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolLimits {
+    /// Calls one run may make.
+    pub max_calls: u32,
+    /// The largest argument object, tool answer or `result()` value, as
+    /// JSON bytes.
+    pub max_bytes: usize,
+    /// How long one call may take.
+    pub call_timeout_ms: u64,
+    /// Calls in flight at once.
+    pub concurrent: usize,
+    /// Entries kept in `logs`, and the longest message.
+    pub max_logs: usize,
+    pub max_log_bytes: usize,
+}
+
+impl Default for ToolLimits {
+    fn default() -> ToolLimits {
+        ToolLimits {
+            max_calls: 1000,
+            max_bytes: 1 << 20,
+            call_timeout_ms: 30_000,
+            concurrent: 8,
+            max_logs: 1000,
+            max_log_bytes: 4096,
+        }
+    }
+}
+
+/// Writes the stub module for `language` into the call directory `dir`.
+/// Shells get none: they reach the socket with any client (`nc -U`,
+/// `socat`), one JSON-RPC object per line.
+pub fn write_stubs(dir: &Path, language: Language, specs: &[ToolSpec]) -> std::io::Result<()> {
+    match language {
+        Language::Python => std::fs::write(
+            dir.join(format!("{}.py", stubs::PYTHON_MODULE)),
+            stubs::python(specs, SOCKET_ENV),
+        ),
+        Language::Node | Language::Typescript => {
+            let pkg = dir.join("node_modules").join(stubs::NODE_PACKAGE);
+            std::fs::create_dir_all(&pkg)?;
+            std::fs::write(pkg.join("package.json"), stubs::node_package())?;
+            std::fs::write(pkg.join("index.mjs"), stubs::node_esm(specs, SOCKET_ENV))?;
+            std::fs::write(pkg.join("index.cjs"), stubs::node_cjs(specs, SOCKET_ENV))?;
+            std::fs::write(pkg.join("index.d.ts"), stubs::node_types(specs))
+        }
+        Language::Bash | Language::Sh => Ok(()),
+    }
+}

@@ -1,0 +1,499 @@
+//! The per-call tools server: JSON-RPC 2.0, one object per line, on a
+//! Unix socket in the run's own directory, living exactly as long as the
+//! run. Methods: `call {tool, args}`, `result {value}`, `log {level,
+//! message}`. Every bound it keeps is a JSON-RPC error whose `data.code`
+//! the stubs raise as `ToolError.code`, and a line in the run's `logs`.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+
+use super::{ToolFailure, ToolLimits};
+
+/// The longest a run's socket path may be: `sun_path` holds 108 bytes on
+/// Linux and 104 on macOS, the terminating NUL included.
+pub const MAX_SOCKET_PATH: usize = 103;
+
+/// Makes one tool call (the session's MCP servers, the editor).
+pub trait Caller: Send + Sync {
+    fn call<'a>(
+        &'a self,
+        tool: &'a str,
+        args: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, ToolFailure>> + Send + 'a>>;
+}
+
+/// One entry of a run's `logs`; `t` is milliseconds since the run began.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LogEntry {
+    pub level: String,
+    pub message: String,
+    pub t: u64,
+}
+
+/// What the script (and the server) left when the run ended.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub result: Option<Value>,
+    pub logs: Vec<LogEntry>,
+    pub calls: u32,
+}
+
+struct State {
+    calls: u32,
+    in_flight: usize,
+    result: Option<Value>,
+    logs: Vec<LogEntry>,
+    logs_dropped: u64,
+    /// Breaches already said in the logs (said once each, with a count at
+    /// the end).
+    breaches: std::collections::BTreeMap<&'static str, u64>,
+}
+
+struct Shared {
+    allowed: BTreeSet<String>,
+    caller: Arc<dyn Caller>,
+    limits: ToolLimits,
+    started: Instant,
+    state: Mutex<State>,
+}
+
+/// The server of one run.
+pub struct RpcServer {
+    shared: Arc<Shared>,
+    /// Taken by `finish`; aborted on drop (a run that never started).
+    accept: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        if let Some(accept) = &self.accept {
+            accept.abort();
+        }
+    }
+}
+
+impl RpcServer {
+    /// Binds `path` (owner-only) and serves it until [`RpcServer::finish`].
+    pub fn start(
+        path: &Path,
+        allowed: BTreeSet<String>,
+        caller: Arc<dyn Caller>,
+        limits: ToolLimits,
+    ) -> std::io::Result<RpcServer> {
+        if path.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(std::io::Error::other(format!(
+                "the tools socket's path {} is {} bytes, more than a Unix socket takes ({MAX_SOCKET_PATH}); set TMPDIR to a shorter directory",
+                path.display(),
+                path.as_os_str().len()
+            )));
+        }
+        let listener = UnixListener::bind(path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let shared = Arc::new(Shared {
+            allowed,
+            caller,
+            limits,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                calls: 0,
+                in_flight: 0,
+                result: None,
+                logs: Vec::new(),
+                logs_dropped: 0,
+                breaches: Default::default(),
+            }),
+        });
+        let s = shared.clone();
+        let accept = tokio::spawn(async move {
+            // The connections die with this task: aborting it at the end
+            // of the run drops the set, which aborts every call in flight.
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => { connections.spawn(serve(stream, s.clone())); }
+                        Err(e) => {
+                            tracing::debug!("the tools socket stopped accepting: {e}");
+                            break;
+                        }
+                    },
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+            while connections.join_next().await.is_some() {}
+        });
+        Ok(RpcServer {
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    /// Ends the server (calls still in flight are dropped: the run is
+    /// over) and returns what the run left.
+    pub async fn finish(mut self) -> Outcome {
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+            let _ = accept.await;
+        }
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut logs = std::mem::take(&mut st.logs);
+        let t = self.shared.started.elapsed().as_millis() as u64;
+        for (code, n) in &st.breaches {
+            if *n > 1 {
+                logs.push(LogEntry {
+                    level: "warn".into(),
+                    message: format!("zcode-acp: {n} calls in all were refused with {code}"),
+                    t,
+                });
+            }
+        }
+        if st.logs_dropped > 0 {
+            logs.push(LogEntry {
+                level: "warn".into(),
+                message: format!(
+                    "zcode-acp: {} more log entries were dropped (at most {} are kept)",
+                    st.logs_dropped, self.shared.limits.max_logs
+                ),
+                t,
+            });
+        }
+        Outcome {
+            result: st.result.take(),
+            logs,
+            calls: st.calls,
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn log(&self, st: &mut State, level: &str, message: String) {
+        if st.logs.len() >= self.limits.max_logs {
+            st.logs_dropped += 1;
+            return;
+        }
+        let message = cut(message, self.limits.max_log_bytes);
+        st.logs.push(LogEntry {
+            level: level.to_owned(),
+            message,
+            t: self.started.elapsed().as_millis() as u64,
+        });
+    }
+
+    /// A refusal: the script gets the error, the logs say it (once per
+    /// kind; the count is added at the end).
+    fn breach(&self, code: &'static str, message: String) -> ToolFailure {
+        let mut st = self.lock();
+        let n = st.breaches.entry(code).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.log(&mut st, "warn", format!("zcode-acp: {code}: {message}"));
+        }
+        ToolFailure::new(code, message)
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("…[cut]");
+    }
+    s
+}
+
+/// Serves one connection: requests are read one line at a time and each
+/// is answered by a task of its own (a script may have several calls in
+/// flight); answers go back through one writer.
+async fn serve(stream: UnixStream, shared: Arc<Shared>) {
+    let (mut reader, mut writer) = stream.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let write = tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push(b'\n');
+            if writer.write_all(&line).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut calls = JoinSet::new();
+    // A line is at most the argument ceiling plus room for the envelope.
+    let max_line = shared.limits.max_bytes + 4096;
+    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut skipping: Option<Value> = None;
+    loop {
+        let n = tokio::select! {
+            n = reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
+            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+        };
+        let mut rest = &chunk[..n];
+        while !rest.is_empty() {
+            let (part, ended) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], Some(i + 1)),
+                None => (rest, None),
+            };
+            if skipping.is_none() {
+                buf.extend_from_slice(part);
+                if buf.len() > max_line {
+                    // Too long to take: answered (by the id its first
+                    // bytes carry) once the line ends, the rest unread.
+                    skipping = Some(leading_id(&buf));
+                    buf.clear();
+                }
+            }
+            let Some(used) = ended else { break };
+            rest = &rest[used..];
+            if let Some(id) = skipping.take() {
+                let f = shared.breach(
+                    "too_large",
+                    format!(
+                        "a request of more than {} bytes was refused unread; pass less per call",
+                        shared.limits.max_bytes
+                    ),
+                );
+                let _ = tx.send(answer(&id, Err(f)));
+                continue;
+            }
+            let line = std::mem::take(&mut buf);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let (shared, tx) = (shared.clone(), tx.clone());
+            calls.spawn(async move {
+                if let Some(reply) = handle(&line, &shared).await {
+                    let _ = tx.send(reply);
+                }
+            });
+        }
+    }
+    // The script closed its end: what it asked is still answered (a
+    // `result` sent just before exit), then the writer ends.
+    while calls.join_next().await.is_some() {}
+    drop(tx);
+    let _ = write.await;
+}
+
+/// The id at the start of an over-long line (the stubs write it first).
+fn leading_id(head: &[u8]) -> Value {
+    let head = &head[..head.len().min(128)];
+    let text = String::from_utf8_lossy(head);
+    text.split_once("\"id\":")
+        .and_then(|(_, rest)| {
+            let digits: String = rest
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse::<u64>().ok()
+        })
+        .map_or(Value::Null, Value::from)
+}
+
+fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {
+    let v = match outcome {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(f) => json!({"jsonrpc": "2.0", "id": id, "error": {
+            "code": -32000, "message": f.message, "data": {"code": f.code}
+        }}),
+    };
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// One request; None for a notification (no id), which gets no answer.
+async fn handle(line: &[u8], shared: &Shared) -> Option<Vec<u8>> {
+    let msg: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => {
+            let f = shared.breach("bad_request", format!("a request that is not JSON: {e}"));
+            return Some(answer(&leading_id(line), Err(f)));
+        }
+    };
+    let id = msg.get("id").cloned();
+    let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let outcome = match method {
+        "call" => call(shared, &params).await,
+        "result" => {
+            let value = params.get("value").cloned().unwrap_or(Value::Null);
+            let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
+            if size > shared.limits.max_bytes {
+                Err(shared.breach(
+                    "too_large",
+                    format!(
+                        "result() was given {size} bytes, more than {}; return less, or write a file to $ZCODE_RUN_OUTPUTS",
+                        shared.limits.max_bytes
+                    ),
+                ))
+            } else {
+                shared.lock().result = Some(value);
+                Ok(Value::Null)
+            }
+        }
+        "log" => {
+            let level = match params.get("level").and_then(Value::as_str) {
+                Some(l @ ("debug" | "info" | "warn" | "error")) => l.to_owned(),
+                Some("warning") => "warn".to_owned(),
+                _ => "info".to_owned(),
+            };
+            let message = match params.get("message") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            let mut st = shared.lock();
+            shared.log(&mut st, &level, message);
+            Ok(Value::Null)
+        }
+        other => Err(shared.breach(
+            "bad_request",
+            format!("no method {other:?}; the methods are call, result and log"),
+        )),
+    };
+    id.map(|id| answer(&id, outcome))
+}
+
+/// A tool call, checked against every bound before it is made.
+async fn call(shared: &Shared, params: &Value) -> Result<Value, ToolFailure> {
+    let Some(tool) = params.get("tool").and_then(Value::as_str) else {
+        return Err(shared.breach(
+            "bad_request",
+            "a call names no tool (params: {tool, args})".into(),
+        ));
+    };
+    if !shared.allowed.contains(tool) {
+        return Err(shared.breach(
+            "not_allowed",
+            format!(
+                "{tool:?} is not among this run's tools ({}); list it in run_code's `tools`",
+                shared
+                    .allowed
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let args = match params.get("args") {
+        None | Some(Value::Null) => json!({}),
+        Some(a @ Value::Object(_)) => a.clone(),
+        Some(_) => {
+            return Err(shared.breach(
+                "bad_request",
+                format!("the arguments of {tool} must be an object"),
+            ))
+        }
+    };
+    let size = serde_json::to_vec(&args).map_or(0, |v| v.len());
+    if size > shared.limits.max_bytes {
+        return Err(shared.breach(
+            "too_large",
+            format!(
+                "the arguments of {tool} are {size} bytes, more than {}",
+                shared.limits.max_bytes
+            ),
+        ));
+    }
+    {
+        let mut st = shared.lock();
+        if st.calls >= shared.limits.max_calls {
+            drop(st);
+            return Err(shared.breach(
+                "call_limit",
+                format!(
+                    "this run has made its {} tool calls, the most a run may; do the rest in another run_code call",
+                    shared.limits.max_calls
+                ),
+            ));
+        }
+        if st.in_flight >= shared.limits.concurrent {
+            drop(st);
+            return Err(shared.breach(
+                "too_many_at_once",
+                format!(
+                    "{} calls are in flight already, the most at once; await some before starting more",
+                    shared.limits.concurrent
+                ),
+            ));
+        }
+        st.calls += 1;
+        st.in_flight += 1;
+    }
+    struct InFlight<'a>(&'a Shared);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.lock().in_flight -= 1;
+        }
+    }
+    let _in_flight = InFlight(shared);
+    let timeout = Duration::from_millis(shared.limits.call_timeout_ms);
+    let value = match tokio::time::timeout(timeout, shared.caller.call(tool, args)).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(f)) => {
+            let mut st = shared.lock();
+            shared.log(
+                &mut st,
+                "warn",
+                format!("zcode-acp: {tool}: {}: {}", f.code, f.message),
+            );
+            return Err(f);
+        }
+        Err(_) => {
+            return Err(shared.breach(
+                "timeout",
+                format!(
+                    "{tool} did not answer within {} ms",
+                    shared.limits.call_timeout_ms
+                ),
+            ))
+        }
+    };
+    let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
+    if size > shared.limits.max_bytes {
+        return Err(shared.breach(
+            "too_large",
+            format!(
+                "{tool} returned {size} bytes, more than {}; ask it for less",
+                shared.limits.max_bytes
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_over_long_lines_id_is_read_from_its_first_bytes() {
+        assert_eq!(leading_id(br#"{"id":42,"jsonrpc":"2.0","#), json!(42));
+        assert_eq!(leading_id(br#"{"id": 7, "#), json!(7));
+        assert_eq!(leading_id(br#"{"jsonrpc":"2.0""#), Value::Null);
+    }
+
+    #[test]
+    fn cut_keeps_whole_characters() {
+        assert_eq!(cut("ééé".into(), 3), "é…[cut]");
+        assert_eq!(cut("abc".into(), 3), "abc");
+    }
+}

@@ -1,0 +1,590 @@
+//! The stub modules a run imports to call its tools (pure builders: text
+//! in, text out). Python gets `zcode_tools.py` beside the source (the
+//! script's directory is first on `sys.path`); node and typescript get a
+//! package `zcode-tools` under the call directory's `node_modules/` (ES
+//! modules ignore NODE_PATH), with an ES module, a CommonJS twin for
+//! `require`, and type declarations.
+//!
+//! Tool names and descriptions come from MCP servers, so nothing of them
+//! is pasted into code as it is: names become checked identifiers, and
+//! every string is a JSON literal (valid in Python and JavaScript alike).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::ToolSpec;
+
+/// The module's name, in both languages.
+pub const PYTHON_MODULE: &str = "zcode_tools";
+pub const NODE_PACKAGE: &str = "zcode-tools";
+
+/// Names the module defines itself, and the languages' keywords: a tool
+/// group or a tool named so gets a trailing `_`.
+const TAKEN: &[&str] = &[
+    "call",
+    "result",
+    "log",
+    "ToolError",
+    "default",
+    "and",
+    "as",
+    "assert",
+    "async",
+    "await",
+    "break",
+    "case",
+    "catch",
+    "class",
+    "const",
+    "continue",
+    "debugger",
+    "def",
+    "del",
+    "delete",
+    "do",
+    "elif",
+    "else",
+    "enum",
+    "except",
+    "export",
+    "extends",
+    "false",
+    "False",
+    "finally",
+    "for",
+    "from",
+    "function",
+    "global",
+    "if",
+    "import",
+    "in",
+    "instanceof",
+    "is",
+    "lambda",
+    "let",
+    "new",
+    "None",
+    "nonlocal",
+    "not",
+    "null",
+    "or",
+    "pass",
+    "raise",
+    "return",
+    "static",
+    "super",
+    "switch",
+    "this",
+    "throw",
+    "true",
+    "True",
+    "try",
+    "typeof",
+    "var",
+    "void",
+    "while",
+    "with",
+    "yield",
+];
+
+/// `name` as an identifier of both languages: ASCII letters, digits and
+/// `_`, not starting with a digit, not a keyword.
+pub fn identifier(name: &str) -> String {
+    let mut id: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if id.is_empty() || id.starts_with(|c: char| c.is_ascii_digit()) {
+        id.insert(0, '_');
+    }
+    if TAKEN.contains(&id.as_str()) {
+        id.push('_');
+    }
+    id
+}
+
+/// The tools grouped by what comes before their first `.`, each with the
+/// identifier it is called by. Two names that read the same as
+/// identifiers get `_2`, `_3`...
+fn grouped(specs: &[ToolSpec]) -> BTreeMap<String, Vec<(String, &ToolSpec)>> {
+    let mut groups: BTreeMap<String, Vec<(String, &ToolSpec)>> = BTreeMap::new();
+    for spec in specs {
+        let (group, tool) = spec.name.split_once('.').unwrap_or(("tools", &spec.name));
+        let members = groups.entry(identifier(group)).or_default();
+        let base = identifier(tool);
+        let mut id = base.clone();
+        let mut n = 2;
+        while members.iter().any(|(taken, _)| *taken == id) {
+            id = format!("{base}_{n}");
+            n += 1;
+        }
+        members.push((id, spec));
+    }
+    groups
+}
+
+fn literal(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+/// A tool's documentation: its description and its parameters as the
+/// input schema gives them.
+fn doc(spec: &ToolSpec) -> String {
+    let mut d = spec.description.trim().to_owned();
+    let props = spec
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object);
+    let required: Vec<&str> = spec
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(props) = props.filter(|p| !p.is_empty()) {
+        d.push_str("\n\nParameters:\n");
+        for (name, schema) in props {
+            let ty = schema
+                .get("type")
+                .map(|t| t.to_string())
+                .unwrap_or_default();
+            let what = schema
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let req = if required.contains(&name.as_str()) {
+                "required"
+            } else {
+                "optional"
+            };
+            d.push_str(&format!(
+                "  {name} ({} {req}): {what}\n",
+                ty.trim_matches('"')
+            ));
+        }
+    }
+    d.push_str(&format!(
+        "\nCalls `{}`; raises ToolError on failure.",
+        spec.name
+    ));
+    d
+}
+
+/// `zcode_tools.py`.
+pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
+    let mut out = String::from(PYTHON_HEAD).replace("@SOCKET_ENV@", &literal(socket_env));
+    for (group, members) in grouped(specs) {
+        let mut fields = Vec::new();
+        for (id, spec) in members {
+            let f = format!("_{group}__{id}");
+            out.push_str(&format!(
+                "\ndef {f}(args=None, **kwargs):\n    return call({name}, args, **kwargs)\n{f}.__name__ = {id_lit}\n{f}.__doc__ = {doc}\n",
+                name = literal(&spec.name),
+                id_lit = literal(&id),
+                doc = literal(&doc(spec)),
+            ));
+            fields.push(format!("{id}={f}"));
+        }
+        out.push_str(&format!(
+            "{group} = _Group({name}, {})\n",
+            fields.join(", "),
+            name = literal(&group)
+        ));
+    }
+    out
+}
+
+/// The package's `index.mjs` (ES module).
+pub fn node_esm(specs: &[ToolSpec], socket_env: &str) -> String {
+    let body = node_body(specs, socket_env);
+    let groups: Vec<String> = grouped(specs).into_keys().collect();
+    let mut out = format!("import net from \"node:net\";\n{body}");
+    for g in &groups {
+        out.push_str(&format!("export {{ {g} }};\n"));
+    }
+    out.push_str("export { ToolError, call, result, log };\n");
+    out.push_str(&format!(
+        "export default {{ ToolError, call, result, log{} }};\n",
+        groups.iter().map(|g| format!(", {g}")).collect::<String>()
+    ));
+    out
+}
+
+/// The package's `index.cjs` (for `require`, from a CommonJS source).
+pub fn node_cjs(specs: &[ToolSpec], socket_env: &str) -> String {
+    let body = node_body(specs, socket_env);
+    let groups: Vec<String> = grouped(specs).into_keys().collect();
+    format!(
+        "\"use strict\";\nconst net = require(\"node:net\");\n{body}module.exports = {{ ToolError, call, result, log{} }};\n",
+        groups.iter().map(|g| format!(", {g}")).collect::<String>()
+    )
+}
+
+fn node_body(specs: &[ToolSpec], socket_env: &str) -> String {
+    let mut out = String::from(NODE_BODY).replace("@SOCKET_ENV@", &literal(socket_env));
+    for (group, members) in grouped(specs) {
+        out.push_str(&format!("const {group} = Object.freeze({{\n"));
+        for (id, spec) in members {
+            out.push_str(&format!(
+                "  {}\n  {id}: (args = {{}}) => call({}, args),\n",
+                js_comment(&doc(spec)),
+                literal(&spec.name)
+            ));
+        }
+        out.push_str("});\n");
+    }
+    out
+}
+
+/// A JSDoc comment that no text can end early.
+fn js_comment(text: &str) -> String {
+    let safe = text.replace("*/", "*\\/");
+    format!(
+        "/**\n{}\n   */",
+        safe.lines()
+            .map(|l| format!("   * {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
+}
+
+/// The package's `index.d.ts`: each tool's arguments as a type.
+pub fn node_types(specs: &[ToolSpec]) -> String {
+    let mut out = String::from(
+        "export declare class ToolError extends Error {\n  /** not_allowed, call_limit, too_large, timeout, too_many_at_once, tool_error, unavailable, bad_request */\n  code: string;\n}\n\
+         /** Calls a tool by its full name (`server.tool`). */\n\
+         export declare function call(name: string, args?: Record<string, unknown>): Promise<unknown>;\n\
+         /** Sets the call's structured `result` (JSON; the last call wins). */\n\
+         export declare function result(value: unknown): Promise<void>;\n\
+         /** Adds an entry to the call's `logs`. */\n\
+         export declare function log(level: \"debug\" | \"info\" | \"warn\" | \"error\", message: string): Promise<void>;\n",
+    );
+    let groups = grouped(specs);
+    for (group, members) in &groups {
+        out.push_str(&format!("export declare const {group}: {{\n"));
+        for (id, spec) in members {
+            out.push_str(&format!(
+                "  {}\n  {id}(args: {}): Promise<unknown>;\n",
+                js_comment(&doc(spec)),
+                ts_object(&spec.input_schema)
+            ));
+        }
+        out.push_str("};\n");
+    }
+    out.push_str(&format!(
+        "declare const _default: {{ ToolError: typeof ToolError; call: typeof call; result: typeof result; log: typeof log{} }};\nexport default _default;\n",
+        groups
+            .keys()
+            .map(|g| format!("; {g}: typeof {g}"))
+            .collect::<String>()
+    ));
+    out
+}
+
+fn ts_object(schema: &Value) -> String {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return "Record<string, unknown>".into();
+    };
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let fields: Vec<String> = props
+        .iter()
+        .map(|(name, s)| {
+            let opt = if required.contains(&name.as_str()) {
+                ""
+            } else {
+                "?"
+            };
+            format!("{}{opt}: {}", literal(name), ts_type(s))
+        })
+        .collect();
+    format!("{{ {} }}", fields.join("; "))
+}
+
+fn ts_type(schema: &Value) -> String {
+    match schema.get("type").and_then(Value::as_str) {
+        Some("string") => "string".into(),
+        Some("number" | "integer") => "number".into(),
+        Some("boolean") => "boolean".into(),
+        Some("null") => "null".into(),
+        Some("array") => match schema.get("items") {
+            Some(items) => format!("Array<{}>", ts_type(items)),
+            None => "unknown[]".into(),
+        },
+        Some("object") => ts_object(schema),
+        _ => "unknown".into(),
+    }
+}
+
+/// The package's `package.json`.
+pub fn node_package() -> String {
+    serde_json::json!({
+        "name": NODE_PACKAGE,
+        "private": true,
+        "type": "module",
+        "types": "./index.d.ts",
+        "exports": {".": {
+            "types": "./index.d.ts",
+            "import": "./index.mjs",
+            "require": "./index.cjs"
+        }}
+    })
+    .to_string()
+}
+
+const PYTHON_HEAD: &str = r#""""The tools this run may call (written by zcode-acp for one run_code call).
+
+    import zcode_tools
+    files = zcode_tools.fs.list_files({"path": "."})   # or list_files(path=".")
+    zcode_tools.log("info", f"{len(files)} files")
+    zcode_tools.result({"count": len(files)})
+
+Every function raises zcode_tools.ToolError (with .code) when the call is
+refused or fails; catch it to go on.
+"""
+import json as _json
+import os as _os
+import socket as _socket
+import threading as _threading
+import types as _types
+
+__all__ = ["ToolError", "call", "result", "log"]
+
+
+class ToolError(Exception):
+    """A refused or failed call. `code`: not_allowed, call_limit, too_large,
+    timeout, too_many_at_once, tool_error, unavailable or bad_request."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+_SOCKET_ENV = @SOCKET_ENV@
+_local = _threading.local()
+_ids = iter(range(1, 1 << 62))
+_ids_lock = _threading.Lock()
+
+
+def _connection():
+    held = getattr(_local, "held", None)
+    if held is None:
+        path = _os.environ.get(_SOCKET_ENV)
+        if not path:
+            raise ToolError("unavailable", f"${_SOCKET_ENV} is not set: tools work only in a run_code run that asked for them")
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except OSError as e:
+            s.close()
+            raise ToolError("unavailable", f"cannot reach the tools server: {e}") from None
+        held = _local.held = (s, s.makefile("rb"))
+    return held
+
+
+def _rpc(method, params):
+    with _ids_lock:
+        i = next(_ids)
+    try:
+        line = _json.dumps({"id": i, "jsonrpc": "2.0", "method": method, "params": params},
+                           separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise ToolError("bad_request", f"not JSON: {e}") from None
+    s, reader = _connection()
+    try:
+        s.sendall(line.encode("utf-8") + b"\n")
+        while True:
+            answer = reader.readline()
+            if not answer:
+                raise ToolError("unavailable", "the tools server closed the connection (the run is ending)")
+            m = _json.loads(answer)
+            if m.get("id") == i:
+                break
+    except OSError as e:
+        _local.held = None
+        raise ToolError("unavailable", f"the tools server connection failed: {e}") from None
+    if "error" in m:
+        e = m["error"]
+        raise ToolError((e.get("data") or {}).get("code", "error"), e.get("message", ""))
+    return m.get("result")
+
+
+def call(name, args=None, **kwargs):
+    """Calls a tool by its full name (`server.tool`) with a dict of arguments
+    (or keyword arguments); returns what it returned."""
+    merged = dict(args or {})
+    merged.update(kwargs)
+    return _rpc("call", {"tool": name, "args": merged})
+
+
+def result(value):
+    """Sets the call's structured `result` (JSON; the last call wins)."""
+    _rpc("result", {"value": value})
+
+
+def log(level, message):
+    """Adds {level, message, t} to the call's `logs` (debug, info, warn, error)."""
+    _rpc("log", {"level": str(level), "message": str(message)})
+
+
+class _Group(_types.SimpleNamespace):
+    def __init__(self, name, **tools):
+        super().__init__(**tools)
+        self.__doc__ = f"Tools of the MCP server {name!r}."
+        __all__.append(name)
+"#;
+
+const NODE_BODY: &str = r#"// The tools this run may call (written by zcode-acp for one run_code call).
+//   import { fs, log, result, ToolError } from "zcode-tools";
+//   const files = await fs.list_files({ path: "." });
+//   await result({ count: files.length });
+// Every function returns a promise, rejected with a ToolError (with .code)
+// when the call is refused or fails.
+class ToolError extends Error {
+  constructor(code, message) {
+    super(`${code}: ${message}`);
+    this.name = "ToolError";
+    this.code = code;
+  }
+}
+const SOCKET_ENV = @SOCKET_ENV@;
+let socket = null;
+let buffered = "";
+let nextId = 0;
+const pending = new Map();
+function connection() {
+  if (socket) return socket;
+  const path = process.env[SOCKET_ENV];
+  if (!path) throw new ToolError("unavailable", `$${SOCKET_ENV} is not set: tools work only in a run_code run that asked for them`);
+  const s = net.createConnection(path);
+  s.setEncoding("utf8");
+  s.on("data", (chunk) => {
+    buffered += chunk;
+    let nl;
+    while ((nl = buffered.indexOf("\n")) >= 0) {
+      const line = buffered.slice(0, nl);
+      buffered = buffered.slice(nl + 1);
+      let m;
+      try { m = JSON.parse(line); } catch { continue; }
+      const p = pending.get(m.id);
+      if (!p) continue;
+      pending.delete(m.id);
+      // Idle, the connection does not keep the script alive.
+      if (pending.size === 0) s.unref();
+      if (m.error) p.reject(new ToolError((m.error.data && m.error.data.code) || "error", m.error.message));
+      else p.resolve(m.result);
+    }
+  });
+  const fail = (why) => {
+    for (const p of pending.values()) p.reject(new ToolError("unavailable", why));
+    pending.clear();
+    socket = null;
+  };
+  s.on("error", (e) => fail(`the tools server connection failed: ${e.message}`));
+  s.on("close", () => fail("the tools server closed the connection (the run is ending)"));
+  socket = s;
+  return s;
+}
+function rpc(method, params) {
+  return new Promise((resolve, reject) => {
+    let line;
+    try {
+      line = JSON.stringify({ id: ++nextId, jsonrpc: "2.0", method, params });
+    } catch (e) {
+      return reject(new ToolError("bad_request", `not JSON: ${e.message}`));
+    }
+    let s;
+    try { s = connection(); } catch (e) { return reject(e); }
+    pending.set(nextId, { resolve, reject });
+    s.ref();
+    s.write(line + "\n");
+  });
+}
+/** Calls a tool by its full name (`server.tool`). */
+function call(name, args = {}) { return rpc("call", { tool: name, args }); }
+/** Sets the call's structured `result` (JSON; the last call wins). */
+function result(value) { return rpc("result", { value: value === undefined ? null : value }).then(() => undefined); }
+/** Adds {level, message, t} to the call's `logs` (debug, info, warn, error). */
+function log(level, message) { return rpc("log", { level: String(level), message: String(message) }).then(() => undefined); }
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(name: &str, description: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema: json!({"type": "object", "properties": {"path": {"type": "string", "description": "where"}, "n": {"type": "integer"}}, "required": ["path"]}),
+        }
+    }
+
+    #[test]
+    fn names_become_identifiers_of_both_languages() {
+        assert_eq!(identifier("list-files"), "list_files");
+        assert_eq!(identifier("2fa"), "_2fa");
+        assert_eq!(identifier("class"), "class_");
+        assert_eq!(identifier("result"), "result_");
+        assert_eq!(identifier("é"), "_");
+        let specs = [
+            spec("a-b.x", ""),
+            spec("a_b.x", ""),
+            spec("a.b-c", ""),
+            spec("a.b_c", ""),
+        ];
+        let g = grouped(&specs);
+        let ids: Vec<&str> = g["a_b"].iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["x", "x_2"]);
+        let ids: Vec<&str> = g["a"].iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["b_c", "b_c_2"]);
+    }
+
+    #[test]
+    fn descriptions_cannot_break_out_of_the_generated_code() {
+        let hostile = spec(
+            "fs.ls",
+            "\"\"\"\nimport os; os.system('x')\n*/ process.exit(1) /*\n\u{2028}",
+        );
+        let py = python(std::slice::from_ref(&hostile), "S");
+        assert!(!py.contains("\nimport os; os.system"), "{py}");
+        let js = node_esm(std::slice::from_ref(&hostile), "S");
+        assert!(!js.contains("*/ process.exit"), "{js}");
+        let ts = node_types(std::slice::from_ref(&hostile));
+        assert!(!ts.contains("*/ process.exit"), "{ts}");
+    }
+
+    #[test]
+    fn each_tool_is_a_function_of_its_group_with_its_schema() {
+        let specs = [
+            spec("fs.list_files", "Lists files."),
+            spec("fs.read", "Reads."),
+        ];
+        let py = python(&specs, "ZCODE_TOOLS_SOCKET");
+        assert!(
+            py.contains("fs = _Group(\"fs\", list_files=_fs__list_files, read=_fs__read)"),
+            "{py}"
+        );
+        assert!(py.contains("path (string required): where"), "{py}");
+        let ts = node_types(&specs);
+        assert!(
+            ts.contains(
+                "list_files(args: { \"path\": string; \"n\"?: number }): Promise<unknown>;"
+            ),
+            "{ts}"
+        );
+        let esm = node_esm(&specs, "ZCODE_TOOLS_SOCKET");
+        assert!(esm.contains("export { fs };"), "{esm}");
+        let cjs = node_cjs(&specs, "ZCODE_TOOLS_SOCKET");
+        assert!(
+            cjs.contains("module.exports = { ToolError, call, result, log, fs };"),
+            "{cjs}"
+        );
+    }
+}
