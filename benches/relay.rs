@@ -403,7 +403,7 @@ fn stream_vs_cat(n: usize, size: usize, runs: usize) -> String {
 /// mcp` (JSON-RPC over its stdio, as an agent calls it: staging, arming
 /// the sandbox, the run, collecting outputs, removing its directory)
 /// against running the same interpreter bare with `-c pass`.
-fn run_code_call(n: usize) -> String {
+fn run_code_call(n: usize, tool_calls: usize) -> String {
     let python = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -423,8 +423,20 @@ fn run_code_call(n: usize) -> String {
         serde_json::json!({"runCode": {"interpreters": {"python": [&python]}}}).to_string(),
     )
     .unwrap();
+    // The test's own MCP server (two tools), handed over as the bridge
+    // hands a session's servers.
+    let servers = home.path().join("servers.json");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+    std::fs::write(
+        &servers,
+        serde_json::json!([{"name": "fs", "command": &python, "args": [fixture], "env": []}])
+            .to_string(),
+    )
+    .unwrap();
     let mut child = Command::new(BIN)
         .args(["mcp", "--workspace", ws.path().to_str().unwrap()])
+        .arg("--servers")
+        .arg(&servers)
         .env("HOME", home.path())
         .env("XDG_CONFIG_HOME", home.path().join(".config"))
         .env("ZCODE_ACP_LOG", "error")
@@ -479,6 +491,32 @@ fn run_code_call(n: usize) -> String {
             took
         })
         .collect();
+    // Tool calls: N from one script, against N run_code calls of one
+    // each (what a model would do without tools in its code). The first
+    // call starts the MCP server: not timed.
+    let one = serde_json::json!({"name": "run_code", "arguments": {"language": "python",
+        "source": "import zcode_tools as t\nt.fs.echo(text='x')", "tools": ["fs.echo"]}});
+    let warm = call(1_000_000, "tools/call", one.clone());
+    assert_eq!(
+        warm["result"]["structuredContent"]["ok"], true,
+        "run_code with a tool failed: {warm}"
+    );
+    let start = Instant::now();
+    for i in 0..tool_calls {
+        let r = call(1_000_001 + i as u64, "tools/call", one.clone());
+        assert_eq!(r["result"]["structuredContent"]["toolCalls"], 1, "{r}");
+    }
+    let separate = start.elapsed();
+    let looped = serde_json::json!({"name": "run_code", "arguments": {"language": "python",
+        "source": format!("import zcode_tools as t\nfor i in range({tool_calls}):\n    t.fs.echo(text='x')"),
+        "tools": ["fs.echo"]}});
+    let start = Instant::now();
+    let r = call(2_000_000, "tools/call", looped);
+    let in_one = start.elapsed();
+    assert_eq!(
+        r["result"]["structuredContent"]["toolCalls"], tool_calls,
+        "{r}"
+    );
     drop(stdin);
     let _ = child.wait();
     let bare: Vec<Duration> = (0..n)
@@ -491,10 +529,14 @@ fn run_code_call(n: usize) -> String {
         .collect();
     let (bare, via) = (median(bare), median(timed));
     format!(
-        "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each) | {:.1} ms | {:.1} ms | {:.2}x |",
+        "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each) | {:.1} ms | {:.1} ms | {:.2}x |\n\
+         | {tool_calls} MCP tool calls (`fs.echo` of the bench's own stdio server): {tool_calls} `run_code` calls of one call each vs one `run_code` call whose python loop makes them all (goal: 0.1x at most, 10x faster) | {:.1} ms | {:.1} ms | {:.3}x |",
         bare.as_secs_f64() * 1e3,
         via.as_secs_f64() * 1e3,
-        via.as_secs_f64() / bare.as_secs_f64()
+        via.as_secs_f64() / bare.as_secs_f64(),
+        separate.as_secs_f64() * 1e3,
+        in_one.as_secs_f64() * 1e3,
+        in_one.as_secs_f64() / separate.as_secs_f64()
     )
 }
 
@@ -845,7 +887,10 @@ fn main() {
         ));
     }
     if wants("run_code") {
-        rows.push(run_code_call(if full { 30 } else { 2 }));
+        rows.push(run_code_call(
+            if full { 30 } else { 2 },
+            if full { 100 } else { 10 },
+        ));
     }
     if wants("writes") {
         rows.push(judged_writes(if full { 200 } else { 2 }));
