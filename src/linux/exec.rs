@@ -899,6 +899,14 @@ fn hide(path: &Path, plan: &Plan) -> Result<(), LaunchError> {
         // Under a private tmpfs and not carried over: out of reach.
         return Ok(());
     }
+    // Gone since the plan was made (a socket listed in /proc/net/unix then
+    // unlinked, as a run's tools socket is when its run ends): nothing is
+    // left to reach by that path, and what is bound there from now on is
+    // bound after the arming, like any other later socket.
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    if meta.as_ref().is_err_and(gone) {
+        return Ok(());
+    }
     if meta.is_ok_and(|m| m.is_dir()) {
         return sys_at(
             Syscall::Cover,
@@ -912,17 +920,19 @@ fn hide(path: &Path, plan: &Plan) -> Result<(), LaunchError> {
             ),
         );
     }
-    sys_at(
-        Syscall::Cover,
+    let covered = mount(
+        Some("/dev/null"),
         path,
-        mount(
-            Some("/dev/null"),
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        ),
-    )?;
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    );
+    if covered == Err(nix::errno::Errno::ENOENT)
+        && std::fs::symlink_metadata(path).is_err_and(|e| gone(&e))
+    {
+        return Ok(());
+    }
+    sys_at(Syscall::Cover, path, covered)?;
     setattr(path, false, sys::MOUNT_ATTR_RDONLY, 0)
 }
 

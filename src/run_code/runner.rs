@@ -50,7 +50,10 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(workspace: PathBuf, settings: RunCodeSettings, confiner: Confiner) -> Runner {
+        // Its real path: Seatbelt matches real paths (`/private/var/...`
+        // for macOS's `/var/folders/...`), and a run's socket is named in it.
         let temp_base = std::env::temp_dir();
+        let temp_base = std::fs::canonicalize(&temp_base).unwrap_or(temp_base);
         stage::sweep_stale(&temp_base);
         Runner {
             workspace,

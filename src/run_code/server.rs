@@ -53,10 +53,16 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
     let limits = settings.tool_limits();
     let runner = Runner::new(workspace.clone(), settings, confiner);
     Ok(match &args.servers {
-        Some(file) => {
-            let servers = super::tools::mcp::load(file)?;
-            runner.with_tools(super::tools::mcp::McpTools::new(servers, workspace), limits)
-        }
+        // A file that cannot be read costs the tools, not the server.
+        Some(file) => match super::tools::mcp::load(file) {
+            Ok(servers) => {
+                runner.with_tools(super::tools::mcp::McpTools::new(servers, workspace), limits)
+            }
+            Err(e) => {
+                tracing::warn!("{e:#}; runs get no tools");
+                runner
+            }
+        },
         None => runner,
     })
 }

@@ -123,11 +123,16 @@ struct Connection {
     tools: Vec<ToolSpec>,
 }
 
+/// A server's connection, once made.
+type ServerCell = tokio::sync::Mutex<Option<Arc<Connection>>>;
+
 /// The servers, connected on first use and kept for this server's life.
 pub struct McpTools {
     servers: Vec<ServerDef>,
     workspace: PathBuf,
-    connected: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    /// One cell per server: connecting to a slow one holds up only the
+    /// runs that use it.
+    connected: std::sync::Mutex<HashMap<String, Arc<ServerCell>>>,
 }
 
 impl McpTools {
@@ -144,12 +149,34 @@ impl McpTools {
     }
 
     async fn connection(&self, server: &str) -> Result<Arc<Connection>, String> {
-        let mut connected = self.connected.lock().await;
-        if let Some(c) = connected.get(server) {
+        let cell = self
+            .connected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(server.to_owned())
+            .or_default()
+            .clone();
+        let mut cell = cell.lock().await;
+        if let Some(c) = cell.as_ref() {
             if !c.client.is_transport_closed() {
                 return Ok(c.clone());
             }
         }
+        // Starting, initializing and listing, under one clock: a server
+        // that hangs fails the call, not the server's other runs.
+        let c = tokio::time::timeout(CONNECT_TIMEOUT, self.connect(server))
+            .await
+            .map_err(|_| {
+                format!(
+                    "the MCP server {server} did not start and list its tools within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            })??;
+        *cell = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn connect(&self, server: &str) -> Result<Arc<Connection>, String> {
         let def = self
             .servers
             .iter()
@@ -176,14 +203,9 @@ impl McpTools {
             .kill_on_drop(true);
         let transport = TokioChildProcess::new(cmd)
             .map_err(|e| format!("cannot start the MCP server {server} ({command}): {e}"))?;
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, ().serve(transport))
+        let client = ()
+            .serve(transport)
             .await
-            .map_err(|_| {
-                format!(
-                    "the MCP server {server} did not initialize within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                )
-            })?
             .map_err(|e| format!("the MCP server {server} did not initialize: {e}"))?;
         let listed = client
             .list_all_tools()
@@ -197,9 +219,7 @@ impl McpTools {
                 input_schema: Value::Object((*t.input_schema).clone()),
             })
             .collect();
-        let c = Arc::new(Connection { client, tools });
-        connected.insert(server.to_owned(), c.clone());
-        Ok(c)
+        Ok(Arc::new(Connection { client, tools }))
     }
 
     /// The specs of `names` (`server.tool` each), connecting the servers

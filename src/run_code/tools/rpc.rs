@@ -23,6 +23,17 @@ use super::{ToolFailure, ToolLimits};
 /// Linux and 104 on macOS, the terminating NUL included.
 pub const MAX_SOCKET_PATH: usize = 103;
 
+/// Connections one run may hold open, requests one connection may have
+/// in flight (past it the connection is not read until one ends), and
+/// answers queued toward a script that is not reading them: a run's
+/// script cannot grow this server's memory past these.
+const MAX_CONNECTIONS: usize = 16;
+const MAX_TASKS_PER_CONNECTION: usize = 64;
+const MAX_QUEUED_ANSWERS: usize = 64;
+/// How long the end of a run waits for requests already written (a
+/// `result` sent just before the script exited) to be read.
+const DRAIN: Duration = Duration::from_millis(250);
+
 /// Makes one tool call (the session's MCP servers, the editor).
 pub trait Caller: Send + Sync {
     fn call<'a>(
@@ -72,6 +83,7 @@ pub struct RpcServer {
     shared: Arc<Shared>,
     /// Taken by `finish`; aborted on drop (a run that never started).
     accept: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Drop for RpcServer {
@@ -115,36 +127,54 @@ impl RpcServer {
             }),
         });
         let s = shared.clone();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let accept = tokio::spawn(async move {
             // The connections die with this task: aborting it at the end
             // of the run drops the set, which aborts every call in flight.
             let mut connections = JoinSet::new();
             loop {
                 tokio::select! {
+                    _ = &mut stopped => break,
                     accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => { connections.spawn(serve(stream, s.clone())); }
+                        Ok((stream, _)) if connections.len() < MAX_CONNECTIONS => {
+                            connections.spawn(serve(stream, s.clone()));
+                        }
+                        Ok(_) => {
+                            s.breach("too_many_at_once", format!("a connection past the {MAX_CONNECTIONS} a run may hold was closed"));
+                        }
                         Err(e) => {
-                            tracing::debug!("the tools socket stopped accepting: {e}");
-                            break;
+                            // Out of descriptors, say: later connections
+                            // may still be taken.
+                            tracing::debug!("the tools socket could not accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     },
                     Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 }
             }
+            drop(listener);
             while connections.join_next().await.is_some() {}
         });
         Ok(RpcServer {
             shared,
             accept: Some(accept),
+            stop: Some(stop),
         })
     }
 
     /// Ends the server (calls still in flight are dropped: the run is
     /// over) and returns what the run left.
     pub async fn finish(mut self) -> Outcome {
-        if let Some(accept) = self.accept.take() {
-            accept.abort();
-            let _ = accept.await;
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut accept) = self.accept.take() {
+            // The run has ended, so its ends of the connections are
+            // closed: what it wrote is read to the end, then they end.
+            if tokio::time::timeout(DRAIN, &mut accept).await.is_err() {
+                accept.abort();
+                let _ = accept.await;
+            }
         }
         let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut logs = std::mem::take(&mut st.logs);
@@ -225,7 +255,7 @@ fn cut(mut s: String, max: usize) -> String {
 /// flight); answers go back through one writer.
 async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(MAX_QUEUED_ANSWERS);
     let write = tokio::spawn(async move {
         while let Some(mut line) = rx.recv().await {
             line.push(b'\n');
@@ -236,7 +266,7 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     });
     let mut calls = JoinSet::new();
     // A line is at most the argument ceiling plus room for the envelope.
-    let max_line = shared.limits.max_bytes + 4096;
+    let max_line = shared.limits.max_bytes.saturating_add(4096);
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 64 * 1024];
     let mut skipping: Option<Value> = None;
@@ -270,17 +300,22 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                         shared.limits.max_bytes
                     ),
                 );
-                let _ = tx.send(answer(&id, Err(f)));
+                let _ = tx.send(answer(&id, Err(f))).await;
                 continue;
             }
             let line = std::mem::take(&mut buf);
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            // Too many in flight: this connection is not read until one
+            // ends (a script that never reads its answers stalls itself).
+            while calls.len() >= MAX_TASKS_PER_CONNECTION {
+                calls.join_next().await;
+            }
             let (shared, tx) = (shared.clone(), tx.clone());
             calls.spawn(async move {
                 if let Some(reply) = handle(&line, &shared).await {
-                    let _ = tx.send(reply);
+                    let _ = tx.send(reply).await;
                 }
             });
         }
@@ -365,7 +400,10 @@ async fn handle(line: &[u8], shared: &Shared) -> Option<Vec<u8>> {
         }
         other => Err(shared.breach(
             "bad_request",
-            format!("no method {other:?}; the methods are call, result and log"),
+            format!(
+                "no method {:?}; the methods are call, result and log",
+                cut(other.to_owned(), 200)
+            ),
         )),
     };
     id.map(|id| answer(&id, outcome))
@@ -380,10 +418,11 @@ async fn call(shared: &Shared, params: &Value) -> Result<Value, ToolFailure> {
         ));
     };
     if !shared.allowed.contains(tool) {
+        let shown = cut(tool.to_owned(), 200);
         return Err(shared.breach(
             "not_allowed",
             format!(
-                "{tool:?} is not among this run's tools ({}); list it in run_code's `tools`",
+                "{shown:?} is not among this run's tools ({}); list it in run_code's `tools`",
                 shared
                     .allowed
                     .iter()

@@ -86,6 +86,32 @@ const TAKEN: &[&str] = &[
     "while",
     "with",
     "yield",
+    "package",
+    "public",
+    "private",
+    "protected",
+    "interface",
+    "implements",
+    "eval",
+    "arguments",
+    "require",
+    "module",
+    "exports",
+    "self",
+    "name",
+    // The Python stub's own names.
+    "_json",
+    "_os",
+    "_socket",
+    "_threading",
+    "_types",
+    "_local",
+    "_ids",
+    "_ids_lock",
+    "_connection",
+    "_rpc",
+    "_Group",
+    "_SOCKET_ENV",
 ];
 
 /// `name` as an identifier of both languages: ASCII letters, digits and
@@ -98,7 +124,8 @@ pub fn identifier(name: &str) -> String {
     if id.is_empty() || id.starts_with(|c: char| c.is_ascii_digit()) {
         id.insert(0, '_');
     }
-    if TAKEN.contains(&id.as_str()) {
+    // The stubs' own names all start with `__zc_` or `_`.
+    if TAKEN.contains(&id.as_str()) || id.starts_with("__") {
         id.push('_');
     }
     id
@@ -179,15 +206,15 @@ pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
         for (id, spec) in members {
             let f = format!("_{group}__{id}");
             out.push_str(&format!(
-                "\ndef {f}(args=None, **kwargs):\n    return call({name}, args, **kwargs)\n{f}.__name__ = {id_lit}\n{f}.__doc__ = {doc}\n",
+                "\ndef {f}(_args=None, /, **kwargs):\n    return call({name}, _args, **kwargs)\n{f}.__name__ = {id_lit}\n{f}.__doc__ = {doc}\n",
                 name = literal(&spec.name),
                 id_lit = literal(&id),
                 doc = literal(&doc(spec)),
             ));
-            fields.push(format!("{id}={f}"));
+            fields.push(format!("{}: {f}", literal(&id)));
         }
         out.push_str(&format!(
-            "{group} = _Group({name}, {})\n",
+            "{group} = _Group({name}, {{{}}})\n",
             fields.join(", "),
             name = literal(&group)
         ));
@@ -199,7 +226,7 @@ pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
 pub fn node_esm(specs: &[ToolSpec], socket_env: &str) -> String {
     let body = node_body(specs, socket_env);
     let groups: Vec<String> = grouped(specs).into_keys().collect();
-    let mut out = format!("import net from \"node:net\";\n{body}");
+    let mut out = format!("import __zc_net from \"node:net\";\n{body}");
     for g in &groups {
         out.push_str(&format!("export {{ {g} }};\n"));
     }
@@ -216,7 +243,7 @@ pub fn node_cjs(specs: &[ToolSpec], socket_env: &str) -> String {
     let body = node_body(specs, socket_env);
     let groups: Vec<String> = grouped(specs).into_keys().collect();
     format!(
-        "\"use strict\";\nconst net = require(\"node:net\");\n{body}module.exports = {{ ToolError, call, result, log{} }};\n",
+        "\"use strict\";\nconst __zc_net = require(\"node:net\");\n{body}module.exports = {{ ToolError, call, result, log{} }};\n",
         groups.iter().map(|g| format!(", {g}")).collect::<String>()
     )
 }
@@ -373,6 +400,10 @@ _ids_lock = _threading.Lock()
 
 def _connection():
     held = getattr(_local, "held", None)
+    # A forked child (multiprocessing) must not share its parent's
+    # connection: it makes its own.
+    if held is not None and held[2] != _os.getpid():
+        held = None
     if held is None:
         path = _os.environ.get(_SOCKET_ENV)
         if not path:
@@ -383,8 +414,8 @@ def _connection():
         except OSError as e:
             s.close()
             raise ToolError("unavailable", f"cannot reach the tools server: {e}") from None
-        held = _local.held = (s, s.makefile("rb"))
-    return held
+        held = _local.held = (s, s.makefile("rb"), _os.getpid())
+    return held[0], held[1]
 
 
 def _rpc(method, params):
@@ -414,12 +445,12 @@ def _rpc(method, params):
     return m.get("result")
 
 
-def call(name, args=None, **kwargs):
+def call(_name, _args=None, /, **kwargs):
     """Calls a tool by its full name (`server.tool`) with a dict of arguments
     (or keyword arguments); returns what it returned."""
-    merged = dict(args or {})
+    merged = dict(_args or {})
     merged.update(kwargs)
-    return _rpc("call", {"tool": name, "args": merged})
+    return _rpc("call", {"tool": _name, "args": merged})
 
 
 def result(value):
@@ -433,10 +464,12 @@ def log(level, message):
 
 
 class _Group(_types.SimpleNamespace):
-    def __init__(self, name, **tools):
-        super().__init__(**tools)
-        self.__doc__ = f"Tools of the MCP server {name!r}."
-        __all__.append(name)
+    def __init__(self, _name, _tools, /):
+        super().__init__()
+        for k, f in _tools.items():
+            setattr(self, k, f)
+        self.__doc__ = f"Tools of the MCP server {_name!r}."
+        __all__.append(_name)
 "#;
 
 const NODE_BODY: &str = r#"// The tools this run may call (written by zcode-acp for one run_code call).
@@ -452,65 +485,65 @@ class ToolError extends Error {
     this.code = code;
   }
 }
-const SOCKET_ENV = @SOCKET_ENV@;
-let socket = null;
-let buffered = "";
-let nextId = 0;
-const pending = new Map();
-function connection() {
-  if (socket) return socket;
-  const path = process.env[SOCKET_ENV];
-  if (!path) throw new ToolError("unavailable", `$${SOCKET_ENV} is not set: tools work only in a run_code run that asked for them`);
-  const s = net.createConnection(path);
+const __zc_SOCKET_ENV = @SOCKET_ENV@;
+let __zc_socket = null;
+let __zc_buffered = "";
+let __zc_nextId = 0;
+const __zc_pending = new Map();
+function __zc_connection() {
+  if (__zc_socket) return __zc_socket;
+  const path = process.env[__zc_SOCKET_ENV];
+  if (!path) throw new ToolError("unavailable", `$${__zc_SOCKET_ENV} is not set: tools work only in a run_code run that asked for them`);
+  const s = __zc_net.createConnection(path);
   s.setEncoding("utf8");
   s.on("data", (chunk) => {
-    buffered += chunk;
+    __zc_buffered += chunk;
     let nl;
-    while ((nl = buffered.indexOf("\n")) >= 0) {
-      const line = buffered.slice(0, nl);
-      buffered = buffered.slice(nl + 1);
+    while ((nl = __zc_buffered.indexOf("\n")) >= 0) {
+      const line = __zc_buffered.slice(0, nl);
+      __zc_buffered = __zc_buffered.slice(nl + 1);
       let m;
       try { m = JSON.parse(line); } catch { continue; }
-      const p = pending.get(m.id);
+      const p = __zc_pending.get(m.id);
       if (!p) continue;
-      pending.delete(m.id);
+      __zc_pending.delete(m.id);
       // Idle, the connection does not keep the script alive.
-      if (pending.size === 0) s.unref();
+      if (__zc_pending.size === 0) s.unref();
       if (m.error) p.reject(new ToolError((m.error.data && m.error.data.code) || "error", m.error.message));
       else p.resolve(m.result);
     }
   });
   const fail = (why) => {
-    for (const p of pending.values()) p.reject(new ToolError("unavailable", why));
-    pending.clear();
-    socket = null;
+    for (const p of __zc_pending.values()) p.reject(new ToolError("unavailable", why));
+    __zc_pending.clear();
+    __zc_socket = null;
   };
   s.on("error", (e) => fail(`the tools server connection failed: ${e.message}`));
   s.on("close", () => fail("the tools server closed the connection (the run is ending)"));
-  socket = s;
+  __zc_socket = s;
   return s;
 }
-function rpc(method, params) {
+function __zc_rpc(method, params) {
   return new Promise((resolve, reject) => {
     let line;
     try {
-      line = JSON.stringify({ id: ++nextId, jsonrpc: "2.0", method, params });
+      line = JSON.stringify({ id: ++__zc_nextId, jsonrpc: "2.0", method, params });
     } catch (e) {
       return reject(new ToolError("bad_request", `not JSON: ${e.message}`));
     }
     let s;
-    try { s = connection(); } catch (e) { return reject(e); }
-    pending.set(nextId, { resolve, reject });
+    try { s = __zc_connection(); } catch (e) { return reject(e); }
+    __zc_pending.set(__zc_nextId, { resolve, reject });
     s.ref();
     s.write(line + "\n");
   });
 }
 /** Calls a tool by its full name (`server.tool`). */
-function call(name, args = {}) { return rpc("call", { tool: name, args }); }
+function call(name, args = {}) { return __zc_rpc("call", { tool: name, args }); }
 /** Sets the call's structured `result` (JSON; the last call wins). */
-function result(value) { return rpc("result", { value: value === undefined ? null : value }).then(() => undefined); }
+function result(value) { return __zc_rpc("result", { value: value === undefined ? null : value }).then(() => undefined); }
 /** Adds {level, message, t} to the call's `logs` (debug, info, warn, error). */
-function log(level, message) { return rpc("log", { level: String(level), message: String(message) }).then(() => undefined); }
+function log(level, message) { return __zc_rpc("log", { level: String(level), message: String(message) }).then(() => undefined); }
 "#;
 
 #[cfg(test)]
@@ -568,7 +601,9 @@ mod tests {
         ];
         let py = python(&specs, "ZCODE_TOOLS_SOCKET");
         assert!(
-            py.contains("fs = _Group(\"fs\", list_files=_fs__list_files, read=_fs__read)"),
+            py.contains(
+                "fs = _Group(\"fs\", {\"list_files\": _fs__list_files, \"read\": _fs__read})"
+            ),
             "{py}"
         );
         assert!(py.contains("path (string required): where"), "{py}");
