@@ -943,6 +943,92 @@ fn code_run_by_codex_calls_the_sessions_mcp_tools_through_the_bridge() {
     );
 }
 
+/// Code lists files through an MCP tool and writes a summary through the
+/// editor: inside the workspace the write lands; outside it goes through
+/// the allow flow, refused without consent and written after "Allow
+/// once"; the editor's unsaved content is what the code reads.
+#[test]
+fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
+    run.bridge_args = vec!["--code-exec".into()];
+    let mut ed = run.start(&w);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+    let r = ed.call(
+        "session/new",
+        json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),
+    );
+    let sid = r["sessionId"].as_str().unwrap().to_owned();
+    for name in ["a.rs", "b.rs", "c.md"] {
+        std::fs::write(w.ws.join(name), "x").unwrap();
+    }
+    let outside = w.outside.join("summary.txt");
+    let source = format!(
+        "import zcode_tools as t\n\
+         rs = [n for n in t.fs.list_files(dir='.')['files'] if n.endswith('.rs')]\n\
+         t.editor.write_text_file(path='summary.txt', content=', '.join(rs))\n\
+         back = t.editor.read_text_file(path='summary.txt')\n\
+         try:\n    t.editor.write_text_file(path='{o}', content='out')\n    out = 'written'\n\
+         except t.ToolError as e:\n    out = e.code\n\
+         t.result({{'back': back, 'outside': out}})\nprint('EDITOR' + '_DONE')",
+        o = outside.display()
+    );
+    let call = json!([{"tool": "mcp", "name": "run_code", "arguments": {"language": "python", "source": source,
+        "tools": ["fs.list_files", "editor.write_text_file", "editor.read_text_file"]}}]);
+    let result_of = |w: &World| -> String {
+        let log = std::fs::read_to_string(&w.model.log).unwrap();
+        tool_outputs(&log)
+            .into_iter()
+            .rfind(|r| r.contains("EDITOR_DONE"))
+            .unwrap_or_else(|| panic!("the run's result never reached the model: {log}"))
+    };
+    // Refused without consent.
+    let t = turn(&mut ed, &sid, call.clone(), "reject-once");
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    assert_eq!(
+        std::fs::read_to_string(w.ws.join("summary.txt")).unwrap(),
+        "a.rs, b.rs"
+    );
+    let result = result_of(&w);
+    assert!(
+        result.contains(r#""back":"a.rs, b.rs""#) || result.contains(r#""back": "a.rs, b.rs""#),
+        "{result}"
+    );
+    assert!(result.contains("tool_error"), "{result}");
+    assert!(!outside.exists(), "written outside without consent");
+    assert!(
+        t.bridge_prompts.iter().any(|p| p.contains("summary.txt")),
+        "the write outside was not put to the user: {:?}",
+        t.bridge_prompts
+    );
+    // Written after "Allow once".
+    let t = turn(&mut ed, &sid, call, "allow-once");
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "out");
+    assert!(result_of(&w).contains("written"), "{}", result_of(&w));
+    // A re-armed agent (its sandbox made anew, covering the sockets bound
+    // before it) still reaches the editor from code.
+    common::sighup(ed.pid());
+    let source = "import zcode_tools as t\nt.result(t.editor.read_text_file(path='summary.txt'))\nprint('AFTER' + '_REARM')";
+    let t = turn(
+        &mut ed,
+        &sid,
+        json!([{"tool": "mcp", "name": "run_code", "arguments": {"language": "python", "source": source,
+            "tools": ["editor.read_text_file"]}}]),
+        "reject-once",
+    );
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    let log = std::fs::read_to_string(&w.model.log).unwrap();
+    let after = tool_outputs(&log)
+        .into_iter()
+        .rfind(|r| r.contains("AFTER_REARM"))
+        .unwrap_or_else(|| panic!("no result after the re-arm: {}", t.text));
+    assert!(after.contains("a.rs, b.rs"), "{after}");
+}
+
 /// The outputs of tool calls the agent sent back to its model.
 fn tool_outputs(log: &str) -> Vec<String> {
     let mut outputs = Vec::new();

@@ -1249,8 +1249,15 @@ fn a_project_turns_code_exec_on_only_once_approved() {
         .unwrap();
     let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
     assert_eq!(
-        servers[0]["args"],
-        json!(["mcp", "--workspace", ws]),
+        servers[0]["args"].as_array().unwrap()[..3],
+        json!(["mcp", "--workspace", ws]).as_array().unwrap()[..],
+        "{got}"
+    );
+    // The editor advertised its files: code reaches them through a
+    // socket of the bridge's, bound to this session.
+    assert_eq!(servers[0]["args"][3], "--editor", "{got}");
+    assert_eq!(
+        servers[0]["args"][6], "read_text_file,write_text_file",
         "{got}"
     );
     // A session elsewhere that only lists the project as an additional

@@ -146,6 +146,17 @@ impl Bridge {
         }
         let current = self.generation.as_ref().map(|g| g.id);
         for held in prompt.held {
+            if held.generation == super::code_tools::TOOLS_GENERATION {
+                // A run's write: answered to its socket, whatever agent runs.
+                if allowed {
+                    self.forward_backend_request(held.generation, held.backend_id, held.frame);
+                } else {
+                    let message = format!("the user did not allow writing {entry}");
+                    self.code_tools
+                        .answer(&held.backend_id, Err((codes::WRITE_DENIED, message)));
+                }
+                continue;
+            }
             if Some(held.generation) != current {
                 continue; // that agent is gone; nothing to answer
             }

@@ -153,6 +153,7 @@ impl Bridge {
                         if let Some(session) = turn_of {
                             self.run_audit(&session);
                         }
+                        self.code_tools.opened(bid, opened.as_deref());
                         if let Some(session) = opened {
                             self.announce_first_session(&session);
                             self.confirm_hand_edits(&session);
@@ -307,7 +308,7 @@ impl Bridge {
     }
 }
 
-fn error_fields(frame: &Frame) -> (i64, String) {
+pub(super) fn error_fields(frame: &Frame) -> (i64, String) {
     #[derive(serde::Deserialize)]
     struct E {
         #[serde(default)]

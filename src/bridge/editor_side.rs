@@ -271,10 +271,13 @@ impl Bridge {
                         }
                     }
                 }
-                let servers = self.with_code_server(&frame, &track);
+                let (servers, socket) = self.with_code_server(&frame, &track).unzip();
                 let (bid, reused) =
                     self.routes
                         .editor_request(generation, id.clone(), method, track);
+                if let Some(index) = socket.flatten() {
+                    self.code_tools.await_open(bid, index);
+                }
                 if reused {
                     warn!(%id, "the editor reused the id of a request still in flight");
                 }
@@ -294,7 +297,13 @@ impl Bridge {
     /// The session's `mcpServers` with the `run_code` server added, when
     /// code execution is on and `frame` opens a session; the editor's own
     /// entries are kept as it wrote them.
-    fn with_code_server(&mut self, frame: &Frame, track: &track::Track) -> Option<String> {
+    /// Also the editor's socket made for a session being opened (to bind
+    /// once the agent names it).
+    fn with_code_server(
+        &mut self,
+        frame: &Frame,
+        track: &track::Track,
+    ) -> Option<(String, Option<usize>)> {
         let session = match track {
             track::Track::Create(s) | track::Track::Reopen(s) => s,
             _ => {
@@ -324,14 +333,61 @@ impl Bridge {
         }
         let raw = frame.params_as::<Raw>().ok()?.mcp_servers;
         let servers = raw.as_ref().map(|r| r.get());
-        let file = self.servers_file(servers);
+        let mut args = self.servers_file_args(servers);
+        let opening = matches!(track, track::Track::Create(_));
+        let mut socket = None;
+        if let Some(can) = self.editor_fs() {
+            let made = match self.servers_files.dir() {
+                Ok(dir) if opening => self.code_tools.for_opening(&dir),
+                Ok(dir) => self
+                    .code_tools
+                    .for_session(&dir, &session.id)
+                    .map(|p| (p, usize::MAX)),
+                Err(e) => {
+                    warn!("cannot make run_code's directory ({e}): code cannot reach the editor's files");
+                    None
+                }
+            };
+            if let Some((path, index)) = made {
+                args.extend([
+                    "--editor".to_owned(),
+                    path.to_string_lossy().into_owned(),
+                    "--editor-can".to_owned(),
+                    can,
+                ]);
+                socket = (index != usize::MAX).then_some(index);
+            }
+        }
         crate::run_code::inject::with_code_server(
             servers,
             &code_exec.exe,
             &session.cwd,
             self.confinement.confined_by().as_deref(),
-            file.as_deref(),
+            &args,
         )
+        .map(|s| (s, socket))
+    }
+
+    /// What the editor lets code do with its files (`read_text_file`,
+    /// `write_text_file`, comma-separated), if anything.
+    pub(super) fn editor_fs(&self) -> Option<String> {
+        let can: Vec<&str> = [
+            ("readTextFile", "read_text_file"),
+            ("writeTextFile", "write_text_file"),
+        ]
+        .into_iter()
+        .filter(|(cap, _)| self.editor_offers_fs(cap))
+        .map(|(_, name)| name)
+        .collect();
+        (!can.is_empty()).then(|| can.join(","))
+    }
+
+    /// `--servers FILE` when the session has MCP servers to hand over.
+    pub(super) fn servers_file_args(&mut self, servers: Option<&str>) -> Vec<String> {
+        match self.servers_file(servers) {
+            Some(file) => vec!["--servers".to_owned(), file.to_string_lossy().into_owned()],
+            None => Vec::new(),
+        }
     }
 
     /// The file that hands the session's MCP servers to its run_code
@@ -458,6 +514,9 @@ impl Bridge {
                 id: backend_id,
                 terminal_for,
             } => {
+                if generation == super::code_tools::TOOLS_GENERATION {
+                    return self.code_tool_answered(&backend_id, &frame);
+                }
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
                     return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
                 }

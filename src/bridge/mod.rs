@@ -16,6 +16,7 @@ mod allow;
 mod announce;
 mod audit;
 mod backend_side;
+mod code_tools;
 mod disk;
 mod editor_io;
 mod editor_side;
@@ -107,6 +108,8 @@ enum Event {
     Disk(disk::DiskDone),
     /// The generation's proxy asks about a refused connection.
     NetworkAsk(crate::network::asks::Question),
+    /// Code run by run_code calls the editor (see `code_tools`).
+    CodeTool(code_tools::EditorCall),
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -185,6 +188,8 @@ pub struct Bridge {
     audit: Option<crate::audit::Baseline>,
     /// The files handing sessions' MCP servers to their run_code server.
     servers_files: crate::run_code::inject::ServersFiles,
+    /// The sockets that give run_code the editor's files.
+    code_tools: code_tools::CodeTools,
 }
 
 impl Bridge {
@@ -248,6 +253,7 @@ impl Bridge {
             violations: None,
             audit: None,
             servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
+            code_tools: code_tools::CodeTools::new(),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -300,6 +306,7 @@ impl Bridge {
             Some(v) = watch::next(&mut self.violations) => Event::Refused(v),
             done = self.disk.next() => Event::Disk(done),
             question = self.net_asks.next() => Event::NetworkAsk(question),
+            call = self.code_tools.next() => Event::CodeTool(call),
         }
     }
 
@@ -405,6 +412,7 @@ impl Bridge {
             }
             Event::Refused(v) => self.on_refused_in_log(v),
             Event::NetworkAsk(question) => self.on_network_ask(question),
+            Event::CodeTool(call) => self.on_code_tool(call),
             Event::Disk(disk::DiskDone::NetworkRecorded {
                 session,
                 what,

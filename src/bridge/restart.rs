@@ -161,7 +161,8 @@ impl Bridge {
             self.run_audit(&session);
         }
         let roots = self.roots_to_arm();
-        let confinement = self.arm(&roots).await;
+        let served = self.served_sockets();
+        let confinement = self.arm(&roots, served).await;
         match self.start_generation(confinement, roots) {
             Ok(()) => {
                 self.life.started();
@@ -198,7 +199,25 @@ impl Bridge {
     /// templates and directories, keeps the ledger) and writes the arming
     /// out. The loop takes this step like the others of a restart, and the
     /// editor's reader and writer go on meanwhile.
-    async fn arm(&self, roots: &[PathBuf]) -> Confinement {
+    /// The directory of the editor's sockets for run_code, when sessions
+    /// may be offered it: reachable from the sandbox (they are bound
+    /// before a re-arm, and the bridge judges every call on them).
+    fn served_sockets(&mut self) -> Vec<PathBuf> {
+        if self.cfg.code_exec.is_none() {
+            return Vec::new();
+        }
+        match self.servers_files.dir() {
+            Ok(dir) => vec![crate::policy::resolve_real(&dir).unwrap_or(dir)],
+            Err(e) => {
+                warn!(
+                    "cannot make run_code's directory ({e}): code cannot reach the editor's files"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    async fn arm(&self, roots: &[PathBuf], served: Vec<PathBuf>) -> Confinement {
         // Arming walks the disk off the loop: nothing staged waits for it.
         self.flush_editor();
         let sandbox = self.sandbox.clone();
@@ -212,6 +231,7 @@ impl Bridge {
                 grants: &grants,
                 state: &state,
                 managed: &managed,
+                served_sockets: &served,
             })
         })
         .await;
@@ -535,13 +555,28 @@ impl Bridge {
         }
         if let Some(code_exec) = self.code_exec_for(&session) {
             let servers = session.mcp_servers.to_string();
-            let file = self.servers_file(Some(&servers));
+            let mut args = self.servers_file_args(Some(&servers));
+            if let Some(can) = self.editor_fs() {
+                let socket = self
+                    .servers_files
+                    .dir()
+                    .ok()
+                    .and_then(|dir| self.code_tools.for_session(&dir, &session.id));
+                if let Some(path) = socket {
+                    args.extend([
+                        "--editor".to_owned(),
+                        path.to_string_lossy().into_owned(),
+                        "--editor-can".to_owned(),
+                        can,
+                    ]);
+                }
+            }
             let with = crate::run_code::inject::with_code_server(
                 Some(&servers),
                 &code_exec.exe,
                 &session.cwd,
                 self.confinement.confined_by().as_deref(),
-                file.as_deref(),
+                &args,
             );
             if let Some(with) = with.and_then(|t| serde_json::from_str(&t).ok()) {
                 params["mcpServers"] = with;

@@ -368,6 +368,9 @@ pub struct BackendRequest<'a> {
     pub grants: &'a [PathBuf],
     pub state: &'a crate::policy::backends::StateSettings,
     pub managed: &'a ManagedRoot,
+    /// Sockets (or directories of them) the bridge serves the agent and
+    /// judges every request on (see `NetworkPolicy::served_sockets`).
+    pub served_sockets: &'a [PathBuf],
 }
 
 impl Sandbox {
@@ -390,7 +393,8 @@ impl Sandbox {
             inspect: false,
         });
         match gathered {
-            Ok(gathered) => {
+            Ok(mut gathered) => {
+                gathered.input.network.served_sockets = request.served_sockets.to_vec();
                 create_writable_dirs(&gathered.input);
                 let profile = gathered.backend.describe();
                 tracing::info!(backend_profile = %profile, "the agent's own state is chosen by its backend profile");

@@ -194,7 +194,7 @@ fn hidden_candidates(s: &UserFacts, served: &[PathBuf], fs: &dyn Fs) -> (Vec<Ste
     }
     let mut unseen = Vec::new();
     for p in &s.bound_sockets {
-        if sockets::linux_allowed(p).is_some() || served.contains(p) {
+        if sockets::linux_allowed(p).is_some() || served_here(p, served) {
             continue;
         }
         if fs.is_socket(p) {
@@ -211,6 +211,17 @@ fn hidden_candidates(s: &UserFacts, served: &[PathBuf], fs: &dyn Fs) -> (Vec<Ste
     }
     hide.sort_by_key(|h| !fs.is_dir(&h.path));
     (hide, unseen)
+}
+
+/// Whether `p` is a socket zcode-acp serves the sandbox (or beneath a
+/// directory of them): its server judges every request.
+fn served_here(p: &Path, served: &[PathBuf]) -> bool {
+    for s in served {
+        if p.starts_with(s) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether `p` can be named in overlayfs's options (which split on `,`

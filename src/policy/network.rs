@@ -40,8 +40,9 @@ pub struct NetworkPolicy {
     pub lan: Lan,
     pub egress: Egress,
     /// Unix sockets zcode-acp itself serves to this sandbox (a run's tools
-    /// socket), which judge every request they take: reachable although
-    /// they are bound before the sandbox is armed. Never from a config.
+    /// socket; the directory of the bridge's editor sockets, all beneath
+    /// it), which judge every request they take: reachable although they
+    /// are bound before the sandbox is armed. Never from a config.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub served_sockets: Vec<std::path::PathBuf>,
 }

@@ -28,14 +28,15 @@ pub struct CodeExec {
 /// passed on so the server names it truly (it checks it, see
 /// `confinement::inherited`). None when `servers` is not an array: that
 /// request is passed on as the editor wrote it.
-/// `servers_file`: where the editor's servers were written for the
-/// server (see [`ServersFiles`]), passed as `--servers`.
+/// `more_args`: what follows `--workspace DIR` (`--servers FILE`, where
+/// the editor's servers were written, see [`ServersFiles`]; `--editor
+/// SOCKET`).
 pub fn with_code_server(
     servers: Option<&str>,
     exe: &Path,
     cwd: &Path,
     confined_by: Option<&str>,
-    servers_file: Option<&Path>,
+    more_args: &[String],
 ) -> Option<String> {
     let text = servers.unwrap_or("[]").trim();
     let parsed: Value = serde_json::from_str(text).ok()?;
@@ -55,8 +56,8 @@ pub fn with_code_server(
         None => json!([]),
     };
     let mut args = json!(["mcp", "--workspace", cwd]);
-    if let (Some(file), Some(a)) = (servers_file, args.as_array_mut()) {
-        a.extend([json!("--servers"), json!(file)]);
+    if let Some(a) = args.as_array_mut() {
+        a.extend(more_args.iter().map(|s| json!(s)));
     }
     let entry = json!({
         "name": name,
@@ -115,7 +116,7 @@ impl ServersFiles {
     /// is not a list.
     pub fn file_for(&mut self, servers: &str) -> std::io::Result<Option<PathBuf>> {
         use std::io::Write;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         let Ok(Value::Array(list)) = serde_json::from_str::<Value>(servers) else {
             return Ok(None);
         };
@@ -131,6 +132,22 @@ impl ServersFiles {
         if let Some(p) = self.written.get(&text) {
             return Ok(Some(p.clone()));
         }
+        let dir = self.dir()?;
+        let path = dir.join(format!("{}.json", self.written.len() + 1));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(text.as_bytes())?;
+        self.written.insert(text, path.clone());
+        Ok(Some(path))
+    }
+
+    /// This bridge's directory (made on first use): the servers files and
+    /// the editor's sockets for run_code (see `bridge::code_tools`).
+    pub fn dir(&mut self) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::DirBuilderExt;
         if self.dir.is_none() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -144,16 +161,7 @@ impl ServersFiles {
                     .tempdir_in(&self.base)?,
             );
         }
-        let dir = self.dir.as_ref().expect("made above").path();
-        let path = dir.join(format!("{}.json", self.written.len() + 1));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        f.write_all(text.as_bytes())?;
-        self.written.insert(text, path.clone());
-        Ok(Some(path))
+        Ok(self.dir.as_ref().expect("made above").path().to_path_buf())
     }
 }
 
@@ -226,7 +234,7 @@ mod tests {
             Path::new("/bin/z"),
             Path::new("/w"),
             None,
-            None,
+            &[],
         )
         .unwrap();
         assert!(
@@ -244,7 +252,7 @@ mod tests {
     fn a_server_the_editor_already_sends_is_not_added_twice() {
         let editor = r#"[{"name":"code","command":"/usr/bin/zcode-acp","args":["mcp","--workspace","/w"],"env":[]}]"#;
         assert_eq!(
-            with_code_server(Some(editor), Path::new("/z"), Path::new("/w"), None, None),
+            with_code_server(Some(editor), Path::new("/z"), Path::new("/w"), None, &[]),
             None
         );
     }
@@ -257,7 +265,7 @@ mod tests {
             Path::new("/z"),
             Path::new("/w"),
             Some("linux namespaces+landlock"),
-            Some(Path::new("/m/servers.json")),
+            &["--servers".to_owned(), "/m/servers.json".to_owned()],
         )
         .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
@@ -274,17 +282,16 @@ mod tests {
     #[test]
     fn none_or_an_empty_list_gets_ours_alone_and_a_non_list_is_left_alone() {
         for given in [None, Some("[]"), Some(" [ ] ")] {
-            let out =
-                with_code_server(given, Path::new("/z"), Path::new("/w"), None, None).unwrap();
+            let out = with_code_server(given, Path::new("/z"), Path::new("/w"), None, &[]).unwrap();
             let v: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(v.as_array().unwrap().len(), 1, "{given:?}");
         }
         assert_eq!(
-            with_code_server(Some("{}"), Path::new("/z"), Path::new("/w"), None, None),
+            with_code_server(Some("{}"), Path::new("/z"), Path::new("/w"), None, &[]),
             None
         );
         assert_eq!(
-            with_code_server(Some("null"), Path::new("/z"), Path::new("/w"), None, None),
+            with_code_server(Some("null"), Path::new("/z"), Path::new("/w"), None, &[]),
             None
         );
     }

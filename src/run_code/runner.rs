@@ -16,9 +16,8 @@ use super::request::{self, Language, RunRequest};
 use super::result::{ErrorCode, RunError, RunResult};
 use super::settings::{Limits, RunCodeSettings};
 use super::stage::{self, CallDir};
-use super::tools::mcp::McpTools;
 use super::tools::rpc::{Caller, RpcServer};
-use super::tools::{self, ToolLimits, ToolSpec};
+use super::tools::{self, ToolLimits, ToolSpec, Toolbox};
 use super::tree;
 
 /// How often the tree's resident memory is read.
@@ -44,7 +43,7 @@ pub struct Runner {
     languages: tokio::sync::OnceCell<BTreeMap<Language, Found>>,
     temp_base: PathBuf,
     /// The session's MCP servers, when they were given (`--servers`).
-    tools: Option<Arc<McpTools>>,
+    tools: Option<Arc<Toolbox>>,
     tool_limits: ToolLimits,
 }
 
@@ -72,13 +71,13 @@ impl Runner {
     }
 
     /// Offers the session's MCP servers' tools to runs that list them.
-    pub fn with_tools(mut self, tools: McpTools, limits: ToolLimits) -> Runner {
+    pub fn with_tools(mut self, tools: Toolbox, limits: ToolLimits) -> Runner {
         self.tools = Some(Arc::new(tools));
         self.tool_limits = limits;
         self
     }
 
-    pub fn tools(&self) -> Option<&McpTools> {
+    pub fn tools(&self) -> Option<&Toolbox> {
         self.tools.as_deref()
     }
 

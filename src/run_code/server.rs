@@ -35,6 +35,14 @@ pub struct McpArgs {
     /// (run_code's `tools`). The bridge writes this file for each session.
     #[arg(long, value_name = "FILE")]
     pub servers: Option<PathBuf>,
+    /// The bridge's socket for this session's editor (written by the
+    /// bridge): code can read and write the editor's files through it.
+    #[arg(long, value_name = "SOCKET", hide = true)]
+    pub editor: Option<PathBuf>,
+    /// What the editor offers through that socket (`read_text_file`,
+    /// `write_text_file`).
+    #[arg(long, value_name = "WHAT", value_delimiter = ',', hide = true)]
+    pub editor_can: Vec<String>,
 }
 
 /// Decides the confinement (it forks to probe the kernel, so this runs
@@ -52,18 +60,27 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
     }
     let limits = settings.tool_limits();
     let runner = Runner::new(workspace.clone(), settings, confiner);
-    Ok(match &args.servers {
-        // A file that cannot be read costs the tools, not the server.
-        Some(file) => match super::tools::mcp::load(file) {
+    let mut toolbox = super::tools::Toolbox::default();
+    if let Some(file) = &args.servers {
+        // A file that cannot be read costs its tools, not the server.
+        match super::tools::mcp::load(file) {
             Ok(servers) => {
-                runner.with_tools(super::tools::mcp::McpTools::new(servers, workspace), limits)
+                toolbox.mcp = Some(super::tools::mcp::McpTools::new(servers, workspace.clone()))
             }
-            Err(e) => {
-                tracing::warn!("{e:#}; runs get no tools");
-                runner
-            }
-        },
-        None => runner,
+            Err(e) => tracing::warn!("{e:#}; runs get no MCP tools"),
+        }
+    }
+    if let Some(socket) = &args.editor {
+        toolbox.editor = Some(super::tools::editor::EditorLink::new(
+            socket.clone(),
+            workspace,
+            &args.editor_can,
+        ));
+    }
+    Ok(if toolbox.mcp.is_some() || toolbox.editor.is_some() {
+        runner.with_tools(toolbox, limits)
+    } else {
+        runner
     })
 }
 
@@ -141,7 +158,7 @@ impl CodeServer {
                     let l = self.runner.tool_limits();
                     format!(
                         "Code can call the tools of this session's MCP servers ({}) in a loop, instead of one model turn per call: list them in `tools` (which_tools lists them); result(value) sets this call's `result` and log(level, message) adds to its `logs`. At most {} tool calls per run, {} bytes per argument or answer, {} ms per call, {} at once; each breach raises a ToolError the code can catch.",
-                        t.server_names().join(", "), l.max_calls, l.max_bytes, l.call_timeout_ms, l.concurrent
+                        t.sources().join(", "), l.max_calls, l.max_bytes, l.call_timeout_ms, l.concurrent
                     )
                 }
                 None => "No tools are given to this server.".to_owned(),

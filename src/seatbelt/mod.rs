@@ -253,10 +253,10 @@ fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
     }
     for path in &policy.network.served_sockets {
         allowed.push((
-            "a socket zcode-acp serves this sandbox (it judges every request)".to_owned(),
+            "sockets zcode-acp serves this sandbox (it judges every request)".to_owned(),
             format!(
-                "(remote unix-socket (path-literal {}))",
-                quote::string(path)?
+                "(remote unix-socket (path-regex #\"^{}(/|$)\"))",
+                quote::regex_literal(path)?
             ),
         ));
     }

@@ -4,11 +4,14 @@
 //! exactly the tools it listed, proxied to the session's MCP servers
 //! ([`mcp`]). The server, the socket and the stubs end with the run.
 
+pub mod editor;
 pub mod mcp;
 pub mod rpc;
 pub mod stubs;
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -97,5 +100,98 @@ pub fn write_stubs(dir: &Path, language: Language, specs: &[ToolSpec]) -> std::i
             std::fs::write(pkg.join("index.d.ts"), stubs::node_types(specs))
         }
         Language::Bash | Language::Sh => Ok(()),
+    }
+}
+
+/// Every tool a run may list: the session's MCP servers' and the editor's.
+#[derive(Default)]
+pub struct Toolbox {
+    pub mcp: Option<mcp::McpTools>,
+    pub editor: Option<editor::EditorLink>,
+}
+
+impl Toolbox {
+    /// Where tools come from, for the tool's description.
+    pub fn sources(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .mcp
+            .iter()
+            .flat_map(|m| m.server_names())
+            .map(str::to_owned)
+            .collect();
+        if self.editor.is_some() {
+            out.push("editor".into());
+        }
+        out
+    }
+
+    /// The specs of `names`, in order; an error names what is unknown.
+    pub async fn specs(&self, names: &[String]) -> Result<Vec<ToolSpec>, String> {
+        let editor = self
+            .editor
+            .as_ref()
+            .map(editor::EditorLink::specs)
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if name.starts_with("editor.") {
+                match editor.iter().find(|s| &s.name == name) {
+                    Some(s) => out.push(s.clone()),
+                    None => {
+                        return Err(format!(
+                            "{name:?} is not offered: the editor tools here are {}",
+                            if editor.is_empty() {
+                                "none (the editor advertised no file access, or run_code was not started by zcode-acp's bridge)".to_owned()
+                            } else {
+                                editor
+                                    .iter()
+                                    .map(|s| s.name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            }
+                        ))
+                    }
+                }
+                continue;
+            }
+            let Some(mcp) = &self.mcp else {
+                return Err(format!(
+                    "{name:?}: this session's MCP servers were not given to run_code"
+                ));
+            };
+            out.extend(mcp.specs(std::slice::from_ref(name)).await?);
+        }
+        Ok(out)
+    }
+
+    /// Every tool, and why any server's could not be listed.
+    pub async fn all(&self) -> (Vec<ToolSpec>, Vec<String>) {
+        let (mut tools, failed) = match &self.mcp {
+            Some(m) => m.all().await,
+            None => (Vec::new(), Vec::new()),
+        };
+        if let Some(e) = &self.editor {
+            tools.extend(e.specs());
+        }
+        (tools, failed)
+    }
+}
+
+impl rpc::Caller for Toolbox {
+    fn call<'a>(
+        &'a self,
+        tool: &'a str,
+        args: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, ToolFailure>> + Send + 'a>> {
+        Box::pin(async move {
+            match (&self.editor, &self.mcp) {
+                (Some(e), _) if tool.starts_with("editor.") => e.call(tool, args).await,
+                (_, Some(m)) => m.call(tool, args).await,
+                _ => Err(ToolFailure::new(
+                    "unavailable",
+                    format!("no source offers {tool}"),
+                )),
+            }
+        })
     }
 }

@@ -1,0 +1,337 @@
+//! The editor's files for code run by `run_code`: one socket per session,
+//! bound by the bridge in its own directory (`~/.zcode-acp/run-code/...`,
+//! mode 0700) and named to the session's run_code server (`--editor`).
+//! What arrives on it becomes the session's own `fs/read_text_file` or
+//! `fs/write_text_file` request: a write is judged by the same policy and
+//! allow flow as the agent's, and only what the editor advertised is
+//! sent. The sockets are exempt from the sandbox's socket covering (see
+//! `NetworkPolicy::served_sockets`): the bridge judges every call.
+//!
+//! A socket is made when the session is opened, before its id is known
+//! (the agent chooses it): it is bound to the session when the agent's
+//! answer names it, and refuses calls until then.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use super::Bridge;
+use crate::relay::{codes, Frame, RawId};
+
+/// The generation requests from these sockets are routed as: no backend
+/// generation ever gets this id, so their answers come back here.
+pub(super) const TOOLS_GENERATION: u64 = u64::MAX;
+
+/// The largest request taken from a run (a file's content, with room).
+const MAX_REQUEST: u64 = 64 << 20;
+
+/// What an answer is: the editor's result, or an error's code and message.
+pub(super) type Answer = Result<Value, (i64, String)>;
+
+/// A call from a session's run_code server.
+pub(super) struct EditorCall {
+    pub session: String,
+    pub method: &'static str,
+    pub params: serde_json::Map<String, Value>,
+    pub reply: oneshot::Sender<Answer>,
+}
+
+struct Listening {
+    path: PathBuf,
+    session: Arc<Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+pub(super) struct CodeTools {
+    tx: mpsc::UnboundedSender<EditorCall>,
+    rx: mpsc::UnboundedReceiver<EditorCall>,
+    sockets: Vec<Listening>,
+    /// Sockets made for a session being opened, by the opening request's
+    /// bridge id.
+    awaiting: HashMap<u64, usize>,
+    /// Calls at the editor or held for the user's answer, by their id.
+    pending: HashMap<String, oneshot::Sender<Answer>>,
+    next_id: u64,
+}
+
+impl Drop for CodeTools {
+    fn drop(&mut self) {
+        for s in &self.sockets {
+            s.task.abort();
+        }
+    }
+}
+
+impl CodeTools {
+    pub fn new() -> CodeTools {
+        let (tx, rx) = mpsc::unbounded_channel();
+        CodeTools {
+            tx,
+            rx,
+            sockets: Vec::new(),
+            awaiting: HashMap::new(),
+            pending: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// The socket of `session` (opened or restored: its id is known),
+    /// made in `dir` if it has none yet.
+    pub fn for_session(&mut self, dir: &Path, session: &str) -> Option<PathBuf> {
+        let known = self.sockets.iter().find(|s| {
+            s.session
+                .lock()
+                .map(|g| g.as_deref() == Some(session))
+                .unwrap_or(false)
+        });
+        if let Some(s) = known {
+            return Some(s.path.clone());
+        }
+        let i = self.listen(dir, Some(session.to_owned()))?;
+        Some(self.sockets[i].path.clone())
+    }
+
+    /// A socket for a session being opened, bound to it once the agent
+    /// answers with its id ([`CodeTools::await_open`], then
+    /// [`CodeTools::opened`]).
+    pub fn for_opening(&mut self, dir: &Path) -> Option<(PathBuf, usize)> {
+        let i = self.listen(dir, None)?;
+        Some((self.sockets[i].path.clone(), i))
+    }
+
+    /// The socket `index` is for the session the request `bid` opens.
+    pub fn await_open(&mut self, bid: u64, index: usize) {
+        self.awaiting.insert(bid, index);
+    }
+
+    /// The request `bid` was answered: `session` is what it opened (None:
+    /// it failed, and its socket stays unbound).
+    pub fn opened(&mut self, bid: u64, session: Option<&str>) {
+        let (Some(i), Some(session)) = (self.awaiting.remove(&bid), session) else {
+            return;
+        };
+        if let Ok(mut s) = self.sockets[i].session.lock() {
+            *s = Some(session.to_owned());
+        }
+    }
+
+    fn listen(&mut self, dir: &Path, session: Option<String>) -> Option<usize> {
+        let path = dir.join(format!("e{}.sock", self.sockets.len() + 1));
+        if path.as_os_str().len() > crate::run_code::tools::rpc::MAX_SOCKET_PATH {
+            warn!(
+                "the editor's socket for run_code would be {} ({} bytes, more than a Unix socket takes): code cannot reach the editor's files",
+                path.display(),
+                path.as_os_str().len()
+            );
+            return None;
+        }
+        let listener = match tokio::net::UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("cannot make the editor's socket for run_code ({e}): code cannot reach the editor's files");
+                return None;
+            }
+        };
+        let session = Arc::new(Mutex::new(session));
+        let task = tokio::spawn(serve(listener, session.clone(), self.tx.clone()));
+        self.sockets.push(Listening {
+            path,
+            session,
+            task,
+        });
+        Some(self.sockets.len() - 1)
+    }
+
+    /// The next call (never, while no socket is open).
+    pub async fn next(&mut self) -> EditorCall {
+        self.rx.recv().await.expect("the bridge holds a sender")
+    }
+
+    fn fresh_id(&mut self) -> RawId {
+        self.next_id += 1;
+        RawId(self.next_id.to_string())
+    }
+
+    /// Answers the call `id` (its entry goes).
+    pub fn answer(&mut self, id: &RawId, answer: Answer) {
+        if let Some(reply) = self.pending.remove(id.as_str()) {
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+/// Accepts a session's connections; each is one call at a time.
+async fn serve(
+    listener: tokio::net::UnixListener,
+    session: Arc<Mutex<Option<String>>>,
+    tx: mpsc::UnboundedSender<EditorCall>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
+        let (session, tx) = (session.clone(), tx.clone());
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut reader = BufReader::new(read.take(MAX_REQUEST));
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let answer = call(&line, &session, &tx).await;
+                let mut out = serde_json::to_vec(&answer).unwrap_or_default();
+                out.push(b'\n');
+                if write.write_all(&out).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+async fn call(
+    line: &[u8],
+    session: &Mutex<Option<String>>,
+    tx: &mpsc::UnboundedSender<EditorCall>,
+) -> Value {
+    let error = |id: &Value, message: String| json!({"id": id, "error": {"code": codes::INVALID_REQUEST, "message": message}});
+    let Ok(Value::Object(msg)) = serde_json::from_slice::<Value>(line) else {
+        return error(&Value::Null, "not a JSON object".into());
+    };
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    let method = match msg.get("method").and_then(Value::as_str) {
+        Some("fs/read_text_file") => "fs/read_text_file",
+        Some("fs/write_text_file") => "fs/write_text_file",
+        other => return error(&id, format!("no method {other:?} here")),
+    };
+    let Some(Value::Object(params)) = msg.get("params").cloned() else {
+        return error(&id, "params must be an object".into());
+    };
+    let Some(session) = session.lock().ok().and_then(|s| s.clone()) else {
+        return error(&id, "the session is not open yet".into());
+    };
+    let (reply, answered) = oneshot::channel();
+    let sent = tx.send(EditorCall {
+        session,
+        method,
+        params,
+        reply,
+    });
+    if sent.is_err() {
+        return error(&id, "zcode-acp's bridge is shutting down".into());
+    }
+    match answered.await {
+        Ok(Ok(result)) => json!({"id": id, "result": result}),
+        Ok(Err((code, message))) => json!({"id": id, "error": {"code": code, "message": message}}),
+        Err(_) => error(
+            &id,
+            "the call was dropped (the bridge is shutting down)".into(),
+        ),
+    }
+}
+
+impl Bridge {
+    /// A call from a session's run_code server: sent to the editor as the
+    /// session's own request, a write judged first.
+    pub(super) fn on_code_tool(&mut self, call: EditorCall) {
+        let capability = match call.method {
+            "fs/read_text_file" => "readTextFile",
+            _ => "writeTextFile",
+        };
+        if !self.editor_offers_fs(capability) {
+            let _ = call.reply.send(Err((
+                codes::INVALID_REQUEST,
+                format!("the editor does not offer {}", call.method),
+            )));
+            return;
+        }
+        let id = self.code_tools.fresh_id();
+        let mut params = call.params;
+        params.insert("sessionId".into(), json!(call.session));
+        let text = json!({"jsonrpc": "2.0", "id": id.as_str().parse::<u64>().unwrap_or(0), "method": call.method, "params": params}).to_string();
+        let frame = match Frame::parse(text.into_bytes()) {
+            Ok(f) => f,
+            Err(_) => {
+                let _ = call.reply.send(Err((
+                    codes::INTERNAL_ERROR,
+                    "cannot build the request".into(),
+                )));
+                return;
+            }
+        };
+        self.code_tools
+            .pending
+            .insert(id.as_str().to_owned(), call.reply);
+        let frame = match self.police_backend_request(call.method, &frame) {
+            super::police::Verdict::Pass => frame,
+            super::police::Verdict::Rewrite(bytes) => match Frame::parse(bytes) {
+                Ok(f) => f,
+                Err(_) => {
+                    return self.code_tools.answer(
+                        &id,
+                        Err((
+                            codes::INTERNAL_ERROR,
+                            "a rewritten request did not parse".into(),
+                        )),
+                    )
+                }
+            },
+            super::police::Verdict::Refuse { code, message } => {
+                warn!("run_code's {}: {message}", call.method);
+                return self.code_tools.answer(&id, Err((code, message)));
+            }
+            super::police::Verdict::Ask {
+                session,
+                path,
+                reason,
+                frame,
+            } => {
+                let held = super::allow::HeldWrite {
+                    generation: TOOLS_GENERATION,
+                    backend_id: id,
+                    frame,
+                };
+                return self.ask(session, path, reason, held);
+            }
+        };
+        debug!(method = call.method, "run_code calls the editor");
+        self.forward_backend_request(TOOLS_GENERATION, id, frame);
+    }
+
+    /// What the editor's `initialize` said it offers: `fs.<capability>`.
+    pub(super) fn editor_offers_fs(&self, capability: &str) -> bool {
+        let Some(init) = &self.initialize else {
+            return false;
+        };
+        serde_json::from_str::<Value>(init)
+            .ok()
+            .and_then(|v| v["clientCapabilities"]["fs"][capability].as_bool())
+            .unwrap_or(false)
+    }
+
+    /// The editor answered a call of a run (or the user refused it).
+    pub(super) fn code_tool_answered(&mut self, id: &RawId, frame: &Frame) {
+        let answer = match &frame.kind {
+            crate::relay::FrameKind::Response {
+                is_error: false, ..
+            } => Ok(frame
+                .payload_raw()
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or(Value::Null)),
+            _ => {
+                let (code, message) = super::backend_side::error_fields(frame);
+                Err((code, message))
+            }
+        };
+        self.code_tools.answer(id, answer);
+    }
+}
