@@ -919,7 +919,7 @@ async fn tools_off_the_list_and_past_the_ceilings_are_refused_and_the_script_can
     if !require_kernel_features() {
         return;
     }
-    let tw = ToolWorld::new(json!({"runCode": {"maxToolCalls": 5, "maxToolBytes": 1024}}));
+    let tw = ToolWorld::new(json!({"runCode": {"maxToolCalls": 6, "maxToolBytes": 1024}}));
     let server = tw.server().await;
     let source = r#"
 import zcode_tools
@@ -933,6 +933,8 @@ def attempt(name, f):
 attempt("unlisted", lambda: zcode_tools.call("fs.list_files", {"dir": "/"}))
 print("stub-has-list_files", hasattr(fs, "list_files"))
 attempt("big-args", lambda: fs.echo(text="y" * 2000))
+attempt("huge-line", lambda: fs.echo(text="y" * 9000))
+attempt("kw-name", lambda: fs.echo(text="k", name="a parameter called name"))
 attempt("big-answer", lambda: fs.echo(text="y" * 100, times=20))
 attempt("big-result", lambda: zcode_tools.result("z" * 2000))
 for i in range(5):
@@ -948,6 +950,8 @@ zcode_tools.result("still here")
         "unlisted =not_allowed",
         "stub-has-list_files False",
         "big-args =too_large",
+        "huge-line =too_large",
+        "kw-name =ok",
         "big-answer =too_large",
         "big-result =too_large",
         "call0 =ok",
@@ -959,9 +963,9 @@ zcode_tools.result("still here")
         assert!(out.contains(expected), "{expected}: {out}");
     }
     // Refused calls never reached the server; the answer too large did
-    // (and was refused on its way back), then four more: five in all.
-    assert_eq!(tw.served(), 5, "{out}");
-    assert_eq!(r["toolCalls"], 5, "{r}");
+    // (and was refused on its way back), then five more: six in all.
+    assert_eq!(tw.served(), 6, "{out}");
+    assert_eq!(r["toolCalls"], 6, "{r}");
     assert_eq!(r["result"], "still here");
     let logs = r["logs"].to_string();
     for code in ["not_allowed", "too_large", "call_limit"] {
@@ -978,4 +982,42 @@ zcode_tools.result("still here")
         .run(json!({"language": "python", "source": "print(1)", "tools": ["web.search"]}))
         .await;
     assert_eq!(r["error"]["code"], "unknown_tool", "{r}");
+}
+
+#[tokio::test]
+async fn calls_past_the_concurrency_limit_or_the_clock_are_refused_catchably() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw =
+        ToolWorld::new(json!({"runCode": {"concurrentToolCalls": 2, "toolCallTimeoutMs": 1500}}));
+    let server = tw.server().await;
+    let source = r#"
+import { fs, ToolError } from "zcode-tools";
+// Four at once, each taking a while: two are taken, two refused.
+const settled = await Promise.allSettled([0, 1, 2, 3].map(() => fs.echo({ text: "s", sleepMs: 300 })));
+const codes = settled.map((s) => (s.status === "fulfilled" ? "ok" : (s.reason as ToolError).code)).sort();
+console.log("concurrent=" + codes.join(","));
+try {
+  await fs.echo({ text: "slow", sleepMs: 5000 });
+  console.log("slow=ok");
+} catch (e) {
+  console.log("slow=" + (e as ToolError).code);
+}
+"#;
+    let (r, _) = server
+        .run(json!({"language": "typescript", "source": source, "tools": ["fs.echo"]}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        out.contains("concurrent=ok,ok,too_many_at_once,too_many_at_once"),
+        "{out}"
+    );
+    assert!(out.contains("slow=timeout"), "{out}");
+    let logs = r["logs"].to_string();
+    assert!(
+        logs.contains("too_many_at_once") && logs.contains("timeout"),
+        "{logs}"
+    );
 }
