@@ -1012,7 +1012,19 @@ fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
     // A re-armed agent (its sandbox made anew, covering the sockets bound
     // before it) still reaches the editor from code.
     common::sighup(ed.pid());
-    let source = "import zcode_tools as t\nt.result(t.editor.read_text_file(path='summary.txt'))\nprint('AFTER' + '_REARM')";
+    // And code that finds the bridge's sockets on disk cannot use them:
+    // every call must carry the token only the run_code server holds.
+    let source = format!(
+        "import glob, json, socket\n\
+         import zcode_tools as t\n\
+         for p in glob.glob('{home}/.zcode-acp/run-code/servers-*/e*.sock'):\n    \
+             s = socket.socket(socket.AF_UNIX); s.connect(p)\n    \
+             s.sendall(json.dumps({{'id': 1, 'method': 'fs/write_text_file', 'params': {{'path': '{ws}/direct.txt', 'content': 'x'}}}}).encode() + b'\\n')\n    \
+             print('direct=' + s.makefile().readline().strip())\n\
+         t.result(t.editor.read_text_file(path='summary.txt'))\nprint('AFTER' + '_REARM')",
+        home = w.home.display(),
+        ws = w.ws.display()
+    );
     let t = turn(
         &mut ed,
         &sid,
@@ -1027,6 +1039,9 @@ fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
         .rfind(|r| r.contains("AFTER_REARM"))
         .unwrap_or_else(|| panic!("no result after the re-arm: {}", t.text));
     assert!(after.contains("a.rs, b.rs"), "{after}");
+    assert!(after.contains("direct="), "no socket was tried: {after}");
+    assert!(after.contains("not this socket's token"), "{after}");
+    assert!(!w.ws.join("direct.txt").exists());
 }
 
 /// The outputs of tool calls the agent sent back to its model.

@@ -1185,8 +1185,13 @@ fn code_exec_offers_run_code_in_every_session_and_restore_keeping_the_editors_se
         assert_eq!(handed[0]["command"], "theirs", "{handed}");
         assert_eq!(handed[0]["futureField"], 1.5);
     }
-    // Unarmed: the server arms its own sandbox, so nothing is claimed.
-    assert_eq!(entry["env"], json!([]));
+    // Unarmed: the server arms its own sandbox, so nothing is claimed; its
+    // one variable is the token of the editor's socket (code reads the
+    // editor's files through the bridge; it may not write them unarmed).
+    let env = entry["env"].as_array().unwrap();
+    assert_eq!(env.len(), 1, "{entry}");
+    assert_eq!(env[0]["name"], "ZCODE_ACP_EDITOR_TOKEN");
+    assert_eq!(entry["args"][8], "read_text_file", "{entry}");
 
     // A restored session gets it again, once.
     restart(&ed);
@@ -1254,12 +1259,10 @@ fn a_project_turns_code_exec_on_only_once_approved() {
         "{got}"
     );
     // The editor advertised its files: code reaches them through a
-    // socket of the bridge's, bound to this session.
+    // socket of the bridge's, bound to this session (reads only: this
+    // bridge arms no sandbox, so nothing would judge a write).
     assert_eq!(servers[0]["args"][3], "--editor", "{got}");
-    assert_eq!(
-        servers[0]["args"][6], "read_text_file,write_text_file",
-        "{got}"
-    );
+    assert_eq!(servers[0]["args"][6], "read_text_file", "{got}");
     // A session elsewhere that only lists the project as an additional
     // directory is not that project's session.
     let elsewhere = workspace(&ed, "elsewhere");

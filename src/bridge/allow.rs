@@ -147,8 +147,11 @@ impl Bridge {
         let current = self.generation.as_ref().map(|g| g.id);
         for held in prompt.held {
             if held.generation == super::code_tools::TOOLS_GENERATION {
-                // A run's write: answered to its socket, whatever agent runs.
-                if allowed {
+                // A run's write: answered to its socket, whatever agent
+                // runs; nothing is written for a run that has ended.
+                if !self.code_tools.waiting(&held.backend_id) {
+                    info!("the run that asked to write {entry} has ended: nothing written");
+                } else if allowed {
                     self.forward_backend_request(held.generation, held.backend_id, held.frame);
                 } else {
                     let message = format!("the user did not allow writing {entry}");

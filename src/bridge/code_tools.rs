@@ -28,7 +28,7 @@ use crate::relay::{codes, Frame, RawId};
 pub(super) const TOOLS_GENERATION: u64 = u64::MAX;
 
 /// The largest request taken from a run (a file's content, with room).
-const MAX_REQUEST: u64 = 64 << 20;
+const MAX_REQUEST: u64 = 8 << 20;
 
 /// What an answer is: the editor's result, or an error's code and message.
 pub(super) type Answer = Result<Value, (i64, String)>;
@@ -41,30 +41,48 @@ pub(super) struct EditorCall {
     pub reply: oneshot::Sender<Answer>,
 }
 
+/// The environment variable, in the run_code server's entry, holding its
+/// socket's token: every call carries it. Runs never see it (their
+/// environment is an allowlist, their processes apart), so code that
+/// finds a socket on disk cannot use it, and no session can act as another.
+pub(crate) const TOKEN_ENV: &str = crate::run_code::tools::editor::TOKEN_ENV;
+
+/// Connections one socket serves at once (one call each).
+const MAX_CONNECTIONS: usize = 8;
+
 struct Listening {
     path: PathBuf,
+    token: String,
     session: Arc<Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A socket made for a session: where it is and its token.
+pub(super) struct Made {
+    pub path: PathBuf,
+    pub token: String,
+    /// Its slot, when it was made for a session being opened.
+    pub opening: Option<usize>,
 }
 
 pub(super) struct CodeTools {
     tx: mpsc::UnboundedSender<EditorCall>,
     rx: mpsc::UnboundedReceiver<EditorCall>,
-    sockets: Vec<Listening>,
+    /// By slot; a closed socket leaves None (slots are never reused).
+    sockets: Vec<Option<Listening>>,
     /// Sockets made for a session being opened, by the opening request's
     /// bridge id.
     awaiting: HashMap<u64, usize>,
     /// Calls at the editor or held for the user's answer, by their id.
     pending: HashMap<String, oneshot::Sender<Answer>>,
     next_id: u64,
-}
-
-impl Drop for CodeTools {
-    fn drop(&mut self) {
-        for s in &self.sockets {
-            s.task.abort();
-        }
-    }
 }
 
 impl CodeTools {
@@ -82,26 +100,39 @@ impl CodeTools {
 
     /// The socket of `session` (opened or restored: its id is known),
     /// made in `dir` if it has none yet.
-    pub fn for_session(&mut self, dir: &Path, session: &str) -> Option<PathBuf> {
-        let known = self.sockets.iter().find(|s| {
+    pub fn for_session(&mut self, dir: &Path, session: &str) -> Option<Made> {
+        let known = self.sockets.iter().flatten().find(|s| {
             s.session
                 .lock()
                 .map(|g| g.as_deref() == Some(session))
                 .unwrap_or(false)
         });
         if let Some(s) = known {
-            return Some(s.path.clone());
+            return Some(Made {
+                path: s.path.clone(),
+                token: s.token.clone(),
+                opening: None,
+            });
         }
         let i = self.listen(dir, Some(session.to_owned()))?;
-        Some(self.sockets[i].path.clone())
+        self.made(i, None)
     }
 
     /// A socket for a session being opened, bound to it once the agent
     /// answers with its id ([`CodeTools::await_open`], then
     /// [`CodeTools::opened`]).
-    pub fn for_opening(&mut self, dir: &Path) -> Option<(PathBuf, usize)> {
+    pub fn for_opening(&mut self, dir: &Path) -> Option<Made> {
         let i = self.listen(dir, None)?;
-        Some((self.sockets[i].path.clone(), i))
+        self.made(i, Some(i))
+    }
+
+    fn made(&self, i: usize, opening: Option<usize>) -> Option<Made> {
+        let s = self.sockets.get(i)?.as_ref()?;
+        Some(Made {
+            path: s.path.clone(),
+            token: s.token.clone(),
+            opening,
+        })
     }
 
     /// The socket `index` is for the session the request `bid` opens.
@@ -109,14 +140,27 @@ impl CodeTools {
         self.awaiting.insert(bid, index);
     }
 
+    /// Closes a socket nobody will be told of (its session was not
+    /// offered run_code after all).
+    pub fn close(&mut self, index: usize) {
+        if let Some(slot) = self.sockets.get_mut(index) {
+            *slot = None;
+        }
+    }
+
     /// The request `bid` was answered: `session` is what it opened (None:
-    /// it failed, and its socket stays unbound).
+    /// it failed, and its socket is closed).
     pub fn opened(&mut self, bid: u64, session: Option<&str>) {
-        let (Some(i), Some(session)) = (self.awaiting.remove(&bid), session) else {
+        let Some(i) = self.awaiting.remove(&bid) else {
             return;
         };
-        if let Ok(mut s) = self.sockets[i].session.lock() {
-            *s = Some(session.to_owned());
+        match (session, self.sockets.get(i).and_then(Option::as_ref)) {
+            (Some(session), Some(s)) => {
+                if let Ok(mut bound) = s.session.lock() {
+                    *bound = Some(session.to_owned());
+                }
+            }
+            _ => self.close(i),
         }
     }
 
@@ -137,13 +181,24 @@ impl CodeTools {
                 return None;
             }
         };
+        let token = {
+            use rand::Rng;
+            let bytes: [u8; 16] = rand::rng().random();
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
         let session = Arc::new(Mutex::new(session));
-        let task = tokio::spawn(serve(listener, session.clone(), self.tx.clone()));
-        self.sockets.push(Listening {
+        let task = tokio::spawn(serve(
+            listener,
+            token.clone(),
+            session.clone(),
+            self.tx.clone(),
+        ));
+        self.sockets.push(Some(Listening {
             path,
+            token,
             session,
             task,
-        });
+        }));
         Some(self.sockets.len() - 1)
     }
 
@@ -157,6 +212,19 @@ impl CodeTools {
         RawId(self.next_id.to_string())
     }
 
+    /// Whether the call `id` still waits: its run may have ended (its
+    /// connection closed) while the user was being asked.
+    pub fn waiting(&mut self, id: &RawId) -> bool {
+        match self.pending.get(id.as_str()) {
+            Some(reply) if !reply.is_closed() => true,
+            Some(_) => {
+                self.pending.remove(id.as_str());
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Answers the call `id` (its entry goes).
     pub fn answer(&mut self, id: &RawId, answer: Answer) {
         if let Some(reply) = self.pending.remove(id.as_str()) {
@@ -165,19 +233,29 @@ impl CodeTools {
     }
 }
 
-/// Accepts a session's connections; each is one call at a time.
+/// Accepts a session's connections; each is one call at a time, and a
+/// call whose connection closes is dropped (its run has ended), so a
+/// late answer from the user writes nothing.
 async fn serve(
     listener: tokio::net::UnixListener,
+    token: String,
     session: Arc<Mutex<Option<String>>>,
     tx: mpsc::UnboundedSender<EditorCall>,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let token = Arc::new(token);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
-        let (session, tx) = (session.clone(), tx.clone());
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!("a connection to the editor's socket past the most at once was closed");
+            continue;
+        };
+        let (session, tx, token) = (session.clone(), tx.clone(), token.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let (read, mut write) = stream.into_split();
             let mut reader = BufReader::new(read.take(MAX_REQUEST));
             let mut line = Vec::new();
@@ -187,7 +265,13 @@ async fn serve(
                     Ok(0) | Err(_) => return,
                     Ok(_) => {}
                 }
-                let answer = call(&line, &session, &tx).await;
+                let mut more = [0u8; 1];
+                let answer = tokio::select! {
+                    answer = call(&line, &token, &session, &tx) => answer,
+                    // The caller went away (or broke the one-call-at-a-time
+                    // rule): the call is dropped with its reply channel.
+                    _ = reader.read(&mut more) => return,
+                };
                 let mut out = serde_json::to_vec(&answer).unwrap_or_default();
                 out.push(b'\n');
                 if write.write_all(&out).await.is_err() {
@@ -200,6 +284,7 @@ async fn serve(
 
 async fn call(
     line: &[u8],
+    token: &str,
     session: &Mutex<Option<String>>,
     tx: &mpsc::UnboundedSender<EditorCall>,
 ) -> Value {
@@ -208,6 +293,9 @@ async fn call(
         return error(&Value::Null, "not a JSON object".into());
     };
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    if msg.get("token").and_then(Value::as_str) != Some(token) {
+        return error(&id, "not this socket's token".into());
+    }
     let method = match msg.get("method").and_then(Value::as_str) {
         Some("fs/read_text_file") => "fs/read_text_file",
         Some("fs/write_text_file") => "fs/write_text_file",
@@ -247,7 +335,11 @@ impl Bridge {
             "fs/read_text_file" => "readTextFile",
             _ => "writeTextFile",
         };
-        if !self.editor_offers_fs(capability) {
+        // Unarmed, nothing judges a write: code, whose runs are confined
+        // to the workspace, gets no way around that through the editor.
+        if !self.editor_offers_fs(capability)
+            || (call.method == "fs/write_text_file" && !self.sandbox.arms())
+        {
             let _ = call.reply.send(Err((
                 codes::INVALID_REQUEST,
                 format!("the editor does not offer {}", call.method),

@@ -335,48 +335,64 @@ impl Bridge {
         let servers = raw.as_ref().map(|r| r.get());
         let mut args = self.servers_file_args(servers);
         let opening = matches!(track, track::Track::Create(_));
-        let mut socket = None;
+        let mut made = None;
         if let Some(can) = self.editor_fs() {
-            let made = match self.servers_files.dir() {
+            made = match self.servers_files.dir() {
                 Ok(dir) if opening => self.code_tools.for_opening(&dir),
-                Ok(dir) => self
-                    .code_tools
-                    .for_session(&dir, &session.id)
-                    .map(|p| (p, usize::MAX)),
+                Ok(dir) => self.code_tools.for_session(&dir, &session.id),
                 Err(e) => {
                     warn!("cannot make run_code's directory ({e}): code cannot reach the editor's files");
                     None
                 }
             };
-            if let Some((path, index)) = made {
+            if let Some(m) = &made {
                 args.extend([
                     "--editor".to_owned(),
-                    path.to_string_lossy().into_owned(),
+                    m.path.to_string_lossy().into_owned(),
                     "--editor-can".to_owned(),
                     can,
                 ]);
-                socket = (index != usize::MAX).then_some(index);
             }
         }
-        crate::run_code::inject::with_code_server(
+        let token = made.as_ref().map(|m| m.token.clone());
+        let env: Vec<(&str, &str)> = token
+            .as_deref()
+            .map(|t| (super::code_tools::TOKEN_ENV, t))
+            .into_iter()
+            .collect();
+        let with = crate::run_code::inject::with_code_server(
             servers,
             &code_exec.exe,
             &session.cwd,
             self.confinement.confined_by().as_deref(),
             &args,
-        )
-        .map(|s| (s, socket))
+            &env,
+        );
+        let opening = made.and_then(|m| m.opening);
+        match with {
+            Some(s) => Some((s, opening)),
+            None => {
+                // Not offered after all: nobody will be told of the socket.
+                if let Some(index) = opening {
+                    self.code_tools.close(index);
+                }
+                None
+            }
+        }
     }
 
     /// What the editor lets code do with its files (`read_text_file`,
     /// `write_text_file`, comma-separated), if anything.
+    /// Writes only where the bridge arms a sandbox: unarmed, nothing would
+    /// judge them.
     pub(super) fn editor_fs(&self) -> Option<String> {
+        let armed = self.sandbox.arms();
         let can: Vec<&str> = [
             ("readTextFile", "read_text_file"),
             ("writeTextFile", "write_text_file"),
         ]
         .into_iter()
-        .filter(|(cap, _)| self.editor_offers_fs(cap))
+        .filter(|(cap, name)| self.editor_offers_fs(cap) && (armed || *name == "read_text_file"))
         .map(|(_, name)| name)
         .collect();
         (!can.is_empty()).then(|| can.join(","))

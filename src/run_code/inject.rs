@@ -37,6 +37,7 @@ pub fn with_code_server(
     cwd: &Path,
     confined_by: Option<&str>,
     more_args: &[String],
+    more_env: &[(&str, &str)],
 ) -> Option<String> {
     let text = servers.unwrap_or("[]").trim();
     let parsed: Value = serde_json::from_str(text).ok()?;
@@ -51,10 +52,11 @@ pub fn with_code_server(
         .filter_map(|s| s.get("name").and_then(Value::as_str))
         .collect();
     let name = free_name(&taken);
-    let env = match confined_by {
-        Some(what) => json!([{"name": super::confinement::CONFINED_ENV, "value": what}]),
-        None => json!([]),
-    };
+    let mut env: Vec<Value> = confined_by
+        .map(|what| json!({"name": super::confinement::CONFINED_ENV, "value": what}))
+        .into_iter()
+        .collect();
+    env.extend(more_env.iter().map(|(k, v)| json!({"name": k, "value": v})));
     let mut args = json!(["mcp", "--workspace", cwd]);
     if let Some(a) = args.as_array_mut() {
         a.extend(more_args.iter().map(|s| json!(s)));
@@ -154,11 +156,14 @@ impl ServersFiles {
                 .mode(0o700)
                 .create(&self.base)?;
             sweep_stale(&self.base);
+            // Its real path: sockets are listed (and exempted from the
+            // sandbox's covering) by the path they were bound at.
+            let base = std::fs::canonicalize(&self.base)?;
             self.dir = Some(
                 tempfile::Builder::new()
                     .prefix(&format!("{SERVERS_DIR_PREFIX}{}-", std::process::id()))
                     .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-                    .tempdir_in(&self.base)?,
+                    .tempdir_in(&base)?,
             );
         }
         Ok(self.dir.as_ref().expect("made above").path().to_path_buf())
@@ -235,6 +240,7 @@ mod tests {
             Path::new("/w"),
             None,
             &[],
+            &[],
         )
         .unwrap();
         assert!(
@@ -252,7 +258,14 @@ mod tests {
     fn a_server_the_editor_already_sends_is_not_added_twice() {
         let editor = r#"[{"name":"code","command":"/usr/bin/zcode-acp","args":["mcp","--workspace","/w"],"env":[]}]"#;
         assert_eq!(
-            with_code_server(Some(editor), Path::new("/z"), Path::new("/w"), None, &[]),
+            with_code_server(
+                Some(editor),
+                Path::new("/z"),
+                Path::new("/w"),
+                None,
+                &[],
+                &[]
+            ),
             None
         );
     }
@@ -266,6 +279,7 @@ mod tests {
             Path::new("/w"),
             Some("linux namespaces+landlock"),
             &["--servers".to_owned(), "/m/servers.json".to_owned()],
+            &[],
         )
         .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
@@ -282,16 +296,24 @@ mod tests {
     #[test]
     fn none_or_an_empty_list_gets_ours_alone_and_a_non_list_is_left_alone() {
         for given in [None, Some("[]"), Some(" [ ] ")] {
-            let out = with_code_server(given, Path::new("/z"), Path::new("/w"), None, &[]).unwrap();
+            let out =
+                with_code_server(given, Path::new("/z"), Path::new("/w"), None, &[], &[]).unwrap();
             let v: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(v.as_array().unwrap().len(), 1, "{given:?}");
         }
         assert_eq!(
-            with_code_server(Some("{}"), Path::new("/z"), Path::new("/w"), None, &[]),
+            with_code_server(Some("{}"), Path::new("/z"), Path::new("/w"), None, &[], &[]),
             None
         );
         assert_eq!(
-            with_code_server(Some("null"), Path::new("/z"), Path::new("/w"), None, &[]),
+            with_code_server(
+                Some("null"),
+                Path::new("/z"),
+                Path::new("/w"),
+                None,
+                &[],
+                &[]
+            ),
             None
         );
     }

@@ -17,6 +17,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use super::{ToolFailure, ToolSpec};
 
 pub const READ: &str = "editor.read_text_file";
+/// Where the bridge puts the socket's token (see `bridge::code_tools`).
+pub const TOKEN_ENV: &str = "ZCODE_ACP_EDITOR_TOKEN";
 pub const WRITE: &str = "editor.write_text_file";
 
 /// The largest answer read from the bridge (a file's content).
@@ -24,6 +26,9 @@ const MAX_ANSWER: usize = 64 << 20;
 
 pub struct EditorLink {
     socket: PathBuf,
+    /// The socket's token (`ZCODE_ACP_EDITOR_TOKEN`, in this server's
+    /// entry); every call carries it.
+    token: String,
     workspace: PathBuf,
     can_read: bool,
     can_write: bool,
@@ -35,6 +40,7 @@ impl EditorLink {
     pub fn new(socket: PathBuf, workspace: PathBuf, can: &[String]) -> EditorLink {
         EditorLink {
             socket,
+            token: std::env::var(TOKEN_ENV).unwrap_or_default(),
             workspace,
             can_read: can.iter().any(|c| c == "read_text_file"),
             can_write: can.iter().any(|c| c == "write_text_file"),
@@ -126,8 +132,10 @@ impl EditorLink {
             .await
             .map_err(unavailable)?;
         let (read, mut write) = stream.into_split();
-        let mut line = serde_json::to_vec(&json!({"id": 1, "method": method, "params": params}))
-            .map_err(|e| ToolFailure::new("bad_request", e.to_string()))?;
+        let mut line = serde_json::to_vec(
+            &json!({"id": 1, "token": self.token, "method": method, "params": params}),
+        )
+        .map_err(|e| ToolFailure::new("bad_request", e.to_string()))?;
         line.push(b'\n');
         write.write_all(&line).await.map_err(unavailable)?;
         let mut answer = Vec::new();

@@ -134,7 +134,9 @@ impl Toolbox {
             .unwrap_or_default();
         let mut out = Vec::with_capacity(names.len());
         for name in names {
-            if name.starts_with("editor.") {
+            // With the editor's tools on, `editor.` is theirs (an MCP
+            // server called `editor` is then out of reach, and listed so).
+            if name.starts_with("editor.") && self.editor.is_some() {
                 match editor.iter().find(|s| &s.name == name) {
                     Some(s) => out.push(s.clone()),
                     None => {
@@ -154,6 +156,15 @@ impl Toolbox {
                 }
                 continue;
             }
+            let mcp_editor = self
+                .mcp
+                .as_ref()
+                .is_some_and(|m| m.server_names().contains(&"editor"));
+            if name.starts_with("editor.") && !mcp_editor {
+                return Err(format!(
+                    "{name:?} is not offered here: the editor's files reach run_code only through zcode-acp's bridge, where the editor advertised them (and writes only where the bridge arms a sandbox)"
+                ));
+            }
             let Some(mcp) = &self.mcp else {
                 return Err(format!(
                     "{name:?}: this session's MCP servers were not given to run_code"
@@ -170,7 +181,12 @@ impl Toolbox {
             Some(m) => m.all().await,
             None => (Vec::new(), Vec::new()),
         };
+        let mut failed = failed;
         if let Some(e) = &self.editor {
+            if tools.iter().any(|t| t.name.starts_with("editor.")) {
+                failed.push("the MCP server named editor: its tools are out of reach while the editor's own files are offered as editor.*".into());
+                tools.retain(|t| !t.name.starts_with("editor."));
+            }
             tools.extend(e.specs());
         }
         (tools, failed)
