@@ -893,6 +893,21 @@ fn codex_calls_run_code_through_the_bridge() {
     );
 }
 
+/// Codex behind the armed bridge with `--code-exec`, and a session the
+/// editor gives the test's own MCP server (`fs`, two tools).
+fn codex_with_a_tool_server(w: &World) -> (Editor, String) {
+    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
+    run.bridge_args = vec!["--code-exec".into()];
+    let mut ed = run.start(w);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+    let r = ed.call(
+        "session/new",
+        json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),
+    );
+    let sid = r["sessionId"].as_str().unwrap().to_owned();
+    (ed, sid)
+}
+
 /// The editor gives the session an MCP server of its own; code run
 /// through run_code calls its tools in a loop (the server's definition
 /// reached the run_code server inside the sandbox through the bridge's
@@ -903,15 +918,7 @@ fn code_run_by_codex_calls_the_sessions_mcp_tools_through_the_bridge() {
         return;
     }
     let w = World::new();
-    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
-    run.bridge_args = vec!["--code-exec".into()];
-    let mut ed = run.start(&w);
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
-    let r = ed.call(
-        "session/new",
-        json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),
-    );
-    let sid = r["sessionId"].as_str().unwrap().to_owned();
+    let (mut ed, sid) = codex_with_a_tool_server(&w);
     std::fs::write(w.ws.join("notes.txt"), "n").unwrap();
     let source = "import zcode_tools as t\nn = sum(len(t.fs.echo(text='ab', times=i)) for i in range(20))\nfiles = t.fs.list_files(dir='.')['files']\nt.result({'echoed': n, 'notes': 'notes.txt' in files})\nprint('TOOLS' + '_DONE')";
     let t = turn(
@@ -946,22 +953,15 @@ fn code_run_by_codex_calls_the_sessions_mcp_tools_through_the_bridge() {
 /// Code lists files through an MCP tool and writes a summary through the
 /// editor: inside the workspace the write lands; outside it goes through
 /// the allow flow, refused without consent and written after "Allow
-/// once"; the editor's unsaved content is what the code reads.
+/// once"; what the code reads back comes from the editor (this test's
+/// editor answers from disk; a real one answers from its buffers).
 #[test]
 fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
     if !ready() {
         return;
     }
     let w = World::new();
-    let mut run = Run::new(Agent::Codex, Launch::NodeScript);
-    run.bridge_args = vec!["--code-exec".into()];
-    let mut ed = run.start(&w);
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
-    let r = ed.call(
-        "session/new",
-        json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),
-    );
-    let sid = r["sessionId"].as_str().unwrap().to_owned();
+    let (mut ed, sid) = codex_with_a_tool_server(&w);
     for name in ["a.rs", "b.rs", "c.md"] {
         std::fs::write(w.ws.join(name), "x").unwrap();
     }

@@ -332,9 +332,24 @@ impl Bridge {
             mcp_servers: Option<Box<serde_json::value::RawValue>>,
         }
         let raw = frame.params_as::<Raw>().ok()?.mcp_servers;
-        let servers = raw.as_ref().map(|r| r.get());
-        let mut args = self.servers_file_args(servers);
         let opening = matches!(track, track::Track::Create(_));
+        self.code_server_entry(raw.as_ref().map(|r| r.get()), session, opening, &code_exec)
+    }
+
+    /// `servers` (the editor's list, kept as written) with the run_code
+    /// server for `session` added: the session's MCP servers file and,
+    /// where the editor offers its files, the session's socket and token.
+    /// Also the socket's slot when it was made for a session being opened
+    /// (bound once the agent names it); a socket nobody is told of is
+    /// closed.
+    pub(super) fn code_server_entry(
+        &mut self,
+        servers: Option<&str>,
+        session: &crate::session::Session,
+        opening: bool,
+        code_exec: &crate::run_code::inject::CodeExec,
+    ) -> Option<(String, Option<usize>)> {
+        let mut args = self.servers_file_args(servers);
         let mut made = None;
         if let Some(can) = self.editor_fs() {
             made = match self.servers_files.dir() {
@@ -354,10 +369,9 @@ impl Bridge {
                 ]);
             }
         }
-        let token = made.as_ref().map(|m| m.token.clone());
-        let env: Vec<(&str, &str)> = token
-            .as_deref()
-            .map(|t| (super::code_tools::TOKEN_ENV, t))
+        let env: Vec<(&str, &str)> = made
+            .as_ref()
+            .map(|m| (super::code_tools::TOKEN_ENV, m.token.as_str()))
             .into_iter()
             .collect();
         let with = crate::run_code::inject::with_code_server(
@@ -368,12 +382,11 @@ impl Bridge {
             &args,
             &env,
         );
-        let opening = made.and_then(|m| m.opening);
+        let slot = made.and_then(|m| m.opening);
         match with {
-            Some(s) => Some((s, opening)),
+            Some(s) => Some((s, slot)),
             None => {
-                // Not offered after all: nobody will be told of the socket.
-                if let Some(index) = opening {
+                if let Some(index) = slot {
                     self.code_tools.close(index);
                 }
                 None

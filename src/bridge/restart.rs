@@ -555,38 +555,8 @@ impl Bridge {
         }
         if let Some(code_exec) = self.code_exec_for(&session) {
             let servers = session.mcp_servers.to_string();
-            let mut args = self.servers_file_args(Some(&servers));
-            let mut token = None;
-            if let Some(can) = self.editor_fs() {
-                let socket = self
-                    .servers_files
-                    .dir()
-                    .ok()
-                    .and_then(|dir| self.code_tools.for_session(&dir, &session.id));
-                if let Some(made) = socket {
-                    args.extend([
-                        "--editor".to_owned(),
-                        made.path.to_string_lossy().into_owned(),
-                        "--editor-can".to_owned(),
-                        can,
-                    ]);
-                    token = Some(made.token);
-                }
-            }
-            let env: Vec<(&str, &str)> = token
-                .as_deref()
-                .map(|t| (super::code_tools::TOKEN_ENV, t))
-                .into_iter()
-                .collect();
-            let with = crate::run_code::inject::with_code_server(
-                Some(&servers),
-                &code_exec.exe,
-                &session.cwd,
-                self.confinement.confined_by().as_deref(),
-                &args,
-                &env,
-            );
-            if let Some(with) = with.and_then(|t| serde_json::from_str(&t).ok()) {
+            let with = self.code_server_entry(Some(&servers), &session, false, &code_exec);
+            if let Some(with) = with.and_then(|(t, _)| serde_json::from_str(&t).ok()) {
                 params["mcpServers"] = with;
             }
         }

@@ -175,19 +175,12 @@ fn sweep_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
+    use super::stage::{owner_pid, process_gone};
     for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(SERVERS_DIR_PREFIX))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
-        else {
+        let Some(pid) = owner_pid(&e.file_name(), SERVERS_DIR_PREFIX) else {
             continue;
         };
-        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-            == Err(nix::errno::Errno::ESRCH);
-        if gone && e.file_type().is_ok_and(|t| t.is_dir()) {
+        if process_gone(pid) && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

@@ -40,17 +40,10 @@ pub fn sweep_stale(base: &Path) {
     };
     let me = nix::unistd::geteuid().as_raw();
     for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(PREFIX))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
-        else {
+        let Some(pid) = owner_pid(&e.file_name(), PREFIX) else {
             continue;
         };
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-            .map_or_else(|e| e != nix::errno::Errno::ESRCH, |_| true);
+        let alive = !process_gone(pid);
         let ours = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir() && m.uid() == me);
         if alive || !ours {
             continue;
@@ -67,6 +60,22 @@ pub fn sweep_stale(base: &Path) {
             Err(_) => continue,
         }
     }
+}
+
+/// The pid in a directory name `<prefix><pid>-<anything>`: the process
+/// that made it (a run's server, a bridge).
+pub fn owner_pid(name: &OsStr, prefix: &str) -> Option<i32> {
+    name.to_str()?
+        .strip_prefix(prefix)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether no process has `pid` (its directories are no one's).
+pub fn process_gone(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
 }
 
 /// One call's directory; removed when dropped.
