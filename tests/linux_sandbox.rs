@@ -551,6 +551,7 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     // private /tmp, sockets included.
     tmux_server_outside(&places_in(Path::new("/tmp")), None, true);
     gpg_agent_outside(&places(), None);
+    moved_sockets_outside(&places(), None);
 }
 
 #[test]
@@ -563,6 +564,118 @@ fn services_that_write_for_the_caller_are_out_of_reach_as_an_unprivileged_user()
     tmux_server_outside(&p, Some(&user), false);
     tmux_server_outside(&p, Some(&user), true);
     gpg_agent_outside(&p, Some(&user));
+    moved_sockets_outside(&p, Some(&user));
+}
+
+/// Services that act on request, whose socket did not stay at the name it
+/// was bound to: linked into place under another name (OpenSSH's
+/// ControlMaster), renamed there, bound by a relative name, or bound by a
+/// server in another network namespace (root only: making one as a user
+/// needs a user namespace of its own). From inside, none is reached and
+/// none writes its mark, where from outside each is.
+fn moved_sockets_outside(p: &Places, user: Option<&TestUser>) {
+    let dir =
+        p.ws.parent()
+            .unwrap()
+            .join(format!("services-{:08x}", rand_u32()));
+    std::fs::create_dir(&dir).unwrap();
+    if let Some(u) = user {
+        u.own(&dir);
+    }
+    let fixture = dir.join("socket_service.py");
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/socket_service.py"
+        ),
+        &fixture,
+    )
+    .unwrap();
+    let mut modes = vec!["link", "rename", "relative"];
+    if user.is_none() {
+        modes.push("otherns");
+    }
+    // Each in a directory of its own: a socket beside another bound one is
+    // covered for that reason alone, and each way must hold by itself.
+    let sock = |m: &str| dir.join(m).join(format!("{m}.sock"));
+    let mark = |m: &str, who: &str| dir.join(m).join(format!("MARK-{who}-{m}"));
+    let mut services = Vec::new();
+    for mode in &modes {
+        std::fs::create_dir(dir.join(mode)).unwrap();
+        if let Some(u) = user {
+            u.own(&dir.join(mode));
+        }
+        let mut c = if *mode == "otherns" {
+            let mut c = Command::new("unshare");
+            c.args(["--net", "python3"]);
+            c
+        } else {
+            Command::new("python3")
+        };
+        let serve_mode = if *mode == "otherns" { "plain" } else { mode };
+        c.arg(&fixture)
+            .args(["serve", serve_mode])
+            .arg(sock(mode))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if let Some(u) = user {
+            c.uid(u.uid).gid(u.gid);
+        }
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "{mode}");
+        services.push(KillOnDrop(child));
+    }
+    let ask = |who: &str| {
+        modes
+            .iter()
+            .map(|m| {
+                format!(
+                    "python3 {f} ask {s} {who}-{m}; ",
+                    f = fixture.display(),
+                    s = sock(m).display()
+                )
+            })
+            .collect::<String>()
+    };
+    // Control: from outside, every service acts.
+    let outside = Command::new("sh")
+        .args(["-c", &ask("outside")])
+        .output()
+        .unwrap();
+    let outside = String::from_utf8_lossy(&outside.stdout).into_owned();
+    for m in &modes {
+        assert!(
+            outside.contains(&format!("outside-{m}=reached")),
+            "{outside}"
+        );
+        assert!(mark(m, "outside").exists(), "{m}");
+    }
+    let script = format!("{}echo done", ask("inside"));
+    let (out, unchanged) =
+        run_argv_in_outer_ns_as(&p.ws, &run_sh(user, "none", &p.ws, &script), None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    drop(services);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done"), "{stdout}");
+    for m in &modes {
+        assert!(
+            stdout.contains(&format!("inside-{m}=refused")),
+            "{m}: {stdout}"
+        );
+        assert!(
+            !mark(m, "inside").exists(),
+            "the {m} service wrote for the sandbox: {stdout}"
+        );
+    }
 }
 
 /// A real gpg-agent outside, on its own home (outside /tmp, so its socket

@@ -6,6 +6,7 @@ pub mod exec;
 pub mod helper;
 pub mod join;
 pub mod layers;
+pub mod listening;
 pub mod net;
 pub mod plan;
 pub mod seccomp;

@@ -167,13 +167,15 @@ impl UserFacts {
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
             home,
             supervise: super::supervise::available(),
-            bound_sockets: sockets::bound_paths(
-                &std::fs::read_to_string("/proc/net/unix").unwrap_or_default(),
-            ),
+            bound_sockets: super::listening::bound_sockets(),
             layers: None,
         }
     }
 }
+
+/// At most this many entries of a directory holding a bound socket are
+/// looked through for sockets moved there.
+const MAX_BESIDE: usize = 4096;
 
 /// What the sandbox must not reach: the well-known servers that run what
 /// they are sent (`sockets::linux_known`), every other socket bound when the
@@ -192,9 +194,14 @@ fn hidden_candidates(s: &UserFacts, served: &[PathBuf], fs: &dyn Fs) -> (Vec<Ste
     ) {
         hide.push(step(Path::new(&k.path), k.why));
     }
+    let reachable = |p: &Path| sockets::linux_allowed(p).is_none() && !served_here(p, served);
     let mut unseen = Vec::new();
+    let mut beside: Vec<&Path> = Vec::new();
     for p in &s.bound_sockets {
-        if sockets::linux_allowed(p).is_some() || served_here(p, served) {
+        if let Some(dir) = p.parent().filter(|d| !beside.contains(d)) {
+            beside.push(dir);
+        }
+        if !reachable(p) {
             continue;
         }
         if fs.is_socket(p) {
@@ -205,8 +212,30 @@ fn hidden_candidates(s: &UserFacts, served: &[PathBuf], fs: &dyn Fs) -> (Vec<Ste
         } else {
             unseen.push(step(
                 p,
-                "a socket listening when the sandbox was armed, not visible from here (another mount namespace), so not covered",
+                "a socket bound when the sandbox was armed, not at that path now (renamed away, or in another mount namespace): covered only if found beside another",
             ));
+        }
+    }
+    // A server may bind a temporary name and rename or link the socket
+    // into place (OpenSSH's ControlMaster, supervisord): the listing keeps
+    // the name it was bound to. Every socket beside a bound one is covered.
+    for dir in beside {
+        let names = fs.list(dir);
+        if names.len() > MAX_BESIDE {
+            unseen.push(step(
+                dir,
+                "a directory of bound sockets too large to look through: its sockets bound under another name are not covered",
+            ));
+            continue;
+        }
+        for name in names {
+            let p = dir.join(name);
+            if reachable(&p) && fs.is_socket(&p) && !hide.iter().any(|h| h.path == p) {
+                hide.push(step(
+                    &p,
+                    "a socket beside one bound outside the sandbox (covered: it may have been bound under another name and moved there)",
+                ));
+            }
         }
     }
     hide.sort_by_key(|h| !fs.is_dir(&h.path));
@@ -709,6 +738,50 @@ mod tests {
             .gaps
             .iter()
             .any(|g| g.path == Path::new("/srv/other-namespace.sock")));
+    }
+
+    /// A socket bound under a temporary name and linked or renamed into
+    /// place (OpenSSH's ControlMaster) is listed by the name it was bound
+    /// to, which is gone: what sits beside that name is covered.
+    #[test]
+    fn sockets_moved_beside_a_bound_name_are_covered() {
+        let fs = fake(&[
+            ("/home/u", true),
+            ("/home/u/w", true),
+            ("/home/u/.ssh", true),
+            ("/home/u/.ssh/cm-host.sock", false),
+            ("/home/u/.ssh/config", false),
+            ("/run/systemd/journal/socket", false),
+            ("/run/systemd/journal/S.other", false),
+        ]);
+        let facts = UserFacts {
+            uid: 1000,
+            bound_sockets: [
+                "/home/u/.ssh/cm-host.sock.Xq2a",
+                "/run/systemd/journal/socket",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
+            ..UserFacts::default()
+        };
+        let plan = build(&policy(), &fs, &facts);
+        let hidden: Vec<&str> = plan
+            .hidden
+            .iter()
+            .map(|s| s.path.to_str().unwrap())
+            .collect();
+        assert!(hidden.contains(&"/home/u/.ssh/cm-host.sock"), "{hidden:?}");
+        // Beside an allowed one too, but the allowed stays reachable.
+        assert!(
+            hidden.contains(&"/run/systemd/journal/S.other"),
+            "{hidden:?}"
+        );
+        assert!(
+            !hidden.contains(&"/run/systemd/journal/socket"),
+            "{hidden:?}"
+        );
+        assert!(!hidden.contains(&"/home/u/.ssh/config"), "{hidden:?}");
     }
 
     #[test]

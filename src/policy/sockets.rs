@@ -201,32 +201,55 @@ pub fn linux_allowed(path: &Path) -> Option<&'static str> {
         .map(|a| a.why)
 }
 
-/// The bound pathname sockets listed in `/proc/net/unix` (listening
-/// stream sockets and bound datagram ones; abstract names are Landlock's
-/// to scope), each once.
-pub fn bound_paths(proc_net_unix: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
+/// One bound socket of a `/proc/net/unix` listing: its socket inode and the
+/// name it was bound to (absolute, or relative to the binder's directory
+/// then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    pub inode: u64,
+    pub path: PathBuf,
+}
+
+/// The bound pathname sockets listed in a `/proc/net/unix` (listening
+/// stream sockets and bound datagram ones; abstract names belong to a
+/// network namespace, and the sandbox has its own), each once.
+pub fn bound_in(proc_net_unix: &str) -> Vec<Bound> {
+    let mut out: Vec<Bound> = Vec::new();
     for line in proc_net_unix.lines().skip(1) {
-        // Num RefCount Protocol Flags Type St Inode Path
-        let fields: Vec<&str> = line.splitn(8, ' ').filter(|f| !f.is_empty()).collect();
-        let Some(path) = fields.get(7).map(|p| p.trim()) else {
+        let Some((inode, path)) = split_line(line) else {
             continue;
         };
-        if !path.starts_with('/') {
-            // Bound by a relative path: where it lives cannot be known
-            // from here, so it is not covered (see the plan's gaps).
-            tracing::info!(
-                socket = path,
-                "a Unix socket bound by a relative path is not covered"
-            );
+        if path.starts_with('@') {
             continue;
         }
-        let p = PathBuf::from(path);
-        if !out.contains(&p) {
-            out.push(p);
+        let b = Bound {
+            inode,
+            path: PathBuf::from(path),
+        };
+        if !out.contains(&b) {
+            out.push(b);
         }
     }
     out
+}
+
+/// `Num RefCount Protocol Flags Type St Inode Path`: the kernel pads the
+/// inode to five columns (`%5lu`), so fields are split on runs of spaces,
+/// and the path is everything after the one space that follows the inode
+/// (a path may hold spaces of its own).
+fn split_line(line: &str) -> Option<(u64, &str)> {
+    let mut rest = line;
+    let mut inode = None;
+    for field in 0..7 {
+        rest = rest.trim_start_matches(' ');
+        let end = rest.find(' ').unwrap_or(rest.len());
+        if field == 6 {
+            inode = rest[..end].parse().ok();
+        }
+        rest = &rest[end..];
+    }
+    let path = rest.strip_prefix(' ')?;
+    (!path.is_empty()).then_some((inode?, path))
 }
 
 #[cfg(test)]
@@ -241,13 +264,25 @@ ffff8882: 00000002 00000000 00010000 0001 01 12346 @/tmp/.X11-unix/X0\n\
 ffff8883: 00000003 00000000 00000000 0001 03 12347\n\
 ffff8884: 00000002 00000000 00010000 0001 01 12348 /home/u/.gnupg/S.gpg-agent\n\
 ffff8885: 00000003 00000000 00000000 0001 03 12349 /home/u/.gnupg/S.gpg-agent\n\
-ffff8886: 00000002 00000000 00000000 0002 01 12350 /run/systemd/journal/dev-log\n";
+ffff8886: 00000002 00000000 00000000 0002 01 12350 /run/systemd/journal/dev-log\n\
+ffff8887: 00000002 00000000 00010000 0001 01   927 /run/small inode\n\
+ffff8888: 00000002 00000000 00010000 0001 01 12351 x.sock\n\
+ffff8889: 00000002 00000000 00010000 0001 01    12  /a path with a leading space\n";
+        let bound = bound_in(text);
+        let got: Vec<(u64, &str)> = bound
+            .iter()
+            .map(|b| (b.inode, b.path.to_str().unwrap()))
+            .collect();
         assert_eq!(
-            bound_paths(text),
-            vec![
-                PathBuf::from("/run/systemd/private"),
-                PathBuf::from("/home/u/.gnupg/S.gpg-agent"),
-                PathBuf::from("/run/systemd/journal/dev-log"),
+            got,
+            [
+                (12345, "/run/systemd/private"),
+                (12348, "/home/u/.gnupg/S.gpg-agent"),
+                (12349, "/home/u/.gnupg/S.gpg-agent"),
+                (12350, "/run/systemd/journal/dev-log"),
+                (927, "/run/small inode"),
+                (12351, "x.sock"),
+                (12, " /a path with a leading space"),
             ]
         );
     }
