@@ -1675,6 +1675,110 @@ fn git_indirections_cannot_be_planted() {
     );
 }
 
+/// Protected paths that are symlinks (a `.git/hooks` kept in the work tree,
+/// a shared `.vscode`, an `.envrc` link), and a linked worktree's `.git`
+/// file: none can be removed and replaced by a file of the sandbox's, and
+/// what a link leads to stays read-only; plain files beside them stay
+/// writable.
+#[test]
+fn protected_links_and_git_files_cannot_be_replaced() {
+    if !require_kernel_features() {
+        return;
+    }
+    protected_links(&places(), None);
+}
+
+#[test]
+fn protected_links_and_git_files_cannot_be_replaced_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    protected_links(&p, Some(&user));
+}
+
+fn protected_links(p: &Places, user: Option<&TestUser>) {
+    let git = |args: &[&str], dir: &Path| {
+        let ok = Command::new("git")
+            .args(["-c", "user.email=t@e", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    let repo = p.ws.join("app");
+    std::fs::create_dir_all(repo.join("tools/hooks")).unwrap();
+    std::fs::write(repo.join("tools/hooks/pre-commit"), "#!/bin/sh\nexit 0\n").unwrap();
+    git(&["init", "-q"], &repo);
+    git(&["commit", "-q", "--allow-empty", "-m", "x"], &repo);
+    std::fs::remove_dir_all(repo.join(".git/hooks")).unwrap();
+    std::os::unix::fs::symlink("../tools/hooks", repo.join(".git/hooks")).unwrap();
+    std::fs::create_dir(repo.join("shared-vscode")).unwrap();
+    std::fs::write(repo.join("shared-vscode/settings.json"), "{}\n").unwrap();
+    std::os::unix::fs::symlink("shared-vscode", repo.join(".vscode")).unwrap();
+    std::fs::write(repo.join("envrc.shared"), "export A=1\n").unwrap();
+    std::os::unix::fs::symlink("envrc.shared", repo.join(".envrc")).unwrap();
+    let wt = p.ws.join("wt");
+    git(&["worktree", "add", "-q", wt.to_str().unwrap()], &repo);
+    let gitfile = content(&wt.join(".git"));
+    assert!(gitfile.starts_with("gitdir:"), "{gitfile}");
+    if let Some(u) = user {
+        u.own(&p.ws);
+    }
+    let script = format!(
+        "cd {a}; \
+         rm .git/hooks; mkdir .git/hooks; echo evil > .git/hooks/pre-commit; mv .git/hooks .git/h2; \
+         echo evil > tools/hooks/pre-commit; echo evil > .git/hooks/post-checkout; \
+         mv tools t2; \
+         rm .vscode; mkdir .vscode; echo '{{}}' > .vscode/tasks.json; mv .vscode v2; \
+         echo evil > shared-vscode/tasks.json; \
+         rm .envrc; echo evil > .envrc; mv .envrc e2; echo evil > envrc.shared; \
+         echo 'gitdir: {ws}/evil' > {w}/.git; rm {w}/.git; \
+         echo ok > plain.txt; echo done",
+        a = repo.display(),
+        ws = p.ws.display(),
+        w = wt.display(),
+    );
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done"), "{stdout}");
+    let link = |name: &str| std::fs::read_link(repo.join(name)).map(|l| l.display().to_string());
+    assert_eq!(link(".git/hooks").as_deref().ok(), Some("../tools/hooks"));
+    assert_eq!(link(".vscode").as_deref().ok(), Some("shared-vscode"));
+    assert_eq!(link(".envrc").as_deref().ok(), Some("envrc.shared"));
+    for gone in [
+        ".git/h2",
+        "t2",
+        "v2",
+        "e2",
+        "tools/hooks/post-checkout",
+        "shared-vscode/tasks.json",
+    ] {
+        assert!(!repo.join(gone).exists(), "{gone} was made");
+    }
+    assert_eq!(
+        content(&repo.join("tools/hooks/pre-commit")),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert_eq!(content(&repo.join("envrc.shared")), "export A=1\n");
+    assert_eq!(content(&wt.join(".git")), gitfile);
+    assert_eq!(
+        content(&repo.join("plain.txt")),
+        "ok\n",
+        "the work tree stays writable"
+    );
+}
+
 /// Shared caches are copy-on-write: what the sandbox writes into cargo's
 /// registry (a planted `build.rs`) stays in a layer of that project's own,
 /// seen again by its next sandbox, never by your own builds or another

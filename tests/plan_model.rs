@@ -81,6 +81,12 @@ impl Fs for World {
     fn is_socket(&self, _p: &Path) -> bool {
         false
     }
+    fn is_symlink(&self, _p: &Path) -> bool {
+        false
+    }
+    fn resolves(&self, p: &Path) -> bool {
+        self.exists(p)
+    }
 }
 
 /// Whether the executor's mounts plus Landlock leave `path` writable: the
@@ -94,7 +100,7 @@ fn writable(plan: &Plan, ops: &[MountOp<'_>], path: &Path) -> bool {
             MountOp::ReadOnlyRoot => rw = false,
             // A bind keeps the attributes it was made from: a pin changes
             // nothing but what can be renamed.
-            MountOp::Pin(_) | MountOp::LayerSlot => {}
+            MountOp::Pin(_) | MountOp::PinLink(_) | MountOp::LayerSlot => {}
             // Writable recursively (nothing here is read-only on the host);
             // a tmpfs's carried trees were writable already.
             MountOp::Writable(p)

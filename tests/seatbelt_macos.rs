@@ -44,6 +44,7 @@ fn setup() -> Setup {
     std::fs::write(ws.join("existing"), "x").unwrap();
     let managed = ManagedRoot::new(root.join("managed"));
     let input = PolicyInput {
+        links: Vec::new(),
         platform: Platform::Macos,
         home: home.clone(),
         roots: vec![RootInput {
@@ -54,6 +55,7 @@ fn setup() -> Setup {
                 git_dir: ws.join(".git"),
                 common_dir: ws.join(".git"),
                 hooks_path: None,
+                gitfile: false,
             }],
         }],
         backend_state: vec![],

@@ -498,6 +498,7 @@ mod tests {
 
     fn armed(root: &Path, home: &Path) -> Baseline {
         let policy = Policy::build(&PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: home.to_path_buf(),
             roots: vec![RootInput {

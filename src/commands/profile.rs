@@ -47,7 +47,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     let workspaces = super::workspaces(&args.workspaces)?;
     let backend = super::backend_command(args.backend.as_deref())?;
     let super::Gathered {
-        input,
+        mut input,
         projects,
         backend,
         managed,
@@ -60,7 +60,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         true,
     )?;
     eprintln!("note: backend profile: {}", backend.describe());
-    let policy = Policy::build(&input);
+    let policy = Policy::build_resolving_links(&mut input, crate::policy::build::symlink_target);
     for (root, eff) in &projects {
         for why in &eff.ignored {
             eprintln!("note: {}: {why}", root.display());

@@ -236,7 +236,8 @@ impl Sandbox {
             // it leads.
             input.managed_root =
                 crate::policy::resolve_real(&managed.path).unwrap_or_else(|_| managed.path.clone());
-            let policy = Policy::build(&input);
+            let policy =
+                Policy::build_resolving_links(&mut input, crate::policy::build::symlink_target);
             enforcer.prepare(&policy, dir.as_ref())?;
             Ok::<_, ArmError>(Armed {
                 roots: input.roots.len(),
@@ -414,6 +415,7 @@ pub(crate) mod tests {
     /// platforms' own tests arm too.
     pub(crate) fn input(home: &std::path::Path, platform: Platform) -> PolicyInput {
         PolicyInput {
+            links: Vec::new(),
             platform,
             home: home.to_path_buf(),
             roots: vec![RootInput {

@@ -787,6 +787,10 @@ fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), LaunchError> {
         },
         MountOp::PrivateTmp(path) => private_tmp(path, at),
         MountOp::Pin(path) => bind(path),
+        MountOp::PinLink(path) => {
+            let link = sys_at(Syscall::OpenTree, path, sys::open_tree_link(path))?;
+            sys_at(Syscall::MoveMount, path, sys::move_mount_to(&link, path))
+        }
         MountOp::ReadOnly(path) => {
             bind(path)?;
             setattr(path, true, sys::MOUNT_ATTR_RDONLY, 0)

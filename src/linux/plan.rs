@@ -16,6 +16,10 @@ pub trait Fs {
     fn list(&self, p: &Path) -> Vec<String>;
     /// Whether `p` is a socket itself (not through a symlink).
     fn is_socket(&self, p: &Path) -> bool;
+    /// Whether `p` is a symlink itself.
+    fn is_symlink(&self, p: &Path) -> bool;
+    /// Whether `p` leads somewhere, following symlinks.
+    fn resolves(&self, p: &Path) -> bool;
 }
 
 pub struct RealFs;
@@ -39,6 +43,12 @@ impl Fs for RealFs {
     fn is_socket(&self, p: &Path) -> bool {
         use std::os::unix::fs::FileTypeExt;
         std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
+    }
+    fn is_symlink(&self, p: &Path) -> bool {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+    }
+    fn resolves(&self, p: &Path) -> bool {
+        std::fs::metadata(p).is_ok()
     }
 }
 
@@ -64,6 +74,11 @@ pub struct Plan {
     pub tmpfs: Vec<Step>,
     /// Made mountpoints, so they cannot be renamed (EBUSY).
     pub pins: Vec<Step>,
+    /// Protected paths that are symlinks: each link is bound onto itself,
+    /// so it cannot be removed or replaced (EBUSY); what it points to is
+    /// read-only through `readonly`.
+    #[serde(default)]
+    pub links: Vec<Step>,
     /// Bound onto themselves and made read-only, recursively.
     pub readonly: Vec<Step>,
     /// The user's grants for protected paths: made writable again after
@@ -404,6 +419,19 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
     for rule in policy.rules.iter().filter(|r| r.kind != Kind::Allow) {
         match (&rule.matcher, rule.ops) {
             (Matcher::Subpath(p) | Matcher::Literal(p), Ops::All) => {
+                if fs.is_symlink(p) {
+                    // A read-only bind follows the link: the link itself
+                    // would stay free to be replaced by a file of the
+                    // agent's (a `.git/hooks` of its own).
+                    push_unique(&mut plan.links, step(p, &rule.why));
+                    if !fs.resolves(p) {
+                        plan.gaps.push(step(
+                            p,
+                            "protected, but a symlink to nothing when the sandbox is armed: what it points to can be created",
+                        ));
+                        continue;
+                    }
+                }
                 if fs.exists(p) {
                     push_unique(&mut plan.readonly, step(p, &rule.why));
                 } else if rule.kind == Kind::Protected {
@@ -469,6 +497,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
         .collect();
     let reachable = |p: &Path| !in_tmpfs(p) || carried.iter().any(|c| p.starts_with(c));
     plan.pins.retain(|s| reachable(&s.path));
+    plan.links.retain(|s| reachable(&s.path));
     plan.readonly.retain(|s| reachable(&s.path));
     plan.reopen.retain(|s| reachable(&s.path));
 
@@ -522,6 +551,9 @@ pub enum MountOp<'a> {
     PrivateTmp(&'a Path),
     /// Made a mountpoint, so it cannot be renamed away.
     Pin(&'a Path),
+    /// A symlink bound onto itself (not followed): it cannot be removed or
+    /// replaced, and it still leads where it led.
+    PinLink(&'a Path),
     /// Bound onto itself read-only, recursively.
     ReadOnly(&'a Path),
     /// A grant inside a read-only path: writable again.
@@ -540,8 +572,9 @@ impl Plan {
     /// 3. writable roots, then the caches' layers (their slot before them),
     ///    both before the private temp directories, which carry the
     ///    writable trees beneath them over to the new tmpfs;
-    /// 4. pins and read-only islands after every writable bind, so an
-    ///    island inside a root is not opened again by the root's bind;
+    /// 4. pins (of directories and of protected symlinks) and read-only
+    ///    islands after every writable bind, so an island inside a root is
+    ///    not opened again by the root's bind;
     /// 5. the user's grants inside protected paths after the islands, and
     ///    the islands beneath a grant read-only again after it;
     /// 6. covers last, so no later bind uncovers a socket.
@@ -560,6 +593,7 @@ impl Plan {
         }
         ops.extend(each(&self.tmpfs, MountOp::PrivateTmp));
         ops.extend(each(&self.pins, MountOp::Pin));
+        ops.extend(each(&self.links, MountOp::PinLink));
         ops.extend(each(&self.readonly, MountOp::ReadOnly));
         ops.extend(each(&self.reopen, MountOp::Reopen));
         ops.extend(each(&self.readonly_again, MountOp::ReadOnly));
@@ -574,8 +608,9 @@ mod tests {
     use crate::policy::build::{Platform, PolicyInput, ProjectRules, Repo, RootInput, Writable};
     use std::collections::BTreeMap;
 
-    /// A fake filesystem: path -> is_dir.
-    struct FakeFs(BTreeMap<PathBuf, bool>);
+    /// A fake filesystem: path -> is_dir, and the symlinks among them with
+    /// whether each leads somewhere.
+    struct FakeFs(BTreeMap<PathBuf, bool>, Vec<(PathBuf, bool)>);
 
     impl Fs for FakeFs {
         fn is_dir(&self, p: &Path) -> bool {
@@ -596,6 +631,15 @@ mod tests {
             let name = p.file_name().unwrap_or_default().to_string_lossy();
             self.0.get(p) == Some(&false) && (name.ends_with(".sock") || name.starts_with("S."))
         }
+        fn is_symlink(&self, p: &Path) -> bool {
+            self.1.iter().any(|(l, _)| l == p)
+        }
+        fn resolves(&self, p: &Path) -> bool {
+            match self.1.iter().find(|(l, _)| l == p) {
+                Some((_, leads)) => *leads,
+                None => self.exists(p),
+            }
+        }
     }
 
     fn fake(entries: &[(&str, bool)]) -> FakeFs {
@@ -604,11 +648,13 @@ mod tests {
                 .iter()
                 .map(|(p, d)| (PathBuf::from(p), *d))
                 .collect(),
+            Vec::new(),
         )
     }
 
     fn policy() -> Policy {
         Policy::build(&PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: "/home/u".into(),
             roots: vec![RootInput {
@@ -619,6 +665,7 @@ mod tests {
                     git_dir: "/home/u/w/.git".into(),
                     common_dir: "/home/u/w/.git".into(),
                     hooks_path: None,
+                    gitfile: false,
                 }],
             }],
             backend_state: vec![Writable {
@@ -740,6 +787,45 @@ mod tests {
             .any(|g| g.path == Path::new("/srv/other-namespace.sock")));
     }
 
+    /// A protected path that is a symlink: the link is pinned (a read-only
+    /// bind alone would follow it and leave the link free to be replaced),
+    /// and what it leads to is read-only; a link to nothing is pinned and
+    /// said to be a gap.
+    #[test]
+    fn protected_symlinks_are_pinned_themselves() {
+        let mut fs = fake(&[
+            ("/home/u", true),
+            ("/home/u/w", true),
+            ("/home/u/w/.git", true),
+            ("/home/u/w/.git/hooks", true),
+            ("/home/u/w/.envrc", false),
+        ]);
+        fs.1 = vec![
+            (PathBuf::from("/home/u/w/.git/hooks"), true),
+            (PathBuf::from("/home/u/w/.envrc"), false),
+        ];
+        let plan = build(&policy(), &fs, &UserFacts::default());
+        let names = |steps: &[Step]| -> Vec<String> {
+            steps.iter().map(|s| s.path.display().to_string()).collect()
+        };
+        assert_eq!(
+            names(&plan.links),
+            ["/home/u/w/.envrc", "/home/u/w/.git/hooks"]
+        );
+        let readonly = names(&plan.readonly);
+        assert!(readonly.contains(&"/home/u/w/.git/hooks".to_owned()));
+        assert!(!readonly.contains(&"/home/u/w/.envrc".to_owned()));
+        assert!(plan.gaps.iter().any(
+            |g| g.path == Path::new("/home/u/w/.envrc") && g.why.contains("symlink to nothing")
+        ));
+        let ops = plan.mount_ops();
+        let at = |op: MountOp| ops.iter().position(|o| *o == op).unwrap();
+        assert!(
+            at(MountOp::PinLink(Path::new("/home/u/w/.git/hooks")))
+                < at(MountOp::ReadOnly(Path::new("/home/u/w/.git/hooks")))
+        );
+    }
+
     /// A socket bound under a temporary name and linked or renamed into
     /// place (OpenSSH's ControlMaster) is listed by the name it was bound
     /// to, which is gone: what sits beside that name is covered.
@@ -789,6 +875,7 @@ mod tests {
         // A session once opened in the host's /tmp left a .zcode there; a
         // workspace in /tmp is carried over with its config.
         let policy = Policy::build(&PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: "/home/u".into(),
             roots: vec![RootInput {

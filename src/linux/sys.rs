@@ -56,22 +56,29 @@ pub fn mount_setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> Resu
 
 /// A detached copy of the mount tree at `path` (recursively).
 pub fn open_tree_clone(path: &Path) -> Result<OwnedFd, Errno> {
+    open_tree(path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+}
+
+/// A detached bind of the symlink at `path` itself, not of what it leads
+/// to.
+pub fn open_tree_link(path: &Path) -> Result<OwnedFd, Errno> {
+    open_tree(
+        path,
+        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+    )
+}
+
+fn open_tree(path: &Path, flags: libc::c_uint) -> Result<OwnedFd, Errno> {
     let c = cpath(path)?;
     // SAFETY: valid path; the returned fd is owned by us from here on.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
     let fd = Errno::result(fd)?;
     // SAFETY: the kernel just returned this fd and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Attaches a detached tree (from [`open_tree_clone`]) at `target`.
+/// Attaches a detached tree (from [`open_tree_clone`]) at `target`; a
+/// symlink at `target` is not followed (no `MOVE_MOUNT_T_SYMLINKS`).
 pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> Result<(), Errno> {
     use std::os::fd::AsRawFd;
     let c = cpath(target)?;

@@ -34,6 +34,9 @@ pub struct Repo {
     /// `core.hooksPath` from the repository's effective config at arming
     /// (husky points it into the work tree), made absolute.
     pub hooks_path: Option<PathBuf>,
+    /// The work tree's `.git` is a `gitdir:` file (a linked worktree, a
+    /// submodule), not the git directory itself.
+    pub gitfile: bool,
 }
 
 /// What a project's sandbox.json contributes, after the approval ledger.
@@ -79,6 +82,9 @@ pub struct PolicyInput {
     pub managed_root: PathBuf,
     /// Which destinations the sandbox may reach (`policy::network`).
     pub network: super::network::NetworkPolicy,
+    /// Protected paths that were symlinks when the sandbox was armed, and
+    /// the real paths they lead to ([`Policy::build_resolving_links`]).
+    pub links: Vec<(PathBuf, PathBuf)>,
 }
 
 fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
@@ -298,6 +304,18 @@ impl Policy {
                     }
                     protect_entries(dir, IN_GIT_DIR, &mut protected, &mut subjects);
                 }
+                // A `gitdir:` file says where the repository is: pointed at
+                // a directory the agent made, git would obey that one's
+                // config and hooks.
+                let gitfile = repo.work_tree.join(".git");
+                if repo.gitfile && !subjects.contains(&gitfile) {
+                    protected.push(protect(
+                        Matcher::Literal(gitfile.clone()),
+                        "a .git file tells git where the repository is: pointed elsewhere, git obeys that directory's config and hooks",
+                        true,
+                    ));
+                    subjects.push(gitfile);
+                }
                 if let Some(hooks) = &repo.hooks_path {
                     if !subjects.contains(hooks) {
                         protected.push(protect(
@@ -323,6 +341,28 @@ impl Policy {
                 ));
                 subjects.push(p.clone());
             }
+        }
+        // A protected symlink protects where it leads: a write through
+        // `.git/hooks -> ../tools/hooks` lands in `tools/hooks`, a path no
+        // rule above names.
+        for (link, target) in &input.links {
+            if subjects.contains(target) {
+                continue;
+            }
+            let Some(rule) = protected
+                .iter()
+                .find(|r| r.matcher.path() == Some(link.as_path()))
+            else {
+                continue;
+            };
+            let mut r = rule.clone();
+            r.matcher = match &rule.matcher {
+                Matcher::Subpath(_) => Matcher::Subpath(target.clone()),
+                _ => Matcher::Literal(target.clone()),
+            };
+            r.why = format!("where the symlink {} leads: {}", link.display(), rule.why);
+            protected.push(r);
+            subjects.push(target.clone());
         }
         // Pin every directory between an open root and a protected path, so
         // the path cannot be moved away from its rule.
@@ -418,6 +458,38 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Builds the policy for `input`, with the protected paths that are
+    /// symlinks protecting where they lead too: `real` gives a path's real
+    /// path when it is a symlink that leads somewhere (None otherwise).
+    pub fn build_resolving_links(
+        input: &mut PolicyInput,
+        real: impl Fn(&Path) -> Option<PathBuf>,
+    ) -> Policy {
+        let first = Policy::build(input);
+        input.links = first
+            .rules
+            .iter()
+            .filter(|r| r.kind == Kind::Protected && r.ops == Ops::All)
+            .filter_map(|r| r.matcher.path())
+            .filter_map(|p| real(p).filter(|t| t != p).map(|t| (p.to_path_buf(), t)))
+            .collect();
+        if input.links.is_empty() {
+            return first;
+        }
+        Policy::build(input)
+    }
+}
+
+/// The real path of `p` when it is a symlink that leads somewhere.
+pub fn symlink_target(p: &Path) -> Option<PathBuf> {
+    let meta = std::fs::symlink_metadata(p).ok()?;
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    super::resolve_real(p).ok().filter(|t| t.exists())
+}
+
 fn shape_matcher(p: &Path, shape: Shape) -> Matcher {
     match shape {
         Shape::Dir => Matcher::Subpath(p.to_path_buf()),
@@ -440,6 +512,7 @@ mod tests {
 
     pub(crate) fn sample() -> PolicyInput {
         PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: "/home/u".into(),
             roots: vec![RootInput {
@@ -455,12 +528,14 @@ mod tests {
                         git_dir: "/home/u/proj/.git".into(),
                         common_dir: "/home/u/proj/.git".into(),
                         hooks_path: None,
+                        gitfile: false,
                     },
                     Repo {
                         work_tree: "/home/u/proj/vendor/lib".into(),
                         git_dir: "/home/u/proj/.git/modules/lib".into(),
                         common_dir: "/home/u/proj/.git/modules/lib".into(),
                         hooks_path: None,
+                        gitfile: false,
                     },
                 ],
             }],
@@ -486,6 +561,34 @@ mod tests {
 
     fn decide(p: &Policy, path: &str, op: Op) -> Decision {
         p.evaluate_resolved(Path::new(path), op)
+    }
+
+    /// A protected symlink protects where it leads, and the directories on
+    /// the way there are pinned (a renamed parent would leave the link
+    /// pointing at whatever the agent puts in its place); a gitfile is
+    /// protected itself.
+    #[test]
+    fn protected_symlinks_protect_where_they_lead() {
+        let mut input = sample();
+        input.roots[0].repos[0].gitfile = true;
+        let real = |p: &Path| {
+            (p == Path::new("/home/u/proj/.git/hooks"))
+                .then(|| PathBuf::from("/home/u/proj/tools/hooks"))
+        };
+        let p = Policy::build_resolving_links(&mut input, real);
+        let k = |path: &str, op: Op| decide(&p, path, op).kind;
+        assert_eq!(
+            k("/home/u/proj/tools/hooks/pre-commit", Op::Write),
+            Kind::Protected
+        );
+        assert_eq!(k("/home/u/proj/tools", Op::Remove), Kind::Protected);
+        assert_eq!(k("/home/u/proj/tools/other.sh", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Protected);
+        let without = Policy::build(&sample());
+        assert_eq!(
+            decide(&without, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
+            Kind::Allow
+        );
     }
 
     #[test]
@@ -597,6 +700,7 @@ mod tests {
             git_dir: "/home/u/main/.git/worktrees/proj".into(),
             common_dir: "/home/u/main/.git".into(),
             hooks_path: None,
+            gitfile: false,
         }];
         let p = Policy::build(&input);
         assert_eq!(

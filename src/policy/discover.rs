@@ -70,6 +70,7 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
         &backends::home_spellings(&home),
     );
     let input = PolicyInput {
+links: Vec::new(),
         platform: src.platform,
         home: home.clone(),
         roots,
@@ -226,6 +227,7 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
                     git_dir,
                     common_dir: r.common_dir.clone(),
                     hooks_path: None,
+                    gitfile: false,
                 });
             }
         }
@@ -261,6 +263,7 @@ fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Rep
                     common_dir: git_dir.clone(),
                     git_dir: git_dir.clone(),
                     hooks_path: None,
+                    gitfile: false,
                 });
                 module_git_dirs(&git_dir.join("modules"), work_tree, depth + 1, out);
             }
@@ -336,6 +339,7 @@ fn repo_at(dir: &Path, hooks: bool) -> Option<Repo> {
         git_dir,
         common_dir,
         hooks_path,
+        gitfile: meta.is_file(),
     })
 }
 
@@ -782,6 +786,7 @@ mod tests {
             .unwrap()
             .join("deep/codex");
         let input = PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: home.clone(),
             roots: vec![],

@@ -74,6 +74,14 @@ pub enum Matcher {
 }
 
 impl Matcher {
+    /// The one path a subpath or literal matcher names.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Matcher::Subpath(p) | Matcher::Literal(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn matches(&self, path: &Path) -> bool {
         match self {
             Matcher::Subpath(p) => path.starts_with(p),

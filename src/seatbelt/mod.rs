@@ -282,6 +282,7 @@ mod tests {
     /// Representative inputs whose profiles are pinned in tests/golden.
     fn golden_inputs() -> Vec<(&'static str, PolicyInput)> {
         let base = PolicyInput {
+            links: Vec::new(),
             platform: Platform::Macos,
             home: "/Users/dev".into(),
             roots: vec![RootInput {
@@ -292,6 +293,7 @@ mod tests {
                     git_dir: "/Users/dev/src/app/.git".into(),
                     common_dir: "/Users/dev/src/app/.git".into(),
                     hooks_path: None,
+                    gitfile: false,
                 }],
             }],
             backend_state: vec![Writable {
@@ -330,6 +332,7 @@ mod tests {
                 git_dir: "/Users/dev/src/app/.git/worktrees/wt".into(),
                 common_dir: "/Users/dev/src/app/.git".into(),
                 hooks_path: None,
+                gitfile: false,
             }],
         });
         rich.backend_state = vec![Writable {

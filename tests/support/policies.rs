@@ -35,6 +35,7 @@ pub fn any_path() -> impl Strategy<Value = PathBuf> {
 /// A Linux policy with one root and nothing else, home `/h`.
 pub fn one_root(root: &str) -> PolicyInput {
     PolicyInput {
+        links: Vec::new(),
         platform: Platform::Linux,
         home: "/h".into(),
         roots: vec![RootInput {
@@ -94,6 +95,7 @@ fn input_with(
                         common_dir: tree.join(".git"),
                         // husky's layout: hooks run from the work tree.
                         hooks_path: Some(tree.join(".husky")),
+                        gitfile: false,
                         work_tree: tree,
                     }
                 })
@@ -128,6 +130,7 @@ fn input_with(
                 });
             }
             PolicyInput {
+                links: Vec::new(),
                 platform: if mac && mac_too {
                     Platform::Macos
                 } else {

@@ -339,6 +339,7 @@ mod tests {
     fn setup() -> (Vec<Supervised>, Policy) {
         let home = PathBuf::from("/home/u");
         let policy = Policy::build(&PolicyInput {
+            links: Vec::new(),
             platform: Platform::Linux,
             home: home.clone(),
             roots: vec![],
