@@ -399,7 +399,16 @@ impl Policy {
             .flat_map(|r| r.project.allow.iter())
             .chain(&input.once_allows);
         let mut reopened: Vec<Rule> = Vec::new();
-        for g in grants {
+        // A grant through a protected symlink opens where it leads too.
+        let through_links: Vec<PathBuf> = grants
+            .clone()
+            .filter_map(|g| {
+                input.links.iter().find_map(|(link, target)| {
+                    g.strip_prefix(link).ok().map(|rest| target.join(rest))
+                })
+            })
+            .collect();
+        for g in grants.chain(&through_links) {
             if let Some(subject) = subjects.iter().find(|s| g.starts_with(s)) {
                 let mut r = allow(
                     Matcher::Subpath(g.clone()),
@@ -584,6 +593,17 @@ mod tests {
         assert_eq!(k("/home/u/proj/tools", Op::Remove), Kind::Protected);
         assert_eq!(k("/home/u/proj/tools/other.sh", Op::Write), Kind::Allow);
         assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Protected);
+        // A grant for the link opens where it leads too.
+        input.once_allows = vec!["/home/u/proj/.git/hooks/pre-push".into()];
+        let granted = Policy::build(&input);
+        assert_eq!(
+            decide(&granted, "/home/u/proj/tools/hooks/pre-push", Op::Write).kind,
+            Kind::Allow
+        );
+        assert_eq!(
+            decide(&granted, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
+            Kind::Protected
+        );
         let without = Policy::build(&sample());
         assert_eq!(
             decide(&without, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
