@@ -23,10 +23,12 @@
 //! tool the user runs in that window sees it.
 
 pub mod git;
+pub mod index;
 pub mod settings;
 
 use std::path::{Path, PathBuf};
 
+use crate::policy::build::Repo;
 use crate::policy::{Kind, Matcher, Ops, Policy};
 use settings::Format;
 
@@ -55,6 +57,20 @@ pub struct Baseline {
     repos: Vec<PathBuf>,
     /// Symlinks on the way to a settings file when armed (the user's own).
     links: Vec<PathBuf>,
+    /// Each repository's index as it was (see [`Stamp`]): only an index
+    /// changed since is read for new gitlinks.
+    indexes: Vec<(PathBuf, Option<Stamp>)>,
+}
+
+/// A file's size, change time and inode: a write or a replacement changes
+/// one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp(u64, i64, i64, u64);
+
+fn stamp(p: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).ok()?;
+    Some(Stamp(m.len(), m.ctime(), m.ctime_nsec(), m.ino()))
 }
 
 /// One thing the agent left that would run.
@@ -212,12 +228,20 @@ impl Baseline {
                 _ => None,
             })
             .collect();
+        let indexes = repos_under(roots)
+            .iter()
+            .map(|r| {
+                let index = r.git_dir.join("index");
+                (index.clone(), stamp(&index))
+            })
+            .collect();
         Baseline {
             roots: roots.to_vec(),
             watched,
             settings,
-            repos: repos_under(roots),
+            repos: git_dirs(&repos_under(roots)),
             links,
+            indexes,
         }
     }
 
@@ -266,9 +290,38 @@ impl Baseline {
                 }
             }
         }
-        for git_dir in repos_under(&self.roots) {
-            if !self.repos.contains(&git_dir) {
-                out.extend(new_repo_finding(&git_dir));
+        let now = repos_under(&self.roots);
+        let linked = self.gitlinked_since(&now);
+        for repo in now.iter().chain(&linked) {
+            if !self.repos.contains(&repo.git_dir) {
+                out.extend(new_repo_finding(repo, &self.roots));
+            }
+        }
+        out
+    }
+
+    /// The repositories that an index changed since arming links in (a
+    /// gitlink's `git status` runs its repository's config), wherever the
+    /// walk for repositories does not look (`node_modules` and the like),
+    /// beside those of `now`.
+    fn gitlinked_since(&self, now: &[Repo]) -> Vec<Repo> {
+        let under = |p: &Path| self.roots.iter().any(|root| p.starts_with(root));
+        let mut out: Vec<Repo> = Vec::new();
+        for repo in now {
+            let index = repo.git_dir.join("index");
+            let then = self
+                .indexes
+                .iter()
+                .find(|(p, _)| *p == index)
+                .and_then(|(_, s)| *s);
+            if then.is_some() && then == stamp(&index) {
+                continue;
+            }
+            for linked in gitlinked(repo) {
+                let known = now.iter().chain(&out).any(|r| r.git_dir == linked.git_dir);
+                if under(&linked.work_tree) && !known {
+                    out.push(linked);
+                }
             }
         }
         out
@@ -288,28 +341,70 @@ impl Baseline {
         }
         self.watched
             .retain(|w| !matches!(w, Watched::Absent { path, .. } if *path == f.path));
-        for g in repos_under(&self.roots) {
-            if !self.repos.contains(&g) && (f.path.starts_with(&g) || g.starts_with(&f.path)) {
-                self.repos.push(g);
+        let now = repos_under(&self.roots);
+        let linked = self.gitlinked_since(&now);
+        for r in now.iter().chain(&linked) {
+            let touches = |p: &Path| f.path.starts_with(p) || p.starts_with(&f.path);
+            let dot_git = r.work_tree.join(".git");
+            if !self.repos.contains(&r.git_dir) && (touches(&r.git_dir) || touches(&dot_git)) {
+                self.repos.push(r.git_dir.clone());
             }
         }
     }
 }
 
-/// The git directories of the repositories under `roots` now: those whose
-/// work tree or git directory is under one (a git directory may be kept
-/// elsewhere: `git init --separate-git-dir`).
-fn repos_under(roots: &[PathBuf]) -> Vec<PathBuf> {
+/// The repositories `repo`'s index links in (read without git: the index
+/// is the agent's to write).
+fn gitlinked(repo: &Repo) -> Vec<Repo> {
+    let Ok(bytes) = read_index(&repo.git_dir.join("index")) else {
+        return Vec::new();
+    };
+    // SHA-256 repositories say so in their config.
+    let sha256 = read(&repo.common_dir.join("config")).is_some_and(|c| {
+        let c = String::from_utf8_lossy(&c).to_ascii_lowercase();
+        c.contains("objectformat") && c.contains("sha256")
+    });
+    let Some(links) = index::gitlinks(&bytes, if sha256 { 32 } else { 20 }) else {
+        tracing::info!(index = %repo.git_dir.join("index").display(), "a git index this audit cannot read: its gitlinks are not checked");
+        return Vec::new();
+    };
+    // Written by the agent: a path that climbs out is no gitlink git made.
+    let plain = |rel: &&PathBuf| {
+        rel.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+    };
+    links
+        .iter()
+        .filter(plain)
+        .filter_map(|rel| crate::policy::discover::repo_at_quick(&repo.work_tree.join(rel)))
+        .collect()
+}
+
+fn read_index(p: &Path) -> std::io::Result<Vec<u8>> {
+    crate::config::atomic::read_nofollow(p)
+}
+
+/// The repositories under `roots` now: those whose work tree or git
+/// directory is under one (a git directory may be kept elsewhere: `git init
+/// --separate-git-dir`), each git directory once.
+fn repos_under(roots: &[PathBuf]) -> Vec<Repo> {
     let under = |p: &Path| roots.iter().any(|root| p.starts_with(root));
-    let mut out: Vec<PathBuf> = roots
+    let mut out: Vec<Repo> = Vec::new();
+    for r in roots
         .iter()
         .flat_map(|r| crate::policy::discover::find_repos_quick(r))
         .filter(|r| under(&r.work_tree) || under(&r.git_dir))
-        .map(|r| r.git_dir)
-        .collect();
-    out.sort();
-    out.dedup();
+    {
+        if !out.iter().any(|o| o.git_dir == r.git_dir) {
+            out.push(r);
+        }
+    }
+    out.sort_by(|a, b| a.git_dir.cmp(&b.git_dir));
     out
+}
+
+fn git_dirs(repos: &[Repo]) -> Vec<PathBuf> {
+    repos.iter().map(|r| r.git_dir.clone()).collect()
 }
 
 fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Option<Finding> {
@@ -362,9 +457,35 @@ fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Optio
     }
 }
 
-fn new_repo_finding(git_dir: &Path) -> Vec<Finding> {
+/// What a repository made during the turn would run. Its git directory is
+/// reverted where it is under a root (the agent made it); one elsewhere
+/// (a `.git` file or symlink pointing at a repository of yours) is never
+/// touched: the pointer the agent made is removed instead.
+fn new_repo_finding(repo: &Repo, roots: &[PathBuf]) -> Vec<Finding> {
+    let git_dir = &repo.git_dir;
+    let hooks = git::hooks(git_dir);
+    let config = git_dir.join("config");
+    let running = git::running_entries(&config);
+    if !roots.iter().any(|r| git_dir.starts_with(r)) {
+        let pointer = repo.work_tree.join(".git");
+        let mut runs: Vec<String> = hooks.iter().map(|h| h.display().to_string()).collect();
+        runs.extend(running.iter().map(|(k, v)| format!("{k} = {}", short(v))));
+        if runs.is_empty() {
+            return Vec::new();
+        }
+        return vec![Finding {
+            what: format!(
+                "a repository made during the turn points git at {}, which runs: {}",
+                git_dir.display(),
+                runs.join("; ")
+            ),
+            revert: Action::Remove(pointer.clone()),
+            keep: snapshot(&pointer),
+            path: pointer,
+        }];
+    }
     let mut out = Vec::new();
-    for hook in git::hooks(git_dir) {
+    for hook in hooks {
         out.push(Finding {
             what: format!(
                 "a repository made during the turn has a hook git runs: {}",
@@ -375,8 +496,6 @@ fn new_repo_finding(git_dir: &Path) -> Vec<Finding> {
             path: hook,
         });
     }
-    let config = git_dir.join("config");
-    let running = git::running_entries(&config);
     if !running.is_empty() {
         let what = running
             .iter()
@@ -652,7 +771,75 @@ mod tests {
         for f in &findings {
             f.revert.apply().unwrap();
         }
-        assert!(!std::fs::read_to_string(evil.join("config"))
+        // The pointer the agent made is gone; the directory it pointed at
+        // (which could as well be a repository of yours) is not touched.
+        assert!(!root.join("sub/.git").exists());
+        assert!(std::fs::read_to_string(evil.join("config"))
+            .unwrap()
+            .contains("fsmonitor"));
+    }
+
+    fn git(dir: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .args(["-c", "user.email=t@e", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    /// A repository made where the walk does not look (`node_modules`),
+    /// with an fsmonitor, linked into the parent's index: the parent's `git
+    /// status` would run it. Found through the index, reverted.
+    #[test]
+    fn a_repository_linked_into_an_index_is_audited_wherever_it_is() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home) = (t.join("w"), t.join("h"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        git(&root, &["init", "-q"]);
+        git(&root, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        let base = armed(&root, &home);
+        assert!(base.audit().is_empty());
+        let evil = root.join("node_modules/evil");
+        std::fs::create_dir_all(&evil).unwrap();
+        git(&evil, &["init", "-q"]);
+        git(&evil, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        git(&evil, &["config", "core.fsmonitor", "touch /nonexistent/x"]);
+        // Not yet linked: the walk skips node_modules, and nothing links it.
+        assert!(base.audit().is_empty());
+        let head = String::from_utf8(
+            std::process::Command::new("git")
+                .args(["rev-parse", "HEAD"])
+                .current_dir(&evil)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        git(
+            &root,
+            &[
+                "update-index",
+                "--add",
+                "--cacheinfo",
+                &format!("160000,{},node_modules/evil", head.trim()),
+            ],
+        );
+        let findings = base.audit();
+        assert!(
+            findings.iter().any(|f| f.what.contains("fsmonitor")),
+            "{findings:?}"
+        );
+        for f in &findings {
+            f.revert.apply().unwrap();
+        }
+        assert!(!std::fs::read_to_string(evil.join(".git/config"))
             .unwrap()
             .contains("fsmonitor"));
     }

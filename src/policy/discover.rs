@@ -302,6 +302,12 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
     }
 }
 
+/// The repository whose work tree is `dir`, if `dir/.git` exists (its
+/// `core.hooksPath` not asked).
+pub fn repo_at_quick(dir: &Path) -> Option<Repo> {
+    repo_at(dir, false)
+}
+
 /// The repository whose work tree is `dir`, if `dir/.git` exists
 /// (`hooks`: ask for its `core.hooksPath` too).
 fn repo_at(dir: &Path, hooks: bool) -> Option<Repo> {
