@@ -1176,7 +1176,9 @@ fn name_prefix_grants_in_the_home_directory_as_an_unprivileged_user() {
 fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(home).unwrap();
-    std::fs::write(home.join(".claude.json"), "old\n").unwrap();
+    // JSON, as Claude keeps it: a change the audit after the run can read
+    // as one that runs nothing.
+    std::fs::write(home.join(".claude.json"), "{\"v\":\"old\"}\n").unwrap();
     std::fs::write(home.join(".bashrc"), "original\n").unwrap();
     std::fs::set_permissions(home.join(".bashrc"), PermissionsExt::from_mode(0o644)).unwrap();
     // A dotfile manager's symlink that happens to carry the prefix.
@@ -1193,10 +1195,10 @@ fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
     let ws = p.ws.display();
     let script = format!(
         r#"t() {{ label=$1; shift; if ( "$@" ) >/dev/null 2>&1; then echo "$label=ok"; else echo "$label=no"; fi; }}
-t save sh -c 'set -C; echo new > {h}/.claude.json.tmp.1 && mv {h}/.claude.json.tmp.1 {h}/.claude.json'
+t save sh -c 'set -C; echo {{\"v\":\"new\"}} > {h}/.claude.json.tmp.1 && mv {h}/.claude.json.tmp.1 {h}/.claude.json'
 t lock sh -c 'mkdir {h}/.claude.json.lock && touch {h}/.claude.json.lock && rmdir {h}/.claude.json.lock'
 t relative sh -c 'cd {h} && set -C && echo rel > .claude.json.rel'
-t read-back sh -c 'test "$(cat {h}/.claude.json)" = new'
+t read-back sh -c 'test "$(cat {h}/.claude.json)" = {{\"v\":\"new\"}}'
 t suid python3 -c 'import os; os.open("{h}/.claude.json.bin", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o4755)'
 t in-place sh -c 'echo over > {h}/.claude.json'
 t stale-lock rmdir {h}/.claude.json.stale-lock
@@ -1215,7 +1217,7 @@ t bashrc sh -c 'echo evil > {h}/.bashrc'
 t profile sh -c 'echo evil > {h}/.bash_profile'
 t through-link sh -c 'echo evil > {h}/.claude.json.link'
 t chmod-link chmod 666 {h}/.claude.json.link
-t rename-out sh -c 'echo x > {h}/.claude.json.x && mv {h}/.claude.json.x {h}/.profile'
+t rename-out sh -c 'set -C; echo x > {h}/.claude.json.x && mv {h}/.claude.json.x {h}/.profile'
 t rename-in python3 -c 'import os; os.rename("{ws}/moved-in", "{h}/.claude.json.in")'
 t hardlink ln {h}/.bashrc {h}/.claude.json.hl
 t symlink ln -s {h}/.bashrc {h}/.claude.json.sl
@@ -1275,7 +1277,11 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
         assert_eq!(result(no), "no", "{no} got through: {stdout}");
     }
     // On disk: the saves landed, nothing else changed.
-    assert_eq!(content(&home.join(".claude.json")), "new\n");
+    assert_eq!(content(&home.join(".claude.json")), "{\"v\":\"new\"}\n");
+    // The rename out of the prefix was refused after the create it needs
+    // went through (so the refusal is the rename's).
+    assert!(home.join(".claude.json.x").exists());
+    assert!(!home.join(".profile").exists());
     assert_eq!(content(&home.join(".claude.json.rel")), "rel\n");
     assert!(!home.join(".claude.json.lock").exists());
     assert!(!home.join(".claude.json.tmp.1").exists());
@@ -1777,6 +1783,97 @@ fn protected_links(p: &Places, user: Option<&TestUser>) {
         "ok\n",
         "the work tree stays writable"
     );
+}
+
+/// Under `zcode-acp run`, what did not exist when the sandbox was armed and
+/// your own tools would run (a `.git/commondir` in a plain repository, the
+/// `core.hooksPath` target, `.envrc`, `.vscode/`, `.mcp.json`) is created by
+/// the command, and reverted when it ends: said on stderr, the command's
+/// version kept where nothing runs it. Plain files stay.
+#[test]
+fn what_run_leaves_that_would_run_is_reverted() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    run_leaves(&p, None, &p.ws.parent().unwrap().join("home"));
+}
+
+#[test]
+fn what_run_leaves_that_would_run_is_reverted_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    let home = user.base.join("home");
+    run_leaves(&p, Some(&user), &home);
+}
+
+fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
+    std::fs::create_dir_all(home).unwrap();
+    let repo = p.ws.join("app");
+    std::fs::create_dir_all(&repo).unwrap();
+    let ok = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&repo)
+        .status()
+        .unwrap()
+        .success()
+        && Command::new("git")
+            .args(["config", "core.hooksPath", ".husky"])
+            .current_dir(&repo)
+            .status()
+            .unwrap()
+            .success();
+    assert!(ok);
+    if let Some(u) = user {
+        u.own(&p.ws);
+        u.own(home);
+    }
+    let script = format!(
+        "cd {a}; echo {o} > .git/commondir; mkdir .husky; echo evil > .husky/pre-commit; \
+         echo evil > .envrc; mkdir .vscode; echo '{{}}' > .vscode/tasks.json; echo '{{}}' > .mcp.json; \
+         echo ok > plain.txt; echo done",
+        a = repo.display(),
+        o = p.outside.display(),
+    );
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_with_home(&p.ws, &argv, None, user, Some(home));
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout} {stderr}");
+    assert!(out.status.success(), "{stderr}");
+    for planted in [".git/commondir", ".husky", ".envrc", ".vscode", ".mcp.json"] {
+        assert!(
+            std::fs::symlink_metadata(repo.join(planted)).is_err(),
+            "{planted} is still there: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("reverted {}", repo.join(planted).display())),
+            "{planted}: {stderr}"
+        );
+    }
+    assert_eq!(content(&repo.join("plain.txt")), "ok\n");
+    // The command's versions are kept, where nothing runs them.
+    let kept: Vec<PathBuf> = std::fs::read_dir(home.join(".zcode-acp/reverted"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let envrc = kept[0].join(
+        repo.join(".envrc")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+            .replace('/', "%"),
+    );
+    assert_eq!(content(&envrc), "evil\n");
 }
 
 /// Shared caches are copy-on-write: what the sandbox writes into cargo's

@@ -232,10 +232,21 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
     ed.send_raw(r#"{"jsonrpc":"1.0","id":"v1","method":"_test/echo","params":{"x":"v1"}}"#);
     assert_eq!(error_code(&ed.response(&json!("v1"))), -32600);
     // Ids that are neither strings nor integers, and nesting past the bound:
-    // logged, never forwarded.
-    ed.send_raw(
-        r#"{"jsonrpc":"2.0","id":{"a":1},"method":"_test/echo","params":{"x":"object-id"}}"#,
-    );
+    // never forwarded; a request whose id JSON-RPC does not allow (an
+    // object, an array, a boolean, one too deep to read) is answered to a
+    // null id, as JSON-RPC says.
+    for bad in [r#"{"a":1}"#, "[7]", "true"] {
+        ed.send_raw(&format!(
+            r#"{{"jsonrpc":"2.0","id":{bad},"method":"_test/echo","params":{{"x":"object-id"}}}}"#
+        ));
+        let r = ed.wait_for("a null-id refusal", |v| {
+            v["id"].is_null()
+                && v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.contains("batch"))
+        });
+        assert_eq!(error_code(&r.value), -32600, "{bad}");
+    }
     ed.send_raw(r#"{"jsonrpc":"2.0","id":1.5,"method":"_test/echo","params":{"x":"fraction-id"}}"#);
     // An id JSON-RPC allows but the bridge does not route by: refused, and
     // the refusal answered to it as written.
@@ -245,6 +256,13 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
         "[".repeat(100_000),
         "]".repeat(100_000)
     ));
+    let r = ed.wait_for("the deep id's refusal", |v| {
+        v["id"].is_null()
+            && v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.contains("batch"))
+    });
+    assert_eq!(error_code(&r.value), -32600);
     ed.send_raw(
         &format!(
             r#"{{"jsonrpc":"2.0","id":9,"method":"_test/echo","params":{{"x":"deep",

@@ -211,6 +211,14 @@ fn read(p: &Path) -> Option<Vec<u8>> {
     crate::config::atomic::read_nofollow(p).ok()
 }
 
+/// The baseline of a sandbox armed with `policy` for `roots`, in the
+/// user's real home.
+pub fn baseline(policy: &Policy, roots: &[PathBuf]) -> Baseline {
+    let home = crate::policy::offerable::real_home().unwrap_or_else(|| "/".into());
+    let settings = settings_files(roots, &home, &crate::policy::discover::ProcessEnv);
+    Baseline::take(roots, watch_list(policy, settings))
+}
+
 impl Baseline {
     /// Takes the state now (when a generation is armed).
     pub fn take(roots: &[PathBuf], watched: Vec<Watched>) -> Baseline {
@@ -595,6 +603,42 @@ impl Action {
                 Ok(())
             }
             Action::All(actions) => actions.iter().try_for_each(Action::apply),
+        }
+    }
+}
+
+impl Action {
+    /// Writes what this action would put back beneath `dir`, each path
+    /// under its own name with `/` spelled `%` (a copy kept where nothing
+    /// runs it); whether it wrote anything (a removal keeps nothing).
+    pub fn save_under(&self, dir: &Path) -> std::io::Result<bool> {
+        let name = |p: &Path| {
+            p.display()
+                .to_string()
+                .trim_start_matches('/')
+                .replace('/', "%")
+        };
+        match self {
+            Action::Write(path, bytes) => {
+                crate::config::atomic::write_atomic(&dir.join(name(path)), bytes, 0o600)?;
+                Ok(true)
+            }
+            Action::Remove(_) => Ok(false),
+            Action::Tree(path, entries) => {
+                let top = dir.join(name(path));
+                std::fs::create_dir(&top)?;
+                // Relative paths the snapshot made itself, parents first.
+                for (rel, bytes) in entries {
+                    match bytes {
+                        None => std::fs::create_dir(top.join(rel))?,
+                        Some(b) => crate::config::atomic::write_atomic(&top.join(rel), b, 0o600)?,
+                    }
+                }
+                Ok(true)
+            }
+            Action::All(actions) => actions
+                .iter()
+                .try_fold(false, |wrote, a| Ok(a.save_under(dir)? || wrote)),
         }
     }
 }

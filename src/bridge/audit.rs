@@ -6,7 +6,7 @@
 use tracing::{info, warn};
 
 use super::{AtEditor, Bridge};
-use crate::audit::{self, Baseline, Finding};
+use crate::audit::{self, Finding};
 use crate::relay::envelope::request;
 
 impl Bridge {
@@ -19,14 +19,7 @@ impl Bridge {
         let Some(policy) = self.confinement.policy() else {
             return;
         };
-        let home = crate::policy::offerable::real_home().unwrap_or_else(|| "/".into());
-        let settings = audit::settings_files(
-            &self.armed_roots,
-            &home,
-            &crate::policy::discover::ProcessEnv,
-        );
-        let watched = audit::watch_list(policy, settings);
-        self.audit = Some(Baseline::take(&self.armed_roots, watched));
+        self.audit = Some(audit::baseline(policy, &self.armed_roots));
     }
 
     /// Looks for what the agent left that would run, reverts it, and asks

@@ -63,19 +63,89 @@ fn cannot_arm(why: impl std::fmt::Display) -> anyhow::Error {
 }
 
 /// Arms this platform's sandbox for `args`, through the same arming as
-/// the bridge's generations.
+/// the bridge's generations; with the managed root it used.
 fn arm(
     args: &RunArgs,
     enforcer: Arc<dyn Enforce>,
     starter: Starter,
-) -> anyhow::Result<Confinement> {
+) -> anyhow::Result<(Confinement, ManagedRoot)> {
     let (input, managed, profile) = policy_input(args, enforcer.platform())?;
     match Sandbox::Ready(enforcer).arm(input, &managed, profile, starter) {
         // Already said: "cannot arm the sandbox: ...".
         Confinement::Refused(why) => Err(anyhow::anyhow!(
             "{why}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
         )),
-        armed => Ok(armed),
+        armed => Ok((armed, managed)),
+    }
+}
+
+/// What the command leaves that your own tools would run later (an
+/// `.envrc` or a `.git/commondir` that did not exist, a hook of a new
+/// repository, a new agent hook): the audit the bridge makes when a turn
+/// ends. Nobody is there to ask, so each is reverted, said on stderr, and
+/// the command's version kept under `~/.zcode-acp/reverted/`.
+struct Audit {
+    baseline: crate::audit::Baseline,
+    managed: ManagedRoot,
+}
+
+impl Audit {
+    fn before(policy: &crate::policy::Policy, managed: ManagedRoot) -> Audit {
+        let roots: Vec<PathBuf> = policy
+            .rules
+            .iter()
+            .filter(|r| r.root)
+            .filter_map(|r| r.matcher.path())
+            .map(PathBuf::from)
+            .collect();
+        Audit {
+            baseline: crate::audit::baseline(policy, &roots),
+            managed,
+        }
+    }
+
+    fn after(self) {
+        let findings = self.baseline.audit();
+        if findings.is_empty() {
+            return;
+        }
+        let kept_in = self.kept_dir();
+        for f in findings {
+            let kept = match (&f.keep, &kept_in) {
+                (Some(keep), Ok(dir)) => match keep.save_under(dir) {
+                    Ok(true) => format!("; the command's version is kept in {}", dir.display()),
+                    Ok(false) => String::new(),
+                    Err(e) => format!("; the command's version could not be kept ({e})"),
+                },
+                (Some(_), Err(e)) => format!("; the command's version could not be kept ({e})"),
+                (None, _) => "; the command's version was too large to keep".into(),
+            };
+            match f.revert.apply() {
+                Ok(()) => eprintln!(
+                    "zcode-acp: reverted {}: {}{kept}",
+                    f.path.display(),
+                    f.what
+                ),
+                Err(e) => eprintln!(
+                    "zcode-acp: could not revert {} ({e}): {}; look at it before you run anything there",
+                    f.path.display(),
+                    f.what
+                ),
+            }
+        }
+    }
+
+    /// A fresh directory for this run's kept copies.
+    fn kept_dir(&self) -> std::io::Result<PathBuf> {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let dir = self
+            .managed
+            .dir("reverted")?
+            .join(format!("run-{secs}-{}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        Ok(dir)
     }
 }
 
@@ -92,12 +162,74 @@ fn command(args: &RunArgs) -> Command {
 #[cfg(target_os = "linux")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let enforcer = crate::linux::enforce::LinuxEnforcer::probe().map_err(cannot_arm)?;
-    let confinement = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
+    let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
     let Confinement::Armed(armed) = &confinement else {
         return Err(cannot_arm("the sandbox did not arm"));
     };
     let spec = enforcer.spec(armed, &command(&args));
-    crate::linux::exec::run(&spec).map_err(cannot_arm)
+    let audit = Audit::before(&armed.policy, managed);
+    // The launcher enters the sandbox's namespaces itself, so it runs in a
+    // child: this process stays outside, to audit what the command left.
+    let code = in_child(|| crate::linux::exec::run(&spec).map_err(cannot_arm))?;
+    audit.after();
+    Ok(code)
+}
+
+/// Runs `launch` in a forked child and waits for it, as `system()` does:
+/// Ctrl-C and Ctrl-\ reach the child from the terminal, and are ignored
+/// here; SIGTERM and SIGHUP sent to this process are passed on to it.
+/// The child's exit code, or 128 + the signal that ended it. Must be
+/// called single-threaded (the child goes on to unshare namespaces).
+#[cfg(target_os = "linux")]
+fn in_child(launch: impl FnOnce() -> anyhow::Result<i32>) -> anyhow::Result<i32> {
+    use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use nix::unistd::{fork, ForkResult};
+    let mut waited = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+    ] {
+        waited.add(s);
+    }
+    // Blocked before the fork, so none sent meanwhile is lost or acted on
+    // by default; the child gets the mask it had back.
+    let old = waited.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
+    // SAFETY: single-threaded (documented precondition), so the child may
+    // run anything.
+    let child = match unsafe { fork() }? {
+        ForkResult::Child => {
+            let _ = old.thread_set_mask();
+            let code = match launch() {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("zcode-acp: {e:#}");
+                    126
+                }
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => child,
+    };
+    let code = loop {
+        match waited.wait()? {
+            Signal::SIGCHLD => match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, code)) => break code,
+                Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
+                Ok(_) => {}
+                Err(e) => return Err(anyhow::anyhow!("cannot wait for the sandbox: {e}")),
+            },
+            sig @ (Signal::SIGTERM | Signal::SIGHUP) => {
+                let _ = kill(child, sig);
+            }
+            _ => {} // SIGINT, SIGQUIT: the terminal sent them to the child too
+        }
+    };
+    old.thread_set_mask()?;
+    Ok(code)
 }
 
 /// Runs the command under `sandbox-exec` with a profile written for this
@@ -107,15 +239,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use std::os::unix::process::ExitStatusExt;
     let enforcer = crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?;
-    let confinement = arm(&args, Arc::new(enforcer), Starter::Spawned)?;
+    let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::Spawned)?;
     let argv = confinement
         .wrap(&command(&args), Launch::Backend)
         .map_err(cannot_arm)?;
+    let audit = confinement
+        .policy()
+        .map(|policy| Audit::before(policy, managed));
     let status = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .status()
         .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", argv[0]))?;
     drop(confinement);
+    if let Some(audit) = audit {
+        audit.after();
+    }
     Ok(status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))

@@ -350,9 +350,11 @@ fn too_deep(bytes: &[u8], limit: usize) -> bool {
 pub struct Recovered {
     /// An id the bridge can route by (a string or an integer).
     pub id: Option<RawId>,
-    /// The id as written, when it is one JSON-RPC allows but the bridge
-    /// does not route by (`null`, a fraction): a refusal is still answered
-    /// to it.
+    /// The id a refusal is answered to where the bridge does not route by
+    /// the one written: that id when JSON-RPC allows it (`null`, a
+    /// fraction), and `null` when the `id` member holds something it does
+    /// not (an object, an array, a boolean, an id too long or too deep to
+    /// read), as JSON-RPC says for an id that cannot be read.
     pub reply_id: Option<RawId>,
     /// A `method` key was seen: a request (or notification).
     pub method: bool,
@@ -393,16 +395,20 @@ pub fn recover(bytes: &[u8]) -> Recovered {
             b"\"result\"" | b"\"error\"" => found.answer = true,
             _ => {}
         }
-        let Some(value_end) = scan_value(bytes, i) else {
-            return found;
-        };
         if key == b"\"id\"" {
             if ids_seen > 0 {
                 // Two ids: which one the sender meant is anyone's guess.
                 found.id = None;
+                found.reply_id = Some(RawId("null".into()));
                 return found;
             }
             ids_seen += 1;
+            found.reply_id = Some(RawId("null".into()));
+        }
+        let Some(value_end) = scan_value(bytes, i) else {
+            return found;
+        };
+        if key == b"\"id\"" {
             let text = std::str::from_utf8(&bytes[i..value_end]).ok();
             found.id = text
                 .filter(|t| check_id(t).is_ok())
@@ -411,6 +417,7 @@ pub fn recover(bytes: &[u8]) -> Recovered {
             found.reply_id = found.id.clone().or_else(|| {
                 text.filter(|t| t.len() <= MAX_ID_BYTES && (*t == "null" || number(t)))
                     .map(|t| RawId(t.to_owned()))
+                    .or(Some(RawId("null".into())))
             });
         }
         i = skip_ws(bytes, value_end);
@@ -659,7 +666,16 @@ mod tests {
             recover(br#"{"id":null,"method":"x"}"#).reply_id,
             Some(RawId("null".into()))
         );
-        assert_eq!(recover(br#"{"id":{"a":1},"method":"x"}"#).reply_id, None);
+        // An id JSON-RPC does not allow: answered to null, as it says.
+        for bad in [
+            &br#"{"id":{"a":1},"method":"x"}"#[..],
+            br#"{"id":[1],"method":"x"}"#,
+            br#"{"id":true,"method":"x"}"#,
+            br#"{"id":[[[[[[1"#,
+        ] {
+            assert_eq!(recover(bad).reply_id, Some(RawId("null".into())));
+        }
+        assert_eq!(recover(br#"{"method":"x"}"#).reply_id, None);
         assert_eq!(recover_id(br#"{"id":1,"method":"x","id":2,"#), None);
         let r = recover(br#"{"jsonrpc":"1.0","id":3,"result":{"#);
         assert_eq!(
