@@ -844,11 +844,17 @@ fn logs_go_to_stderr_and_the_log_file_never_to_stdout() {
     let log = dir.path().join("bridge.log");
     let mut ed = Editor::start_with(
         Options::new(fake_agent())
+            .env("FAKE_RESUME", "1")
             .arg("--log-file")
             .arg(log.to_str().unwrap()),
     );
     ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    ed.send_raw(r#"{"jsonrpc":"1.0","id":"v1","method":"_test/echo","params":{}}"#);
+    assert_eq!(error_code(&ed.response(&json!("v1"))), -32600);
     restart(&ed);
+    let (r, _) = ed.prompt(&sid, "pid");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     ed.close_stdin();
     assert_eq!(ed.wait_exit(), Some(0));
     // Every stdout line parsed as JSON (the reader panics otherwise) and
@@ -859,6 +865,17 @@ fn logs_go_to_stderr_and_the_log_file_never_to_stdout() {
         text.contains("agent backend started") && text.contains("restarting the agent backend"),
         "{text}"
     );
+    // What the log says is in words, not Rust's debug forms.
+    assert!(
+        text.contains("malformed frame") && text.contains("restoring live sessions"),
+        "{text}"
+    );
+    for debug_form in ["RawId(", "Some(", "RestoreCaps", "None,", " { "] {
+        assert!(
+            !text.contains(debug_form),
+            "{debug_form} in the log: {text}"
+        );
+    }
 }
 
 /// A generation that dies while `session/load` replays a session's

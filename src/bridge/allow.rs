@@ -277,7 +277,7 @@ impl Bridge {
             _ => real.clone(),
         };
         if let Err(why) = self.permissions.may_offer_direct(&grant) {
-            debug!(path = %grant.display(), ?why, "not offered");
+            debug!(path = %grant.display(), why = %why, "not offered");
             return false;
         }
         let reason = match decision.rule {

@@ -226,7 +226,7 @@ impl Bridge {
     pub(super) fn on_backend_too_large(&mut self, prefix: &[u8], size: usize) {
         let limit = self.cfg.max_frame_bytes;
         let found = recover(prefix);
-        error!(size, limit, id = ?found.id, "dropped a frame from the backend that exceeds --max-frame-bytes");
+        error!(size, limit, id = %crate::relay::envelope::shown(&found.id), "dropped a frame from the backend that exceeds --max-frame-bytes");
         self.refuse_backend_frame(
             &found,
             (

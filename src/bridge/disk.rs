@@ -47,6 +47,27 @@ pub(super) enum DiskDone {
     },
 }
 
+impl std::fmt::Display for DiskDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let outcome = |r: &Result<(), String>| match r {
+            Ok(()) => "done".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        match self {
+            DiskDone::Recorded { entry, result, .. } => {
+                write!(f, "record of {entry}: {}", outcome(result))
+            }
+            DiskDone::Approved { root, result } => {
+                write!(f, "approval of {}: {}", root.display(), outcome(result))
+            }
+            DiskDone::Prepared { root } => write!(f, "{} prepared", root.display()),
+            DiskDone::NetworkRecorded { what, result, .. } => {
+                write!(f, "record of {what}: {}", outcome(result))
+            }
+        }
+    }
+}
+
 /// Runs `work`, turning a panic into an error the loop hears about.
 fn guarded<T>(work: impl FnOnce() -> Result<T, WriteError>) -> Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
@@ -165,7 +186,7 @@ impl Disk {
         let deadline = tokio::time::Instant::now() + limit;
         while self.pending > 0 {
             match tokio::time::timeout_at(deadline, self.next()).await {
-                Ok(done) => tracing::debug!(?done, "disk work finished while shutting down"),
+                Ok(done) => tracing::debug!(done = %done, "disk work finished while shutting down"),
                 Err(_) => {
                     tracing::warn!(
                         pending = self.pending,

@@ -5,7 +5,7 @@ use tracing::{debug, warn};
 use super::lifecycle::Phase;
 use super::{track, AtEditor, Bridge, Terminal};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, recover, result_response, FrameError};
+use crate::relay::envelope::{error_response, recover, result_response, shown, FrameError};
 use crate::relay::{Frame, FrameKind, RawId};
 
 impl Bridge {
@@ -21,7 +21,7 @@ impl Bridge {
     pub(super) fn on_editor_too_large(&mut self, prefix: &[u8], size: usize) {
         let limit = self.cfg.max_frame_bytes;
         let found = recover(prefix);
-        tracing::error!(size, limit, id = ?found.id, "dropped a frame from the editor that exceeds --max-frame-bytes");
+        tracing::error!(size, limit, id = %shown(&found.id), "dropped a frame from the editor that exceeds --max-frame-bytes");
         let Some(id) = found.id else { return };
         let awaited = id
             .as_bridge_number()
@@ -50,7 +50,7 @@ impl Bridge {
     /// one error, and anything else is logged.
     fn on_malformed_editor_frame(&mut self, bytes: &[u8], err: &FrameError) {
         let found = recover(bytes);
-        warn!(id = ?found.id, "malformed frame from the editor: {err}");
+        warn!(id = %shown(&found.id), "malformed frame from the editor: {err}");
         let message = format!("zcode-acp could not read this message: {err}");
         match found.id {
             Some(id) if found.answer && !found.method => {

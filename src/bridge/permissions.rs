@@ -45,6 +45,17 @@ pub(super) enum NotOffered {
     EnoughOpen,
 }
 
+impl std::fmt::Display for NotOffered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotOffered::AlreadyGranted => "already granted",
+            NotOffered::AlreadyAsked => "already asked",
+            NotOffered::DismissedThisTurn => "you said no this turn",
+            NotOffered::EnoughOpen => "enough questions are open",
+        })
+    }
+}
+
 /// What an answer means, for the bridge to carry out.
 #[derive(Debug)]
 pub(super) struct Answered {

@@ -415,7 +415,7 @@ impl Bridge {
                     self.life.initialized();
                     let caps = super::track::restore_caps(&result);
                     if caps != self.caps {
-                        warn!(?caps, previous = ?self.caps, "the restarted agent advertises different session capabilities");
+                        warn!(caps = %caps, previous = %self.caps, "the restarted agent advertises different session capabilities");
                     }
                     self.caps = caps;
                     match self.authenticate.clone() {
@@ -498,7 +498,7 @@ impl Bridge {
     fn begin_restore(&mut self, login_problem: Option<String>) {
         let sessions: VecDeque<Session> = self.sessions.live().cloned().collect();
         if !sessions.is_empty() {
-            info!(count = sessions.len(), caps = ?self.caps, "restoring live sessions on the new backend");
+            info!(count = sessions.len(), caps = %self.caps, "restoring live sessions on the new backend");
         }
         self.next_session(sessions, login_problem)
     }

@@ -249,6 +249,17 @@ pub struct RestoreCaps {
     pub resume: bool,
 }
 
+impl std::fmt::Display for RestoreCaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match (self.resume, self.load) {
+            (true, true) => "session/resume and session/load",
+            (true, false) => "session/resume",
+            (false, true) => "session/load",
+            (false, false) => "neither session/resume nor session/load",
+        })
+    }
+}
+
 /// Reads the restore capabilities from an `initialize` result.
 pub fn restore_caps(result_raw: &str) -> RestoreCaps {
     match serde_json::from_str::<acp::InitializeResponse>(result_raw) {

@@ -40,6 +40,11 @@ impl std::fmt::Display for RawId {
     }
 }
 
+/// An id as the log shows it: as written, or `none`.
+pub fn shown(id: &Option<RawId>) -> &str {
+    id.as_ref().map_or("none", |i| i.0.as_str())
+}
+
 /// What a frame is, by JSON-RPC's rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameKind {

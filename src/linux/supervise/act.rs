@@ -45,7 +45,7 @@ pub(super) fn perform(sup: &Supervisor, act: &Act, id: u64, pid: u32) {
         Outcome::Done => {}
         Outcome::Continue => kernel::let_continue(listener, id),
     }
-    tracing::debug!(?act, "carried out for the sandbox (name-prefix grant)");
+    tracing::debug!(act = %act, "carried out for the sandbox (name-prefix grant)");
 }
 
 fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32) -> Outcome {

@@ -190,6 +190,23 @@ pub enum Act {
     },
 }
 
+impl std::fmt::Display for Act {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Act::Open { name, .. } => write!(f, "create {}", name.to_string_lossy()),
+            Act::Mkdir { name, .. } => write!(f, "mkdir {}", name.to_string_lossy()),
+            Act::Rmdir { name, .. } => write!(f, "rmdir {}", name.to_string_lossy()),
+            Act::Rename { from, to, .. } => write!(
+                f,
+                "rename {} to {}",
+                from.to_string_lossy(),
+                to.to_string_lossy()
+            ),
+            Act::Utimens { name, .. } => write!(f, "set the times of {}", name.to_string_lossy()),
+        }
+    }
+}
+
 /// A supervised entry named by a call: (directory index, name).
 type Entry = (usize, OsString);
 
