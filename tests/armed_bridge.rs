@@ -33,6 +33,13 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
         update["title"], "Sandbox: Linux namespaces+Landlock, 1 root writable",
         "{state}"
     );
+    // Which backend profile chose the agent's writable state, and why.
+    assert!(
+        state
+            .to_string()
+            .contains("Its own state is chosen by the backend profile: zcode ("),
+        "{state}"
+    );
     // The network, in one line.
     assert!(
         state.to_string().contains("Network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress allowed."),

@@ -133,7 +133,9 @@ fn run_with_home(
     if home_at.is_some() {
         // A home the test laid out is the whole world: the caches are its
         // own, not wherever this test process's cargo keeps its own.
-        cmd.env_remove("CARGO_HOME").env_remove("XDG_CACHE_HOME");
+        cmd.env_remove("CARGO_HOME")
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("XDG_CONFIG_HOME");
     }
     cmd.arg("-c").arg(script).arg("sh").args(argv);
     cmd.env("OUTER", outer.path())
@@ -1003,11 +1005,50 @@ fn doctor_reports_the_level_and_passes_its_self_test() {
     let p = places();
     let (out, unchanged) = run_in_outer_ns(
         &p.ws,
-        &["doctor", "--workspace", p.ws.to_str().unwrap()],
+        &[
+            "doctor",
+            "--workspace",
+            p.ws.to_str().unwrap(),
+            "--backend",
+            "codex-acp",
+        ],
         None,
     );
     assert!(unchanged);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // Which backend profile applies, and why.
+    assert!(
+        stdout.contains("backend profile: codex (") && stdout.contains("codex-acp"),
+        "{stdout}"
+    );
+    // The user config's explicit choice overrides the guess.
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(home.join(".config/zcode-acp")).unwrap();
+    std::fs::write(
+        home.join(".config/zcode-acp/config.json"),
+        r#"{"sandbox": {"backendProfile": "gemini"}}"#,
+    )
+    .unwrap();
+    let bin = bin_for(None).display().to_string();
+    let argv: Vec<String> = [
+        &bin,
+        "doctor",
+        "--workspace",
+        p.ws.to_str().unwrap(),
+        "--backend",
+        "codex-acp",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (chosen, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    let chosen = String::from_utf8_lossy(&chosen.stdout);
+    assert!(
+        chosen.contains(
+            "backend profile: gemini (chosen by sandbox.backendProfile in the user config)"
+        ),
+        "{chosen}"
+    );
     assert!(
         out.status.success(),
         "{stdout}\n{}",

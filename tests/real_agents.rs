@@ -173,6 +173,30 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
     argv
 }
 
+/// The README's `agent_servers` blocks for codex and Claude are the
+/// commands these tests run (read from the README itself, so the two
+/// cannot drift apart).
+#[test]
+fn the_readmes_zed_blocks_are_the_ones_tested() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("## Use it from Zed").expect("the Zed section")..];
+    let start = section.find("```json\n").expect("a json block") + "```json\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let servers: Value = serde_json::from_str(&format!("{{{block}}}")).expect("the block is JSON");
+    for (name, agent) in [
+        ("Codex (zcode-acp)", Agent::Codex),
+        ("Claude (zcode-acp)", Agent::Claude),
+    ] {
+        let entry = &servers["agent_servers"][name];
+        assert_eq!(entry["command"], "zcode-acp", "{name}");
+        assert_eq!(entry["env"]["ZCODE_ACP_SANDBOX"], "1", "{name}");
+        let mut args = vec!["--".to_owned()];
+        args.extend(readme_backend(agent, Launch::BinName));
+        assert_eq!(entry["args"], json!(args), "{name}");
+    }
+}
+
 /// The backend command for a test: the README's, pointed at the mock
 /// model (codex is told through `-c`, so its state directory need not
 /// exist before its first run).
