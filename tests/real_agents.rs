@@ -470,23 +470,31 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
         run.launch,
         t.text
     );
-    // Allowed once: from the next prompt the agent may write there.
+    // Allowed once: from the next prompt the agent may write there, with
+    // its shell tool and with its edit tool.
     let again = w.outside.join(format!("after-allow-{tag}.txt"));
+    let edited = w.outside.join(format!("after-allow-edit-{tag}.txt"));
     let t = turn(
         &mut ed,
         &sid,
-        json!([shell(format!("echo allowed > {}", again.display()))]),
+        json!([
+            shell(format!("echo allowed > {}", again.display())),
+            write(&edited, "edit-allowed"),
+        ]),
         "reject-once",
     );
     assert_eq!(t.response["result"]["stopReason"], "end_turn");
-    assert_eq!(
-        std::fs::read_to_string(&again).unwrap_or_default(),
-        "allowed\n",
-        "{:?}/{:?} {tag}: the write allowed once did not land\nagent said: {}",
-        run.agent,
-        run.launch,
-        t.text
-    );
+    for (path, want) in [(&again, "allowed"), (&edited, "edit-allowed")] {
+        assert_eq!(
+            std::fs::read_to_string(path).unwrap_or_default().trim(),
+            want,
+            "{:?}/{:?} {tag}: the write allowed once did not land in {}\nagent said: {}",
+            run.agent,
+            run.launch,
+            path.display(),
+            t.text
+        );
+    }
     // "Allow once" is not remembered in the project's file.
     let cfg = std::fs::read_to_string(w.ws.join(".zcode/acp/sandbox.json")).unwrap();
     assert!(!cfg.contains(&w.outside.display().to_string()), "{cfg}");
