@@ -23,8 +23,18 @@ fn every_seed_and_every_input_the_fuzzer_found_passes_its_target() {
             for entry in entries {
                 let path = entry.unwrap().path();
                 let data = std::fs::read(&path).unwrap();
-                let outcome = std::panic::catch_unwind(|| target(&data));
-                assert!(outcome.is_ok(), "{name} fails on {}", path.display());
+                // On a thread of its own, so an input the fuzzer flagged as
+                // a hang fails here too if it really hangs (a liveness
+                // bound, far above what any input takes).
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let outcome = std::panic::catch_unwind(|| target(&data));
+                    let _ = tx.send(outcome.is_ok());
+                });
+                match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+                    Ok(ok) => assert!(ok, "{name} fails on {}", path.display()),
+                    Err(_) => panic!("{name} hangs on {}", path.display()),
+                }
                 replayed += 1;
             }
         }
