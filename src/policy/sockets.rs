@@ -101,17 +101,69 @@ pub fn allowed_on(os: Os) -> impl Iterator<Item = &'static Allowed> {
     ALLOWED.iter().filter(move |a| a.on == os)
 }
 
+/// A kind of server that runs what it is sent, by where it listens on
+/// each platform: the one list both platforms are generated from. Linux
+/// covers each path even when nothing listens there yet (a directory: every
+/// socket in it); Seatbelt denies connects matching each regex again after
+/// the workspace roots allow theirs.
+pub struct Escape {
+    pub why: &'static str,
+    /// Linux paths; `{uid}` stands for the user's id.
+    pub linux: &'static [&'static str],
+    /// macOS regexes (Seatbelt syntax) over real paths.
+    pub macos: &'static [&'static str],
+}
+
+pub const ESCAPES: &[Escape] = &[
+    Escape {
+        why: "tmux servers run commands sent to them",
+        linux: &["/tmp/tmux-{uid}"],
+        macos: &[r"^/private/tmp/tmux-[0-9]+/"],
+    },
+    Escape {
+        why: "screen servers run commands typed into them",
+        linux: &["/run/screen", "/var/run/screen"],
+        macos: &[r"^/private/tmp/\.screen/", r"^/private/tmp/uscreens/"],
+    },
+    Escape {
+        why: "Docker: a container can write anywhere",
+        linux: &["/run/docker.sock", "/var/run/docker.sock"],
+        macos: &[r"/docker\.sock$"],
+    },
+    Escape {
+        why: "Podman: a container can write anywhere",
+        linux: &["/run/podman"],
+        macos: &[r"/podman\.sock$"],
+    },
+    Escape {
+        why: "containerd: a container can write anywhere",
+        linux: &["/run/containerd"],
+        macos: &[r"/containerd\.sock$"],
+    },
+    Escape {
+        why: "the system D-Bus",
+        linux: &["/run/dbus", "/var/run/dbus"],
+        macos: &[],
+    },
+    Escape {
+        why: "the systemd manager's private API: starts anything as root",
+        linux: &["/run/systemd/private"],
+        macos: &[],
+    },
+];
+
 /// Well-known places of servers that run what they are sent, covered on
 /// Linux even when nothing listens there at arming (a directory) and named
-/// in the log; on macOS denied again after the workspace allows.
+/// in the log.
 pub struct Known {
     pub path: String,
     pub why: &'static str,
 }
 
-/// The well-known servers for a user: `uid`, `$XDG_RUNTIME_DIR`,
-/// `$SSH_AUTH_SOCK`. The runtime directory is covered whatever
-/// `XDG_RUNTIME_DIR` says: both `/run/user/UID` and that value.
+/// The well-known servers for a user on Linux: [`ESCAPES`], and those
+/// named by `uid`, `$XDG_RUNTIME_DIR` and `$SSH_AUTH_SOCK`. The runtime
+/// directory is covered whatever `XDG_RUNTIME_DIR` says: both
+/// `/run/user/UID` and that value.
 pub fn linux_known(
     uid: u32,
     xdg_runtime_dir: Option<&Path>,
@@ -127,35 +179,14 @@ pub fn linux_known(
             why: "$XDG_RUNTIME_DIR: the session D-Bus, the systemd user manager, agents",
         });
     }
-    for (path, why) in [
-        ("/run/dbus", "the system D-Bus"),
-        ("/var/run/dbus", "the system D-Bus"),
-        (
-            "/run/systemd/private",
-            "the systemd manager's private API: starts anything as root",
-        ),
-        ("/run/docker.sock", "Docker: a container can write anywhere"),
-        (
-            "/var/run/docker.sock",
-            "Docker: a container can write anywhere",
-        ),
-        ("/run/containerd", "containerd"),
-        ("/run/podman", "Podman"),
-        ("/run/screen", "screen servers run commands typed into them"),
-        (
-            "/var/run/screen",
-            "screen servers run commands typed into them",
-        ),
-    ] {
-        out.push(Known {
-            path: path.to_owned(),
-            why,
-        });
+    for e in ESCAPES {
+        for path in e.linux {
+            out.push(Known {
+                path: path.replace("{uid}", &uid.to_string()),
+                why: e.why,
+            });
+        }
     }
-    out.push(Known {
-        path: format!("/tmp/tmux-{uid}"),
-        why: "tmux servers run commands sent to them",
-    });
     if let Some(s) = ssh_auth_sock {
         out.push(Known {
             path: s.display().to_string(),
@@ -165,28 +196,12 @@ pub fn linux_known(
     out
 }
 
-/// Regexes (Seatbelt syntax, real paths) of servers that run what they
-/// are sent, denied last on macOS.
-pub const MACOS_DENIED: &[(&str, &str)] = &[
-    (
-        r"^/private/tmp/tmux-[0-9]+/",
-        "tmux servers run commands sent to them",
-    ),
-    (
-        r"^/private/tmp/\.screen/",
-        "screen servers run commands typed into them",
-    ),
-    (
-        r"^/private/tmp/uscreens/",
-        "screen servers run commands typed into them",
-    ),
-    (r"/docker\.sock$", "Docker: a container can write anywhere"),
-    (r"/podman\.sock$", "Podman: a container can write anywhere"),
-    (
-        r"/containerd\.sock$",
-        "containerd: a container can write anywhere",
-    ),
-];
+/// The regexes Seatbelt denies last on macOS, each with why.
+pub fn macos_denied() -> impl Iterator<Item = (&'static str, &'static str)> {
+    ESCAPES
+        .iter()
+        .flat_map(|e| e.macos.iter().map(move |re| (*re, e.why)))
+}
 
 /// Whether `path` is a socket the sandbox may still reach on Linux.
 pub fn linux_allowed(path: &Path) -> Option<&'static str> {

@@ -204,7 +204,7 @@ fn emit_network(out: &mut String, table: &crate::policy::network::NetworkPolicy)
 /// services and sockets beneath the workspace roots (its own servers), and
 /// never the servers named last, even beneath a root.
 fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
-    use crate::policy::sockets::{allowed_on, Os, MACOS_DENIED};
+    use crate::policy::sockets::{allowed_on, macos_denied, Os};
     out.push_str("\n;; ---- unix sockets: a server outside runs what it is sent, so none is\n");
     out.push_str(";; reached but services that only answer questions or take logs, and the\n");
     out.push_str(";; agent's own beneath the workspace roots.\n");
@@ -264,7 +264,7 @@ fn emit_sockets(out: &mut String, policy: &Policy) -> Result<(), QuoteError> {
         comment(out, &why);
         let _ = writeln!(out, "(allow network-outbound {f})");
     }
-    for (re, why) in MACOS_DENIED {
+    for (re, why) in macos_denied() {
         comment(out, why);
         let _ = writeln!(
             out,
