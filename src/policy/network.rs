@@ -13,7 +13,9 @@
 //!
 //! Defaults: host loopback and LAN denied, public egress allowed, and the
 //! resolvers of `/etc/resolv.conf` reachable on port 53 whatever their
-//! range.
+//! range while egress is allowed (with an egress list they are not: a
+//! resolver answers for any name, which would let through what the list
+//! keeps out).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -163,8 +165,11 @@ impl NetworkPolicy {
     ) -> Verdict {
         let zone = zone(addr, own);
         // The name servers, on port 53 only, whatever their zone (a stub
-        // resolver on 127.0.0.53, one on the LAN).
-        if port == 53 && resolvers.contains(&canonical(addr)) {
+        // resolver on 127.0.0.53, one on the LAN), but only while egress
+        // is allowed: a resolver looks up any name it is asked (DNS over
+        // TCP through the proxy), so with an egress list it would resolve,
+        // and carry out, the names the list keeps from being resolved.
+        if port == 53 && self.egress == Egress::Allow && resolvers.contains(&canonical(addr)) {
             return Verdict::Allow;
         }
         let allowed = match zone {
@@ -182,7 +187,11 @@ impl NetworkPolicy {
         if allowed {
             return Verdict::Allow;
         }
+        let resolver = port == 53 && resolvers.contains(&canonical(addr));
         let why = match zone {
+            _ if resolver => format!(
+                "{host}:{port} is a name server of this machine, which is not reachable with an egress list (it would look up any name, those outside the list too); the proxy resolves the listed hosts itself: connect to them by name through it"
+            ),
             Zone::HostLoopback if !is_loopback(addr) => format!(
                 "{host}:{port} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
             ),
@@ -212,7 +221,6 @@ impl NetworkPolicy {
             HostLoopback::Deny => false,
         };
         host.parse::<IpAddr>().is_err()
-            && port != 53
             && self.lan == Lan::Deny
             && !loopback_open
             && !patterns.iter().any(|p| host_matches(p, host))
@@ -770,6 +778,38 @@ mod tests {
             NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
             None
         );
+    }
+
+    #[test]
+    fn the_resolver_is_reachable_on_53_only_while_egress_is_allowed() {
+        let resolvers = [ip("10.0.0.53"), ip("127.0.0.53"), ip("9.9.9.9")];
+        let listed = NetworkPolicy::parse(&json!({"egress": ["example.com"]})).unwrap();
+        for a in ["10.0.0.53", "127.0.0.53", "9.9.9.9", "::ffff:10.0.0.53"] {
+            assert_eq!(
+                NetworkPolicy::default().decide(a, 53, ip(a), &[], &resolvers),
+                Verdict::Allow,
+                "{a}"
+            );
+            // With a list, a resolver would look up (and carry out) any
+            // name: it is judged as any other destination.
+            match listed.decide(a, 53, ip(a), &[], &resolvers) {
+                Verdict::Deny { why, .. } => assert!(why.contains("name server"), "{a}: {why}"),
+                Verdict::Allow => panic!("{a}:53 is reachable with an egress list"),
+            }
+        }
+        // Unless the table opens its zone or lists it.
+        let lan = NetworkPolicy::parse(&json!({"egress": [], "lan": "allow"})).unwrap();
+        assert_eq!(
+            lan.decide("10.0.0.53", 53, ip("10.0.0.53"), &[], &resolvers),
+            Verdict::Allow
+        );
+        let public = NetworkPolicy::parse(&json!({"egress": ["9.9.9.9"]})).unwrap();
+        assert_eq!(
+            public.decide("9.9.9.9", 53, ip("9.9.9.9"), &[], &resolvers),
+            Verdict::Allow
+        );
+        // A name outside the list is not resolved on port 53 either.
+        assert!(listed.refuses_unresolved("secret.attacker.example", 53));
     }
 
     #[test]
