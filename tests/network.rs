@@ -596,3 +596,40 @@ except OSError as e:
         }
     });
 }
+
+/// A table at its limits (a hundred host loopback ports, a thousand hosts
+/// of the longest name each) arms, and reaches the proxy whole: the last
+/// port and the last host listed are the ones reached.
+#[test]
+fn a_table_at_its_limits_arms() {
+    if !can_make_the_world() {
+        return;
+    }
+    let world = world();
+    let name = |i: usize| {
+        // 253 characters, in labels of at most 63.
+        let label = |c: char| c.to_string().repeat(62);
+        let name = format!(
+            "h{i:03}.{}.{}.{}.{}",
+            label('a'),
+            label('b'),
+            label('c'),
+            label('d')
+        );
+        name[..253].to_owned()
+    };
+    let mut hosts: Vec<String> = (0..999).map(name).collect();
+    assert!(hosts.iter().all(|h| h.len() == 253));
+    hosts.push("198.51.100.2".into());
+    let mut ports: Vec<u16> = (40001..40100).collect();
+    ports.push(LOOPBACK_PORT);
+    let config = serde_json::json!({"network": {"hostLoopback": ports, "egress": hosts}});
+    let r = probe(&world, None, Some(&config.to_string()));
+    assert_eq!(r["host-direct"], "hello from 127.0.0.1");
+    assert_eq!(r["internet"], "hello from 198.51.100.2");
+    assert!(
+        r["internet-other"].starts_with(REFUSED),
+        "{}",
+        r["internet-other"]
+    );
+}

@@ -15,7 +15,9 @@
 //!    new (never configure the host's), its loopback brought up, and the
 //!    listeners made on it: the proxy's port and one per allowed host
 //!    loopback port (a mirror). They go to the proxy over the socket pair,
-//!    and the launch goes on meanwhile: a connection waits on its listener
+//!    with the table in a sealed memfd (a message is bounded by the
+//!    socket's send buffer; a table of long host names is not), and the
+//!    launch goes on meanwhile: a connection waits on its listener
 //!    until the proxy takes it, and a proxy that fails closes them (then
 //!    connections are refused at once) and the helper says so;
 //! 3. the command's environment names the proxy (`HTTP_PROXY` and the
@@ -169,6 +171,46 @@ pub fn start() -> Result<Started, LaunchError> {
     })
 }
 
+/// The one byte of the handover message (its descriptors are what it
+/// carries); a message without it is the channel closing.
+const HANDOVER: &[u8] = b"h";
+/// The largest handover the proxy reads: a table at its limits (a thousand
+/// hosts of 253 characters, a hundred ports) is about a quarter of it.
+const MAX_HANDOVER: u64 = 4 << 20;
+
+/// A memfd holding `bytes`, sealed: what the proxy reads is what was
+/// written here.
+fn sealed_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    use std::io::Write;
+    let fd = memfd_create(
+        c"zcode-acp-network-table",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on a descriptor this function owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
+
+/// Reads the handover's table from the memfd `fd`, from its start.
+fn read_table(fd: OwnedFd) -> Result<Handover, String> {
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::from(fd);
+    let mut bytes = Vec::new();
+    file.seek(std::io::SeekFrom::Start(0))
+        .and_then(|_| (&mut file).take(MAX_HANDOVER + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read the network table: {e}"))?;
+    if bytes.len() as u64 > MAX_HANDOVER {
+        return Err("the network table handed over is too large".into());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("cannot read the handover: {e}"))
+}
+
 /// Brings the loopback up (the one interface of a new namespace).
 fn loopback_up() -> std::io::Result<()> {
     // SAFETY: a plain socket for the ioctls, owned at once.
@@ -239,16 +281,21 @@ pub fn arm(
         asks: asks.map(str::to_owned),
     })
     .map_err(|e| refused("describe the listeners", e))?;
-    let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let table = sealed_memfd(&handover).map_err(|e| refused("write the network table", e))?;
+    // The table first, then the proxy's listener and the mirrors'.
+    let fds: Vec<RawFd> = std::iter::once(table.as_raw_fd())
+        .chain(listeners.iter().map(|l| l.as_raw_fd()))
+        .collect();
     sendmsg::<()>(
         channel.as_raw_fd(),
-        &[IoSlice::new(&handover)],
+        &[IoSlice::new(HANDOVER)],
         &[ControlMessage::ScmRights(&fds)],
         MsgFlags::empty(),
         None,
     )
     .map_err(|e| refused("hand the proxy its listeners", e))?;
     drop(listeners);
+    drop(table);
     // Not waited for: connections queue on the listeners until the proxy
     // takes them, and a proxy that fails takes the listeners with it
     // (connections are then refused at once, never hang) and is reported
@@ -269,10 +316,11 @@ pub fn proxy_main() -> Result<(), String> {
     // SAFETY: fd 3 was handed to this process for this purpose (see
     // `start`); it is owned here.
     let channel = unsafe { OwnedFd::from_raw_fd(3) };
-    // The table (a thousand hosts at most) fits with room to spare.
-    let mut buf = vec![0u8; 1 << 20];
-    let mut space = nix::cmsg_space!([RawFd; 512]);
-    let (bytes, fds) = {
+    // One byte, and the descriptors (the table's memfd and at most 201
+    // listeners: 253 is what one message can carry).
+    let mut buf = [0u8; 16];
+    let mut space = nix::cmsg_space!([RawFd; 256]);
+    let fds = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let msg = recvmsg::<()>(
             channel.as_raw_fd(),
@@ -297,14 +345,14 @@ pub fn proxy_main() -> Result<(), String> {
                 fds.extend(r);
             }
         }
-        (msg.bytes, fds)
+        fds
     };
-    let handover: Handover = serde_json::from_slice(&buf[..bytes])
-        .map_err(|e| format!("cannot read the handover: {e}"))?;
     // SAFETY: each descriptor arrived in this message and is owned here.
-    let mut listeners = fds
+    let mut fds = fds
         .into_iter()
-        .map(|fd| std::net::TcpListener::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+    let handover = read_table(fds.next().ok_or("no network table was handed over")?)?;
+    let mut listeners = fds.map(std::net::TcpListener::from);
     let proxy = listeners.next().ok_or("no listener was handed over")?;
     let mirrors: Vec<(u16, std::net::TcpListener)> =
         handover.mirrors.iter().copied().zip(listeners).collect();

@@ -28,10 +28,16 @@ use serde_json::Value;
 /// is told the same address, and never a host port to open a way to.
 pub const PROXY_PORT: u16 = 3128;
 
-/// The most host loopback ports a table may list.
+/// The most host loopback ports a table may list (each is mirrored by up
+/// to two listeners, 127.0.0.1 and ::1, all handed to the proxy in one
+/// message, which carries 253 descriptors at most).
 pub const MAX_PORTS: usize = 100;
-/// The most hosts an egress list may hold.
+/// The most hosts an egress list may hold, the user's and the projects'
+/// together.
 pub const MAX_HOSTS: usize = 1000;
+/// The longest host name an egress entry may be (a DNS name's limit,
+/// without its final dot), not counting a `*.` in front.
+pub const MAX_HOST_LEN: usize = 253;
 
 /// The table, as the user config and sandbox.json write it:
 /// `"network": {"hostLoopback": "deny" | "allow" | [ports], "lan": "deny"
@@ -226,6 +232,17 @@ impl NetworkPolicy {
             && !patterns.iter().any(|p| host_matches(p, host))
     }
 
+    /// Whether the table stays within what a sandbox's proxy is handed
+    /// (a union of tables may pass what each one alone keeps to): `Err`
+    /// says which limit it passes.
+    pub fn within_limits(&self) -> Result<(), String> {
+        let hosts = match &self.egress {
+            Egress::Hosts(h) => h.len(),
+            Egress::Allow => 0,
+        };
+        within_limits(self.mirrored_ports().len(), hosts)
+    }
+
     /// One line for `doctor` and the editor's notice.
     pub fn describe(&self) -> String {
         if !self.confines() {
@@ -250,6 +267,20 @@ impl NetworkPolicy {
         };
         format!("{loopback}, {lan}, {egress}")
     }
+}
+
+fn within_limits(ports: usize, hosts: usize) -> Result<(), String> {
+    if ports > MAX_PORTS {
+        return Err(format!(
+            "`network.hostLoopback` would list {ports} ports; at most {MAX_PORTS} can be mirrored"
+        ));
+    }
+    if hosts > MAX_HOSTS {
+        return Err(format!(
+            "`network.egress` would list {hosts} hosts; at most {MAX_HOSTS}"
+        ));
+    }
+    Ok(())
 }
 
 fn union_loopback(mine: HostLoopback, theirs: &HostLoopback) -> HostLoopback {
@@ -409,6 +440,16 @@ impl NetworkTable {
         Some(table)
     }
 
+    /// As [`NetworkPolicy::within_limits`], for a table (one widened by a
+    /// recorded entry).
+    pub fn within_limits(&self) -> Result<(), String> {
+        let hosts = match &self.egress {
+            Some(Egress::Hosts(h)) => h.len(),
+            _ => 0,
+        };
+        within_limits(self.ports().len(), hosts)
+    }
+
     /// The host loopback ports it names.
     pub fn ports(&self) -> Vec<u16> {
         self.host_loopback
@@ -441,8 +482,6 @@ fn parse_loopback(v: &Value) -> Result<HostLoopback, String> {
                 }
                 ports.insert(port);
             }
-            // Each is a listener handed to the proxy in one message, which
-            // carries 253 descriptors at most.
             if ports.len() > MAX_PORTS {
                 return Err(format!(
                     "`network.hostLoopback` lists {} ports; at most {MAX_PORTS} can be mirrored",
@@ -469,6 +508,13 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
             .map(|i| {
                 let h = i.as_str().ok_or(EXPECTED)?.trim().to_ascii_lowercase();
                 let bare = h.strip_prefix("*.").unwrap_or(&h);
+                if bare.len() > MAX_HOST_LEN {
+                    let start: String = bare.chars().take(40).collect();
+                    return Err(format!(
+                        "`network.egress`: `{start}...` is {} characters long; a host name has at most {MAX_HOST_LEN}",
+                        bare.len()
+                    ));
+                }
                 if bare.is_empty() || bare.contains(['*', '/', ':', ' ']) {
                     return Err(format!(
                         "`network.egress`: `{h}` is not a host name or `*.domain` pattern"
@@ -778,6 +824,47 @@ mod tests {
             NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
             None
         );
+    }
+
+    #[test]
+    fn a_table_and_a_union_of_tables_keep_to_the_limits() {
+        let long = "a".repeat(MAX_HOST_LEN);
+        for ok in [long.clone(), format!("*.{long}")] {
+            assert!(NetworkTable::parse(&json!({"egress": [ok]})).is_ok());
+        }
+        let e = NetworkTable::parse(&json!({"egress": [format!("{long}a")]})).unwrap_err();
+        assert!(
+            e.contains("254 characters long") && e.contains("at most 253"),
+            "{e}"
+        );
+        let hosts = |from: usize, n: usize| {
+            NetworkTable::parse(&json!({
+                "egress": (from..from + n).map(|i| format!("h{i}.example")).collect::<Vec<_>>()
+            }))
+            .unwrap()
+        };
+        let e =
+            NetworkTable::parse(&json!({"egress": vec!["a.example"; MAX_HOSTS + 1]})).unwrap_err();
+        assert!(e.contains("at most 1000"), "{e}");
+        // Each table within the limit, their union past it.
+        let user = NetworkPolicy::parse(&json!({"egress": []}))
+            .unwrap()
+            .widened_by(&hosts(0, 600));
+        assert_eq!(user.within_limits(), Ok(()));
+        let both = user.widened_by(&hosts(600, 600));
+        let e = both.within_limits().unwrap_err();
+        assert!(e.contains("1200 hosts; at most 1000"), "{e}");
+        let e = hosts(0, 600)
+            .widened(&hosts(600, 600))
+            .within_limits()
+            .unwrap_err();
+        assert!(e.contains("1200 hosts"), "{e}");
+        let ports = |from: u16| {
+            NetworkTable::parse(&json!({"hostLoopback": (from..from + 60).collect::<Vec<_>>()}))
+                .unwrap()
+        };
+        let e = ports(1).widened(&ports(100)).within_limits().unwrap_err();
+        assert!(e.contains("120 ports; at most 100"), "{e}");
     }
 
     #[test]
