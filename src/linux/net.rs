@@ -131,6 +131,12 @@ pub fn start() -> Result<Started, LaunchError> {
     .map_err(|e| refused("socketpair", e))?;
     let exe = std::env::current_exe().map_err(|e| refused("find zcode-acp", e))?;
     let fd = theirs.as_raw_fd();
+    // Read before the fork: the child may not allocate.
+    let open = if close_range_cloexec_works() {
+        None
+    } else {
+        Some(open_descriptors().map_err(|e| refused("list the open descriptors", e))?)
+    };
     let mut cmd = Command::new(exe);
     cmd.arg("__netproxy")
         // stdout may be the agent's protocol pipe: never written here.
@@ -152,10 +158,7 @@ pub fn start() -> Result<Started, LaunchError> {
             if moved < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let cloexec = libc::CLOSE_RANGE_CLOEXEC;
-            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, cloexec) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            cloexec_from(4, open.as_deref())?;
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -209,6 +212,55 @@ fn read_table(fd: OwnedFd) -> Result<Handover, String> {
         return Err("the network table handed over is too large".into());
     }
     serde_json::from_slice(&bytes).map_err(|e| format!("cannot read the handover: {e}"))
+}
+
+/// Whether `close_range` can mark descriptors close-on-exec (Linux 5.11;
+/// 5.9 and 5.10 have `close_range` without the flag, and refuse it): tried
+/// on a range no descriptor is in.
+fn close_range_cloexec_works() -> bool {
+    let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+    // SAFETY: no descriptor is numbered u32::MAX: the call changes nothing.
+    unsafe { libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, cloexec) == 0 }
+}
+
+/// This process's open descriptors (`/proc/self/fd`).
+fn open_descriptors() -> std::io::Result<Vec<RawFd>> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            fds.push(fd);
+        }
+    }
+    Ok(fds)
+}
+
+/// Marks every descriptor from `first` up close-on-exec, in a forked child
+/// (no allocation): with `close_range`, or where the kernel lacks its flag
+/// (`open`: the descriptors read before the fork), each one. A descriptor
+/// of the list closed since (the directory that listed them) is skipped;
+/// any the process opened since is close-on-exec already (std opens every
+/// descriptor so, and the caller is single-threaded).
+fn cloexec_from(first: RawFd, open: Option<&[RawFd]>) -> std::io::Result<()> {
+    let Some(open) = open else {
+        let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+        // SAFETY: only marks descriptors close-on-exec.
+        if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, cloexec) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    };
+    for &fd in open.iter().filter(|&&fd| fd >= first) {
+        // SAFETY: F_GETFD and F_SETFD only read and set the flag.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 {
+            continue;
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Brings the loopback up (the one interface of a new namespace).
@@ -421,4 +473,49 @@ fn confine_self() -> Result<(), String> {
         tracing::debug!("Landlock is not available: the proxy runs without it");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The descriptors a command started with `mark` (as the proxy is
+    /// started) is left, as it lists them.
+    fn left_open(mark: Option<Option<Vec<RawFd>>>) -> Vec<RawFd> {
+        let mut cmd = Command::new("ls");
+        cmd.arg("/proc/self/fd").stderr(Stdio::null());
+        if let Some(open) = mark {
+            // SAFETY: runs in the forked child before exec: fcntl or
+            // close_range only.
+            unsafe {
+                cmd.pre_exec(move || cloexec_from(4, open.as_deref()));
+            }
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn descriptors_are_kept_from_the_proxy_with_close_range_or_without() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // A copy that is not close-on-exec, numbered where nothing the
+        // listing opens would be.
+        // SAFETY: F_DUPFD makes a new descriptor, owned at once.
+        let leaked = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD, 900) };
+        assert!(leaked >= 900, "{}", std::io::Error::last_os_error());
+        // SAFETY: `leaked` is new and owned by nothing else.
+        let _leaked = unsafe { OwnedFd::from_raw_fd(leaked) };
+        assert!(left_open(None).contains(&leaked), "the test cannot fail");
+        // Without close_range's flag (Linux 5.9, 5.10): each one listed.
+        let listed = open_descriptors().unwrap();
+        assert!(listed.contains(&leaked));
+        assert!(!left_open(Some(Some(listed))).contains(&leaked));
+        if close_range_cloexec_works() {
+            assert!(!left_open(Some(None)).contains(&leaked));
+        }
+    }
 }
