@@ -34,9 +34,11 @@ use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
 
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
 /// The host's services: one on its loopback (recording), one on every
-/// address.
+/// address, one on its IPv6 loopback only (as Node's `localhost` and
+/// Vite's default bind).
 const LOOPBACK_PORT: u16 = 18081;
 const ALL_ADDRESSES_PORT: u16 = 18082;
+const V6_ONLY_PORT: u16 = 18083;
 
 fn ns_of(pid: &str, kind: &str) -> u64 {
     std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
@@ -216,6 +218,7 @@ fn world() -> World {
     for (ns, addr, port, record) in [
         (&host, "127.0.0.1", LOOPBACK_PORT, Some(&record)),
         (&host, "0.0.0.0", ALL_ADDRESSES_PORT, None),
+        (&host, "::1", V6_ONLY_PORT, None),
         (&internet, RESOLVER, 53, None),
     ] {
         let mut cmd = Command::new("python3");
@@ -248,6 +251,8 @@ probe host-localhost http://localhost:18081/localhost
 probe host-via-proxy --noproxy '' http://127.0.0.1:18081/via-proxy
 probe host-via-socks --noproxy '' --socks5-hostname 127.0.0.1:3128 http://127.0.0.1:18081/via-socks
 probe host-own-address http://10.77.0.1:18082/
+probe host-v6-only 'http://[::1]:18083/'
+probe host-v6-only-localhost http://localhost:18083/
 probe lan http://10.77.0.2:8080/
 probe internet http://198.51.100.2:8080/
 probe internet-tunnel -p http://198.51.100.2:8080/
@@ -356,7 +361,13 @@ const REFUSED: &str = "zcode-acp: the sandbox's network policy refuses this conn
 
 fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World) {
     // The host's services: not reachable, directly or through the proxy.
-    for name in ["host-direct", "host-localhost", "host-via-socks"] {
+    for name in [
+        "host-direct",
+        "host-localhost",
+        "host-via-socks",
+        "host-v6-only",
+        "host-v6-only-localhost",
+    ] {
         assert_eq!(r[name], "failed", "{name}");
     }
     for name in ["host-via-proxy", "host-own-address", "lan"] {
@@ -398,7 +409,7 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         &world,
         user,
         Some(
-            r#"{"network": {"hostLoopback": [18081], "lan": "allow", "egress": ["198.51.100.2"]}}"#,
+            r#"{"network": {"hostLoopback": [18081, 18083], "lan": "allow", "egress": ["198.51.100.2"]}}"#,
         ),
     );
     for name in [
@@ -413,6 +424,11 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         recorded(&world),
         "/direct\n/localhost\n/via-proxy\n/via-socks\n"
     );
+    // A service on the host's ::1 alone, through the mirrors of both
+    // loopbacks.
+    for name in ["host-v6-only", "host-v6-only-localhost"] {
+        assert_eq!(r[name], "hello from ::1", "{name}");
+    }
     assert!(
         r["host-own-address"].starts_with(REFUSED),
         "only the loopback port is opened"

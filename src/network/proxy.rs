@@ -311,13 +311,25 @@ async fn accepted(listener: &TcpListener) -> Option<TcpStream> {
     }
 }
 
+/// Carries a connection to a mirror to the host's loopback: the same
+/// family first (a service may listen on ::1 alone, as Node's `localhost`
+/// does, or on 127.0.0.1 alone), then the other.
 async fn mirror(judge: &Judge, mut client: TcpStream, port: u16) {
-    match judge.connect("127.0.0.1", port).await {
-        Ok(mut upstream) => {
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-        }
-        Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
-            tracing::debug!("mirrored port {port}: {why}");
+    let v6 = client.local_addr().is_ok_and(|a| a.is_ipv6());
+    let order = if v6 {
+        ["::1", "127.0.0.1"]
+    } else {
+        ["127.0.0.1", "::1"]
+    };
+    for host in order {
+        match judge.connect(host, port).await {
+            Ok(mut upstream) => {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                return;
+            }
+            Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
+                tracing::debug!("mirrored port {port}: {why}");
+            }
         }
     }
 }
