@@ -532,7 +532,9 @@ fn a_question_from_anyone_but_the_proxy_is_not_taken() {
             let (name, question) = (name.clone(), question.clone());
             tokio::spawn(async move { asks::ask(&name, &question).await })
         };
-        let (taken, answer) = rx.recv().await.unwrap();
+        let asks::Question::Asked(taken, answer) = rx.recv().await.unwrap() else {
+            panic!("a question was expected");
+        };
         assert_eq!(taken, question);
         let yes = Reply {
             allow: true,
@@ -540,6 +542,22 @@ fn a_question_from_anyone_but_the_proxy_is_not_taken() {
         };
         answer.send(yes).unwrap();
         assert_eq!(asking.await.unwrap(), yes);
+
+        // An asker that stops waiting (the proxy gives up after a while):
+        // its answer's way is closed, and the bridge is told, to withdraw
+        // the prompt nobody waits on.
+        let asking = {
+            let (name, question) = (name.clone(), question.clone());
+            tokio::spawn(async move { asks::ask(&name, &question).await })
+        };
+        let asks::Question::Asked(_, answer) = rx.recv().await.unwrap() else {
+            panic!("a question was expected");
+        };
+        asking.abort();
+        // (Bounded only so a missing notice fails rather than hangs.)
+        let told = tokio::time::timeout(std::time::Duration::from_secs(60), rx.recv()).await;
+        assert!(matches!(told, Ok(Some(asks::Question::GaveUp))), "{told:?}");
+        assert!(answer.is_closed());
 
         let line = serde_json::to_string(&question).unwrap();
         let forge = r#"

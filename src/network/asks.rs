@@ -95,10 +95,13 @@ pub struct Reply {
     pub remember: bool,
 }
 
-const NO: Reply = Reply {
-    allow: false,
-    remember: false,
-};
+impl Reply {
+    /// The answer to anything that goes wrong, and to a prompt dismissed.
+    pub const NO: Reply = Reply {
+        allow: false,
+        remember: false,
+    };
+}
 
 /// The proxy's side: asks on the socket `name` and waits; "no" on any
 /// failure.
@@ -133,11 +136,19 @@ pub async fn ask(name: &str, question: &Ask) -> Reply {
         .await
         .ok()
         .flatten()
-        .unwrap_or(NO)
+        .unwrap_or(Reply::NO)
 }
 
-/// A question for the bridge's loop, with where its answer goes.
-pub type Question = (Ask, oneshot::Sender<Reply>);
+/// What the bridge's loop is handed.
+#[derive(Debug)]
+pub enum Question {
+    /// A question, with where its answer goes.
+    Asked(Ask, oneshot::Sender<Reply>),
+    /// An asker stopped waiting (it left, or waited as long as it waits):
+    /// its answer's way is closed, and prompts nobody waits on any more
+    /// can be withdrawn.
+    GaveUp,
+}
 
 /// The bridge's side: takes questions on `listener` from processes of
 /// this user in this network namespace, and hands each to `tx`.
@@ -168,8 +179,8 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
             let Ok(question) = serde_json::from_str::<Ask>(&line) else {
                 return;
             };
-            let (answer_tx, answer_rx) = oneshot::channel();
-            if tx.send((question, answer_tx)).is_err() {
+            let (answer_tx, mut answer_rx) = oneshot::channel();
+            if tx.send(Question::Asked(question, answer_tx)).is_err() {
                 return;
             }
             // Held until the answer, the asker's leaving, or the time it
@@ -177,9 +188,15 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
             let mut rest = reader.into_inner();
             let mut byte = [0u8; 1];
             let reply = tokio::select! {
-                answer = answer_rx => answer.unwrap_or(NO),
-                _ = rest.read(&mut byte) => return,
-                _ = tokio::time::sleep(ANSWER_WITHIN) => return,
+                answer = &mut answer_rx => Some(answer.unwrap_or(Reply::NO)),
+                _ = rest.read(&mut byte) => None,
+                _ = tokio::time::sleep(ANSWER_WITHIN) => None,
+            };
+            let Some(reply) = reply else {
+                // Closed first, so the bridge finds it closed.
+                drop(answer_rx);
+                let _ = tx.send(Question::GaveUp);
+                return;
             };
             if let Ok(mut bytes) = serde_json::to_vec(&reply) {
                 bytes.push(b'\n');
