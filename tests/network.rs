@@ -10,9 +10,9 @@
 //!   is on "the LAN" (10.77.0.53), so no name lookup leaves the world;
 //! - "the internet" and "the LAN": a second namespace joined to the first
 //!   by a veth pair, with a server answering on a public-looking address
-//!   (198.51.100.2 and .3, a documentation range) and a private one
-//!   (10.77.0.2), and one on the name server's port 53 (TCP, as DNS over
-//!   TCP would be reached).
+//!   (198.51.100.2 and .3, and 2001:db8::2, documentation ranges) and a
+//!   private one (10.77.0.2), and one on the name server's port 53 (TCP,
+//!   as DNS over TCP would be reached).
 //!
 //! Each namespace is made by `unshare` in a shell that first checks
 //! `/proc/self/ns/net` (and `mnt`, where it makes one) is not this
@@ -189,6 +189,7 @@ fn world() -> World {
              ip addr add 198.51.100.3/24 dev vb
              ip addr add 10.77.0.2/24 dev vb
              ip addr add {RESOLVER}/24 dev vb
+             ip addr add 2001:db8::2/64 dev vb nodad
              ip link set vb up"
         ),
         &format!("python3 {SERVICE} 0.0.0.0 8080"),
@@ -204,6 +205,7 @@ fn world() -> World {
              ip link add va type veth peer name vb netns {}
              ip addr add 198.51.100.1/24 dev va
              ip addr add 10.77.0.1/24 dev va
+             ip addr add 2001:db8::1/64 dev va nodad
              ip link set va up
              echo ready",
             resolv_conf.display(),
@@ -220,6 +222,7 @@ fn world() -> World {
         (&host, "0.0.0.0", ALL_ADDRESSES_PORT, None),
         (&host, "::1", V6_ONLY_PORT, None),
         (&internet, RESOLVER, 53, None),
+        (&internet, "2001:db8::2", 8080, None),
     ] {
         let mut cmd = Command::new("python3");
         cmd.args([SERVICE, addr, &port.to_string()])
@@ -258,6 +261,7 @@ probe internet http://198.51.100.2:8080/
 probe internet-tunnel -p http://198.51.100.2:8080/
 probe internet-socks --socks5-hostname 127.0.0.1:3128 http://198.51.100.2:8080/
 probe internet-other http://198.51.100.3:8080/
+probe internet-v6 'http://[2001:db8::2]:8080/'
 probe internet-direct --noproxy '*' http://198.51.100.2:8080/
 probe resolver http://10.77.0.53:53/
 probe unlisted-on-53 http://unlisted.example:53/
@@ -391,6 +395,7 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
             r[name]
         );
     }
+    assert_eq!(r["internet-v6"], "hello from 2001:db8::2");
     assert_eq!(r["internet-direct"], "failed", "a way out around the proxy");
     // The name server, on its port, though it is on the LAN.
     assert_eq!(r["resolver"], "hello from 10.77.0.53");
@@ -441,6 +446,11 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         r["internet-other"]
     );
     assert!(r["internet-other"].contains("egress"));
+    assert!(
+        r["internet-v6"].starts_with(REFUSED) && r["internet-v6"].contains("\"2001:db8::2\""),
+        "says how to allow it: {}",
+        r["internet-v6"]
+    );
     assert_eq!(r["own-server"], "hello from 127.0.0.1");
 
     // An egress list: the name server is out of reach (it would look up
@@ -449,9 +459,11 @@ fn defaults_and_allows(user: Option<&TestUser>) {
     let r = probe(
         &world,
         user,
-        Some(r#"{"network": {"egress": ["198.51.100.2"]}}"#),
+        Some(r#"{"network": {"egress": ["198.51.100.2", "[2001:0db8:0::2]"]}}"#),
     );
     assert_eq!(r["internet"], "hello from 198.51.100.2");
+    // An IPv6 address in the list, however it is spelled there.
+    assert_eq!(r["internet-v6"], "hello from 2001:db8::2");
     assert!(
         r["resolver"].starts_with(REFUSED) && r["resolver"].contains("name server"),
         "{}",

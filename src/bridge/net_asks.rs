@@ -394,16 +394,11 @@ impl Bridge {
             .get(&prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
         match (table, root) {
-            (Some(table), Some(root)) => {
+            (Ok(table), Some(root)) => {
                 self.disk
                     .record_network(&self.cfg.managed, root, table, prompt.session, what)
             }
-            (None, _) => self.after_network_record(
-                &prompt.session,
-                &what,
-                false,
-                Err("the network table has no entry that narrow (one host of the LAN, or an address of this machine other than its loopback); add \"lan\": \"allow\" or a hostLoopback port to the config to allow it for good".into()),
-            ),
+            (Err(why), _) => self.after_network_record(&prompt.session, &what, false, Err(why)),
             (_, None) => self.after_network_record(
                 &prompt.session,
                 &what,

@@ -422,22 +422,40 @@ impl NetworkTable {
     }
 
     /// The narrowest entry that lets a connection through (what "always
-    /// allow" records): `None` where a table has none that narrow (one
-    /// host of the LAN; an address of this machine other than loopback).
-    pub fn opening(host: &str, port: u16, addr: IpAddr, zone: Zone) -> Option<NetworkTable> {
+    /// allow" records); `Err` says, in the user's terms, why a table has
+    /// none that narrow.
+    pub fn opening(
+        host: &str,
+        port: u16,
+        addr: IpAddr,
+        zone: Zone,
+    ) -> Result<NetworkTable, String> {
         let mut table = NetworkTable::default();
         match zone {
-            Zone::HostLoopback if is_loopback(addr) && port != PROXY_PORT => {
+            Zone::HostLoopback if is_loopback(addr) && port == PROXY_PORT => {
+                return Err(format!(
+                    "port {PROXY_PORT} is the sandbox's own proxy inside the sandbox, and a hostLoopback port cannot be it; run the host's service on another port"
+                ))
+            }
+            Zone::HostLoopback if is_loopback(addr) => {
                 table.host_loopback = Some(HostLoopback::Ports([port].into()));
             }
-            Zone::Public => {
-                let host = host.trim_end_matches('.').to_ascii_lowercase();
-                parse_egress(&Value::from(vec![host.clone()])).ok()?;
-                table.egress = Some(Egress::Hosts(vec![host]));
+            Zone::HostLoopback => {
+                return Err(format!(
+                    "{addr} is an address of this machine other than its loopback, which the table has no entry for; the sandbox reaches this machine through its loopback only: add a hostLoopback port to the config and connect to 127.0.0.1 instead"
+                ))
             }
-            _ => return None,
+            Zone::Lan => {
+                return Err(
+                    "the table has no entry for one host of the local network; add \"lan\": \"allow\" to the config to allow the whole LAN for good".into(),
+                )
+            }
+            Zone::Public => {
+                let host = host.trim_end_matches('.');
+                table.egress = Some(parse_egress(&Value::from(vec![host]))?);
+            }
         }
-        Some(table)
+        Ok(table)
     }
 
     /// As [`NetworkPolicy::within_limits`], for a table (one widened by a
@@ -507,6 +525,12 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
             .iter()
             .map(|i| {
                 let h = i.as_str().ok_or(EXPECTED)?.trim().to_ascii_lowercase();
+                // An IPv6 address, bare or in brackets, in its one
+                // canonical spelling (as connections are matched).
+                let unbracketed = h.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+                if let Ok(v6) = unbracketed.unwrap_or(&h).parse::<Ipv6Addr>() {
+                    return Ok(v6.to_string());
+                }
                 let bare = h.strip_prefix("*.").unwrap_or(&h);
                 if bare.len() > MAX_HOST_LEN {
                     let start: String = bare.chars().take(40).collect();
@@ -538,9 +562,14 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
 }
 
 /// `example.com` matches itself; `*.example.com` matches its subdomains
-/// and itself. Names compare without case and a trailing dot.
+/// and itself. Names compare without case and a trailing dot; an IPv6
+/// address by its canonical spelling (`2001:db8::1`, however written).
 pub fn host_matches(pattern: &str, host: &str) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let host = match host.parse::<Ipv6Addr>() {
+        Ok(v6) => v6.to_string(),
+        Err(_) => host,
+    };
     match pattern.strip_prefix("*.") {
         Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
         None => host == pattern,
@@ -816,14 +845,63 @@ mod tests {
         let host =
             NetworkTable::opening("API.Example.com.", 443, ip("1.2.3.4"), Zone::Public).unwrap();
         assert_eq!(host.to_json(), json!({"egress": ["api.example.com"]}));
+        // A public IPv6 address is recorded in its canonical spelling, and
+        // matches however a client writes it.
+        let v6 = NetworkTable::opening(
+            "2606:4700:0:0:0:0:0:1111",
+            443,
+            ip("2606:4700::1111"),
+            Zone::Public,
+        )
+        .unwrap();
+        assert_eq!(v6.to_json(), json!({"egress": ["2606:4700::1111"]}));
+        let p = NetworkPolicy::parse(&json!({"egress": []}))
+            .unwrap()
+            .widened_by(&v6);
+        for spelling in [
+            "2606:4700:0:0:0:0:0:1111",
+            "2606:4700:0::1111",
+            "2606:4700::1111",
+        ] {
+            assert_eq!(
+                p.decide(spelling, 443, ip(spelling), &[], &[]),
+                Verdict::Allow,
+                "{spelling}"
+            );
+        }
+        assert!(matches!(
+            p.decide("2606:4700::1112", 443, ip("2606:4700::1112"), &[], &[]),
+            Verdict::Deny { .. }
+        ));
         assert_eq!(
-            NetworkTable::opening("nas", 445, ip("10.0.0.2"), Zone::Lan),
-            None
+            NetworkTable::parse(&json!({"egress": ["[2606:4700:0::1111]"]}))
+                .unwrap()
+                .to_json(),
+            json!({"egress": ["2606:4700::1111"]})
         );
-        assert_eq!(
-            NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
-            None
-        );
+        assert!(NetworkTable::parse(&json!({"egress": ["*.2606:4700::1111"]})).is_err());
+        // What has no entry that narrow says why, and what to do instead.
+        for (host, port, addr, zone, says) in [
+            ("nas", 445, "10.0.0.2", Zone::Lan, "\"lan\": \"allow\""),
+            (
+                "h",
+                80,
+                "192.0.2.2",
+                Zone::HostLoopback,
+                "other than its loopback",
+            ),
+            (
+                "localhost",
+                PROXY_PORT,
+                "127.0.0.1",
+                Zone::HostLoopback,
+                "own proxy",
+            ),
+            ("a b", 80, "1.2.3.4", Zone::Public, "not a host name"),
+        ] {
+            let why = NetworkTable::opening(host, port, ip(addr), zone).unwrap_err();
+            assert!(why.contains(says), "{host}: {why}");
+        }
     }
 
     #[test]
