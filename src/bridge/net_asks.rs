@@ -39,8 +39,6 @@ pub(super) const MAX_PER_TURN: usize = 10;
 /// Questions waiting on one prompt, at most (each holds a connection).
 pub(super) const MAX_WAITING: usize = 16;
 
-const NO: Reply = Reply::NO;
-
 /// A destination, as the client named it, with the zone it resolved to
 /// and, outside the public zone, the address: a name allowed for one
 /// place that leads elsewhere later is asked about again.
@@ -113,7 +111,7 @@ impl NetPermissions {
                 remember: true,
             })
         } else if self.dismissed.contains(&dest) {
-            Some(NO)
+            Some(Reply::NO)
         } else {
             None
         };
@@ -130,7 +128,7 @@ impl NetPermissions {
                     port = ask.port,
                     "a connection was refused without asking: {MAX_WAITING} are already waiting on the prompt for it"
                 );
-                let _ = answer.send(NO);
+                let _ = answer.send(Reply::NO);
             }
             return None;
         }
@@ -149,7 +147,7 @@ impl NetPermissions {
                 port = ask.port,
                 "a connection was refused without asking: {full}"
             );
-            let _ = answer.send(NO);
+            let _ = answer.send(Reply::NO);
             return None;
         }
         Some(answer)
@@ -208,7 +206,7 @@ impl NetPermissions {
                 },
                 false,
             ),
-            _ => (NO, false),
+            _ => (Reply::NO, false),
         };
         match (reply.allow, reply.remember) {
             (true, _) => {
@@ -300,7 +298,7 @@ impl Bridge {
                 port = ask.port,
                 "a connection refused outside any turn: not offered"
             );
-            let _ = answer.send(NO);
+            let _ = answer.send(Reply::NO);
             return;
         };
         let bid = self.alloc_id();
@@ -503,7 +501,7 @@ mod tests {
         // A fourth destination while three are open: refused unasked.
         let (tx, mut rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 4), tx).is_none());
-        assert_eq!(rx.try_recv().unwrap(), NO);
+        assert_eq!(rx.try_recv().unwrap(), Reply::NO);
         assert!(p.answered(1, Some(prompts::ALLOW_ALWAYS)).unwrap().record);
         let never = p.answered(2, Some(prompts::REJECT_ALWAYS)).unwrap();
         assert_eq!(
@@ -514,11 +512,11 @@ mod tests {
             }
         );
         let once = p.answered(3, Some(prompts::REJECT_ONCE)).unwrap();
-        assert_eq!(once.reply, NO);
+        assert_eq!(once.reply, Reply::NO);
         // Declined this turn: not asked again until the next one.
         let (tx, mut rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 3), tx).is_none());
-        assert_eq!(rx.try_recv().unwrap(), NO);
+        assert_eq!(rx.try_recv().unwrap(), Reply::NO);
         p.new_turn();
         let (tx, _rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 3), tx).is_some());

@@ -24,7 +24,8 @@
 //!    rest), with the sandbox's own loopback left direct (`NO_PROXY`).
 //!
 //! What does not get out: programs that ignore the proxy variables (Node's
-//! built-in `fetch` before Node 24, `ssh` remotes without a ProxyCommand),
+//! built-in `fetch`, unless `NODE_USE_ENV_PROXY=1` is set, Node 24 too;
+//! `ssh` remotes without a ProxyCommand),
 //! UDP, and name lookups made inside (the proxy resolves names itself).
 
 use std::io::{IoSlice, IoSliceMut};

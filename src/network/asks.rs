@@ -159,9 +159,8 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Out of descriptors: a pause, not a spin.
-                tracing::debug!("cannot take a question about the network: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                super::pause_after_failed_accept("cannot take a question about the network", e)
+                    .await;
                 continue;
             }
         };

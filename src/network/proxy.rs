@@ -298,14 +298,12 @@ fn connection_slots() -> usize {
     (limit.min(1 << 20) as usize).saturating_sub(64).max(32) / 2
 }
 
-/// The next connection; after a failure (out of descriptors), a pause, so
-/// the loop does not spin while connections are still open.
+/// The next connection; `None` after a failure (and a pause).
 async fn accepted(listener: &TcpListener) -> Option<TcpStream> {
     match listener.accept().await {
         Ok((client, _)) => Some(client),
         Err(e) => {
-            tracing::debug!("the proxy could not accept a connection: {e}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            super::pause_after_failed_accept("the proxy could not accept a connection", e).await;
             None
         }
     }

@@ -627,8 +627,9 @@ fn lan_v4(a: Ipv4Addr) -> bool {
         || a.is_link_local()
         || a.is_broadcast()
         || a.is_multicast()
-        // 0.0.0.0/8 reaches this host on Linux; 100.64.0.0/10 is shared
-        // (carrier-grade NAT, and tailnets).
+        // 0.0.0.0/8 is "this network" (only 0.0.0.0 itself reaches this
+        // host on Linux, and is judged as the host's above); 100.64.0.0/10
+        // is shared (carrier-grade NAT, and tailnets).
         || b0 == 0
         || (b0 == 100 && (64..128).contains(&b1))
 }
