@@ -9,10 +9,14 @@
 //!   its own too, where `/etc/resolv.conf` is the test's: its name server
 //!   is on "the LAN" (10.77.0.53), so no name lookup leaves the world;
 //! - "the internet" and "the LAN": a second namespace joined to the first
-//!   by a veth pair, with a server answering on a public-looking address
-//!   (198.51.100.2 and .3, and 2001:db8::2, documentation ranges) and a
-//!   private one (10.77.0.2), and one on the name server's port 53 (TCP,
-//!   as DNS over TCP would be reached).
+//!   by a veth pair, with a server answering on every address it has:
+//!   public-looking ones beyond a router (198.51.100.2 and .3, 2001:db8::2:
+//!   the host reaches them through 10.77.0.2 and fd77::2), LAN ones on the
+//!   host's link, private (10.77.0.2) and public (192.0.2.2, and
+//!   2001:db8:1::2, a global IPv6 address as a LAN host has one: the host
+//!   has 192.0.2.1/24 and 2001:db8:1::1/64 on that link, as a machine on a
+//!   network in public address space does), and one on the name server's
+//!   port 53 (TCP, as DNS over TCP would be reached).
 //!
 //! Each namespace is made by `unshare` in a shell that first checks
 //! `/proc/self/ns/net` (and `mnt`, where it makes one) is not this
@@ -185,14 +189,18 @@ fn world() -> World {
         &format!(
             "ip link set lo up
              while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
-             ip addr add 198.51.100.2/24 dev vb
-             ip addr add 198.51.100.3/24 dev vb
              ip addr add 10.77.0.2/24 dev vb
              ip addr add {RESOLVER}/24 dev vb
+             ip addr add 192.0.2.2/24 dev vb
+             ip addr add 198.51.100.2/24 dev vb
+             ip addr add 198.51.100.3/24 dev vb
+             ip addr add fd77::2/64 dev vb nodad
+             ip addr add 2001:db8:1::2/64 dev vb nodad
              ip addr add 2001:db8::2/64 dev vb nodad
              ip link set vb up"
         ),
-        &format!("python3 {SERVICE} 0.0.0.0 8080"),
+        // Every address, both families.
+        &format!("python3 {SERVICE} :: 8080"),
     );
     // Mounts only in the mount namespace just made and checked, made
     // private first so nothing reaches this machine's.
@@ -203,10 +211,13 @@ fn world() -> World {
              mount --bind {} /etc/resolv.conf
              ip link set lo up
              ip link add va type veth peer name vb netns {}
-             ip addr add 198.51.100.1/24 dev va
              ip addr add 10.77.0.1/24 dev va
-             ip addr add 2001:db8::1/64 dev va nodad
+             ip addr add 192.0.2.1/24 dev va
+             ip addr add fd77::1/64 dev va nodad
+             ip addr add 2001:db8:1::1/64 dev va nodad
              ip link set va up
+             ip route add 198.51.100.0/24 via 10.77.0.2
+             ip -6 route add 2001:db8::/64 via fd77::2
              echo ready",
             resolv_conf.display(),
             internet.pid()
@@ -222,7 +233,6 @@ fn world() -> World {
         (&host, "0.0.0.0", ALL_ADDRESSES_PORT, None),
         (&host, "::1", V6_ONLY_PORT, None),
         (&internet, RESOLVER, 53, None),
-        (&internet, "2001:db8::2", 8080, None),
     ] {
         let mut cmd = Command::new("python3");
         cmd.args([SERVICE, addr, &port.to_string()])
@@ -257,6 +267,8 @@ probe host-own-address http://10.77.0.1:18082/
 probe host-v6-only 'http://[::1]:18083/'
 probe host-v6-only-localhost http://localhost:18083/
 probe lan http://10.77.0.2:8080/
+probe lan-public http://192.0.2.2:8080/
+probe lan-global-v6 'http://[2001:db8:1::2]:8080/'
 probe internet http://198.51.100.2:8080/
 probe internet-tunnel -p http://198.51.100.2:8080/
 probe internet-socks --socks5-hostname 127.0.0.1:3128 http://198.51.100.2:8080/
@@ -374,7 +386,13 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
     ] {
         assert_eq!(r[name], "failed", "{name}");
     }
-    for name in ["host-via-proxy", "host-own-address", "lan"] {
+    for name in [
+        "host-via-proxy",
+        "host-own-address",
+        "lan",
+        "lan-public",
+        "lan-global-v6",
+    ] {
         assert!(r[name].starts_with(REFUSED), "{name}: {}", r[name]);
     }
     assert!(
@@ -439,6 +457,8 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         "only the loopback port is opened"
     );
     assert_eq!(r["lan"], "hello from 10.77.0.2");
+    assert_eq!(r["lan-public"], "hello from 192.0.2.2");
+    assert_eq!(r["lan-global-v6"], "hello from 2001:db8:1::2");
     assert_eq!(r["internet"], "hello from 198.51.100.2");
     assert!(
         r["internet-other"].starts_with(REFUSED),

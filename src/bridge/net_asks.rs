@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::{prompts, AtEditor, Bridge};
 use crate::network::asks::{Ask, Question, Reply};
-use crate::policy::network::NetworkTable;
+use crate::policy::network::{authority, NetworkTable};
 use crate::relay::envelope::request;
 use crate::relay::Frame;
 
@@ -304,13 +304,11 @@ impl Bridge {
         let bid = self.alloc_id();
         self.announcements += 1;
         // The address as well as the name: the name is the agent's to choose.
+        let dest = authority(&ask.host, ask.port);
         let title = if ask.host == ask.addr.to_string() || ask.addr.is_unspecified() {
-            format!("Allow the agent to connect to {}:{}?", ask.host, ask.port)
+            format!("Allow the agent to connect to {dest}?")
         } else {
-            format!(
-                "Allow the agent to connect to {}:{} ({})?",
-                ask.host, ask.port, ask.addr
-            )
+            format!("Allow the agent to connect to {dest} ({})?", ask.addr)
         };
         let text = format!(
             "The sandbox refused a connection to {}{}: {}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json.",
@@ -385,7 +383,7 @@ impl Bridge {
             return;
         }
         let ask = &prompt.ask;
-        let what = format!("{}:{}", ask.host, ask.port);
+        let what = authority(&ask.host, ask.port);
         let table = NetworkTable::opening(&ask.host, ask.port, ask.addr, ask.zone);
         let root = self
             .sessions

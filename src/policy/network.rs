@@ -8,7 +8,10 @@
 //!   every address of this machine's own interfaces (a service bound to
 //!   0.0.0.0 answers on all of them): the user's Jupyter, code-server,
 //!   databases, Docker on TCP;
-//! - **LAN**: private, shared, link-local and unique-local ranges;
+//! - **LAN**: private, shared, link-local and unique-local ranges, and
+//!   the subnets of this machine's own links whatever their range (a
+//!   network in public address space; the global IPv6 addresses of the
+//!   hosts beside this one, which a LAN host's name resolves to as well);
 //! - **public**: everything else.
 //!
 //! Defaults: host loopback and LAN denied, public egress allowed, and the
@@ -109,6 +112,32 @@ impl Zone {
     }
 }
 
+/// An address of one of this machine's interfaces, with the length of its
+/// subnet's prefix: the hosts on that link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnAddress {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl OwnAddress {
+    /// Whether `addr` (canonical) is in this address's subnet. A prefix
+    /// of 0 (the whole address space) counts as none.
+    fn on_link(&self, addr: IpAddr) -> bool {
+        match (canonical(self.addr), addr) {
+            (IpAddr::V4(own), IpAddr::V4(a)) if (1..=32).contains(&self.prefix) => {
+                let mask = u32::MAX << (32 - self.prefix);
+                u32::from(own) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(own), IpAddr::V6(a)) if (1..=128).contains(&self.prefix) => {
+                let mask = u128::MAX << (128 - self.prefix);
+                u128::from(own) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A destination judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -160,13 +189,13 @@ impl NetworkPolicy {
 
     /// Judges a connection to `addr`, asked for as `host` (a name, or the
     /// address itself), port `port`. `own`: this machine's interface
-    /// addresses; `resolvers`: the name servers it uses.
+    /// addresses and their subnets; `resolvers`: the name servers it uses.
     pub fn decide(
         &self,
         host: &str,
         port: u16,
         addr: IpAddr,
-        own: &[IpAddr],
+        own: &[OwnAddress],
         resolvers: &[IpAddr],
     ) -> Verdict {
         let zone = zone(addr, own);
@@ -194,18 +223,19 @@ impl NetworkPolicy {
             return Verdict::Allow;
         }
         let resolver = port == 53 && resolvers.contains(&canonical(addr));
+        let dest = authority(host, port);
         let why = match zone {
             _ if resolver => format!(
-                "{host}:{port} is a name server of this machine, which is not reachable with an egress list (it would look up any name, those outside the list too); the proxy resolves the listed hosts itself: connect to them by name through it"
+                "{dest} is a name server of this machine, which is not reachable with an egress list (it would look up any name, those outside the list too); the proxy resolves the listed hosts itself: connect to them by name through it"
             ),
             Zone::HostLoopback if !is_loopback(addr) => format!(
-                "{host}:{port} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
+                "{dest} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
             ),
             Zone::HostLoopback => format!(
-                "{host}:{port} is on this machine ({addr}); to let the agent reach it, add \"network\": {{\"hostLoopback\": [{port}]}} to the user config"
+                "{dest} is on this machine ({addr}); to let the agent reach it, add \"network\": {{\"hostLoopback\": [{port}]}} to the user config"
             ),
             Zone::Lan => format!(
-                "{host}:{port} ({addr}) is on the local network; to let the agent reach it, add \"network\": {{\"lan\": \"allow\"}} to the user config"
+                "{dest} ({addr}) is on the local network; to let the agent reach it, add \"network\": {{\"lan\": \"allow\"}} to the user config"
             ),
             Zone::Public => format!(
                 "{host} is not in the egress list; to let the agent reach it, add \"{host}\" to \"network\": {{\"egress\": [...]}} in the user config"
@@ -561,6 +591,15 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
     }
 }
 
+/// `host:port` as a user writes it (`[2001:db8::1]:443` for IPv6).
+pub fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// `example.com` matches itself; `*.example.com` matches its subdomains
 /// and itself. Names compare without case and a trailing dot; an IPv6
 /// address by its canonical spelling (`2001:db8::1`, however written).
@@ -604,16 +643,17 @@ fn is_loopback(addr: IpAddr) -> bool {
     canonical(addr).is_loopback()
 }
 
-/// The zone of `addr`, given this machine's own addresses.
-pub fn zone(addr: IpAddr, own: &[IpAddr]) -> Zone {
+/// The zone of `addr`, given this machine's own addresses and subnets.
+pub fn zone(addr: IpAddr, own: &[OwnAddress]) -> Zone {
     let addr = canonical(addr);
-    if addr.is_loopback() || addr.is_unspecified() || own.iter().any(|o| canonical(*o) == addr) {
+    if addr.is_loopback() || addr.is_unspecified() || own.iter().any(|o| canonical(o.addr) == addr)
+    {
         return Zone::HostLoopback;
     }
     let lan = match addr {
         IpAddr::V4(v4) => lan_v4(v4),
         IpAddr::V6(v6) => lan_v6(v6),
-    };
+    } || own.iter().any(|o| o.on_link(addr));
     if lan {
         Zone::Lan
     } else {
@@ -659,9 +699,18 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// An interface address written `address/prefix`.
+    fn own(s: &str) -> OwnAddress {
+        let (addr, prefix) = s.split_once('/').unwrap();
+        OwnAddress {
+            addr: ip(addr),
+            prefix: prefix.parse().unwrap(),
+        }
+    }
+
     #[test]
     fn zones_follow_the_address() {
-        let own = [ip("192.0.2.2"), ip("2001:db8::2")];
+        let own = [own("192.0.2.2/32"), own("2001:db8::2/128")];
         for a in [
             "127.0.0.1",
             "127.8.9.1",
@@ -708,6 +757,39 @@ mod tests {
     }
 
     #[test]
+    fn the_subnets_of_this_machines_links_are_the_lan_whatever_their_range() {
+        let own = [
+            own("127.0.0.1/8"),
+            own("192.0.2.2/24"),
+            own("2001:db8:1::2/64"),
+            own("203.0.113.7/32"),
+            own("198.18.0.1/0"),
+        ];
+        for a in [
+            "192.0.2.1",
+            "192.0.2.254",
+            "2001:db8:1::99",
+            "2001:db8:1:0:aaaa::1",
+            "::ffff:192.0.2.9",
+        ] {
+            assert_eq!(zone(ip(a), &own), Zone::Lan, "{a}");
+        }
+        for a in ["192.0.3.1", "2001:db8:2::1", "203.0.113.8", "1.1.1.1"] {
+            assert_eq!(zone(ip(a), &own), Zone::Public, "{a}");
+        }
+        assert_eq!(zone(ip("192.0.2.2"), &own), Zone::HostLoopback);
+        // A LAN host's global IPv6 address is refused with the LAN.
+        let p = NetworkPolicy::default();
+        assert!(matches!(
+            p.decide("nas.lan", 445, ip("2001:db8:1::5"), &own, &[]),
+            Verdict::Deny {
+                zone: Zone::Lan,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn the_default_closes_the_host_and_the_lan_and_keeps_the_internet() {
         let p = NetworkPolicy::default();
         let resolvers = [ip("10.0.0.53")];
@@ -747,7 +829,7 @@ mod tests {
         // A listed port on the host's other addresses stays closed: only
         // loopback is mirrored.
         assert!(matches!(
-            p.decide("h", 11434, ip("192.0.2.2"), &[ip("192.0.2.2")], &[]),
+            p.decide("h", 11434, ip("192.0.2.2"), &[own("192.0.2.2/32")], &[]),
             Verdict::Deny { .. }
         ));
         assert!(matches!(
