@@ -1,20 +1,28 @@
 //! The sandbox's network against the real kernel, in a world of network
 //! namespaces the test makes (nothing here touches this machine's own
-//! network, and no packet leaves it):
+//! network or mounts, and no packet leaves it):
 //!
 //! - "the host": a network namespace standing in for the user's machine,
 //!   where `zcode-acp run` starts; on its 127.0.0.1 a service of the
 //!   test's own that records every request it gets (a dev server, a
-//!   notebook), and one on all its addresses;
+//!   notebook), and one on all its addresses. It has a mount namespace of
+//!   its own too, where `/etc/resolv.conf` is the test's: its name server
+//!   is on "the LAN" (10.77.0.53), so no name lookup leaves the world;
 //! - "the internet" and "the LAN": a second namespace joined to the first
-//!   by a veth pair, with a server answering on a public-looking address
-//!   (198.51.100.2 and .3, a documentation range) and a private one
-//!   (10.77.0.2).
+//!   by a veth pair, with a server answering on every address it has:
+//!   public-looking ones beyond a router (198.51.100.2 and .3, 2001:db8::2:
+//!   the host reaches them through 10.77.0.2 and fd77::2), LAN ones on the
+//!   host's link, private (10.77.0.2) and public (192.0.2.2, and
+//!   2001:db8:1::2, a global IPv6 address as a LAN host has one: the host
+//!   has 192.0.2.1/24 and 2001:db8:1::1/64 on that link, as a machine on a
+//!   network in public address space does), and one on the name server's
+//!   port 53 (TCP, as DNS over TCP would be reached).
 //!
-//! Each namespace is made by `unshare --net` in a shell that first checks
-//! `/proc/self/ns/net` is not this process's; processes enter "the host"
-//! with `setns` and check the same before running. Root only (making the
-//! world needs it); the sandboxed runs are root's and a test user's.
+//! Each namespace is made by `unshare` in a shell that first checks
+//! `/proc/self/ns/net` (and `mnt`, where it makes one) is not this
+//! process's; processes enter "the host" with `setns` and check the same
+//! before running. Root only (making the world needs it); the sandboxed
+//! runs are root's and a test user's.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -30,12 +38,14 @@ use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
 
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
 /// The host's services: one on its loopback (recording), one on every
-/// address.
+/// address, one on its IPv6 loopback only (as Node's `localhost` and
+/// Vite's default bind).
 const LOOPBACK_PORT: u16 = 18081;
 const ALL_ADDRESSES_PORT: u16 = 18082;
+const V6_ONLY_PORT: u16 = 18083;
 
-fn net_ns_of(pid: &str) -> u64 {
-    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+fn ns_of(pid: &str, kind: &str) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
         .unwrap()
         .ino()
 }
@@ -48,14 +58,23 @@ struct Netns {
 }
 
 impl Netns {
-    /// `unshare --net`, the check, `setup`, then `exec last` (which must
-    /// print "ready" once it serves).
-    fn spawn(setup: &str, last: &str) -> Netns {
-        let check = r#"[ "$(stat -Lc %i /proc/self/ns/net)" != "$ZC_OUTER_NET" ] || { echo "the network namespace did not change: refusing to configure it" >&2; exit 99; }"#;
+    /// `unshare --net` (and `--mount`, if `mount`), the checks, `setup`,
+    /// then `exec last` (which must print "ready" once it serves).
+    fn spawn(mount: bool, setup: &str, last: &str) -> Netns {
+        let check = r#"[ "$(stat -Lc %i /proc/self/ns/net)" != "$ZC_OUTER_NET" ] || { echo "the network namespace did not change: refusing to configure it" >&2; exit 99; }
+[ "$ZC_OUTER_MNT" = none ] || [ "$(stat -Lc %i /proc/self/ns/mnt)" != "$ZC_OUTER_MNT" ] || { echo "the mount namespace did not change: refusing to mount" >&2; exit 99; }"#;
+        let outer_mnt = if mount {
+            ns_of("self", "mnt").to_string()
+        } else {
+            "none".to_owned()
+        };
         let mut holder = Command::new("unshare")
-            .args(["--net", "--", "sh", "-euc"])
+            .arg("--net")
+            .args(mount.then_some("--mount"))
+            .args(["--", "sh", "-euc"])
             .arg(format!("{check}\n{setup}\nexec {last}"))
-            .env("ZC_OUTER_NET", net_ns_of("self").to_string())
+            .env("ZC_OUTER_NET", ns_of("self", "net").to_string())
+            .env("ZC_OUTER_MNT", outer_mnt)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -77,18 +96,47 @@ impl Netns {
         );
     }
 
-    /// `cmd` runs in this namespace (as `ids`, if given, after entering it).
-    fn enter(&self, cmd: &mut Command, ids: Option<(u32, u32)>) -> std::fs::File {
-        let ns = std::fs::File::open(format!("/proc/{}/ns/net", self.pid())).unwrap();
-        let (fd, want) = (ns.as_raw_fd(), ns.metadata().unwrap().ino());
+    /// `cmd` runs in this namespace, and in its mount namespace if it made
+    /// one (as `ids`, if given, after entering them).
+    fn enter(&self, cmd: &mut Command, ids: Option<(u32, u32)>) -> Vec<std::fs::File> {
+        let open = |kind: &str| {
+            let ns = std::fs::File::open(format!("/proc/{}/ns/{kind}", self.pid())).unwrap();
+            let ino = ns.metadata().unwrap().ino();
+            (ns, ino)
+        };
+        let (net, want_net) = open("net");
+        let (mnt, want_mnt) = open("mnt");
+        let own_mnt = want_mnt != ns_of("self", "mnt");
+        let (net_fd, mnt_fd) = (net.as_raw_fd(), mnt.as_raw_fd());
+        // Entering a mount namespace moves to its root: the command's own
+        // directory is entered again after it.
+        let cwd = cmd.get_current_dir().map(|d| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(d.as_os_str())).unwrap()
+        });
         // SAFETY: runs in the forked child before exec; system calls only.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                let is = |path: &std::ffi::CStr, want: u64| {
+                    let mut st: libc::stat = std::mem::zeroed();
+                    libc::stat(path.as_ptr(), &mut st) == 0 && st.st_ino == want
+                };
+                if own_mnt {
+                    if libc::setns(mnt_fd, libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if !is(c"/proc/self/ns/mnt", want_mnt) {
+                        return Err(std::io::Error::other("not in the test's mount namespace"));
+                    }
+                    if let Some(cwd) = &cwd {
+                        if libc::chdir(cwd.as_ptr()) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                }
+                if libc::setns(net_fd, libc::CLONE_NEWNET) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                let mut st: libc::stat = std::mem::zeroed();
-                if libc::stat(c"/proc/self/ns/net".as_ptr(), &mut st) != 0 || st.st_ino != want {
+                if !is(c"/proc/self/ns/net", want_net) {
                     return Err(std::io::Error::other("not in the test's network namespace"));
                 }
                 if let Some((uid, gid)) = ids {
@@ -103,7 +151,7 @@ impl Netns {
             });
         }
         // Kept open by the caller until the command is spawned.
-        ns
+        vec![net, mnt]
     }
 }
 
@@ -125,43 +173,73 @@ struct World {
     _dir: tempfile::TempDir,
 }
 
+/// The name server of the test's host, on its LAN.
+const RESOLVER: &str = "10.77.0.53";
+
 fn world() -> World {
+    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
+    let resolv_conf = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv_conf,
+        format!("nameserver {RESOLVER}\noptions timeout:1 attempts:1\n"),
+    )
+    .unwrap();
     let mut internet = Netns::spawn(
-        "ip link set lo up
-         while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
-         ip addr add 198.51.100.2/24 dev vb
-         ip addr add 198.51.100.3/24 dev vb
-         ip addr add 10.77.0.2/24 dev vb
-         ip link set vb up",
-        &format!("python3 {SERVICE} 0.0.0.0 8080"),
-    );
-    let mut host = Netns::spawn(
+        false,
         &format!(
             "ip link set lo up
+             while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
+             ip addr add 10.77.0.2/24 dev vb
+             ip addr add {RESOLVER}/24 dev vb
+             ip addr add 192.0.2.2/24 dev vb
+             ip addr add 198.51.100.2/24 dev vb
+             ip addr add 198.51.100.3/24 dev vb
+             ip addr add fd77::2/64 dev vb nodad
+             ip addr add 2001:db8:1::2/64 dev vb nodad
+             ip addr add 2001:db8::2/64 dev vb nodad
+             ip link set vb up"
+        ),
+        // Every address, both families.
+        &format!("python3 {SERVICE} :: 8080"),
+    );
+    // Mounts only in the mount namespace just made and checked, made
+    // private first so nothing reaches this machine's.
+    let mut host = Netns::spawn(
+        true,
+        &format!(
+            "mount --make-rprivate /
+             mount --bind {} /etc/resolv.conf
+             ip link set lo up
              ip link add va type veth peer name vb netns {}
-             ip addr add 198.51.100.1/24 dev va
              ip addr add 10.77.0.1/24 dev va
+             ip addr add 192.0.2.1/24 dev va
+             ip addr add fd77::1/64 dev va nodad
+             ip addr add 2001:db8:1::1/64 dev va nodad
              ip link set va up
+             ip route add 198.51.100.0/24 via 10.77.0.2
+             ip -6 route add 2001:db8::/64 via fd77::2
              echo ready",
+            resolv_conf.display(),
             internet.pid()
         ),
         "sleep 100000",
     );
     host.wait_ready();
     internet.wait_ready();
-    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
     let record = dir.path().join("record");
     let mut services = Vec::new();
-    for (addr, port, record) in [
-        ("127.0.0.1", LOOPBACK_PORT, Some(&record)),
-        ("0.0.0.0", ALL_ADDRESSES_PORT, None),
+    for (ns, addr, port, record) in [
+        (&host, "127.0.0.1", LOOPBACK_PORT, Some(&record)),
+        (&host, "0.0.0.0", ALL_ADDRESSES_PORT, None),
+        (&host, "::1", V6_ONLY_PORT, None),
+        (&internet, RESOLVER, 53, None),
     ] {
         let mut cmd = Command::new("python3");
         cmd.args([SERVICE, addr, &port.to_string()])
             .args(record)
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
-        let _ns = host.enter(&mut cmd, None);
+        let _ns = ns.enter(&mut cmd, None);
         let mut child = cmd.spawn().unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
         let mut service = Netns { holder: child, out };
@@ -186,12 +264,19 @@ probe host-localhost http://localhost:18081/localhost
 probe host-via-proxy --noproxy '' http://127.0.0.1:18081/via-proxy
 probe host-via-socks --noproxy '' --socks5-hostname 127.0.0.1:3128 http://127.0.0.1:18081/via-socks
 probe host-own-address http://10.77.0.1:18082/
+probe host-v6-only 'http://[::1]:18083/'
+probe host-v6-only-localhost http://localhost:18083/
 probe lan http://10.77.0.2:8080/
+probe lan-public http://192.0.2.2:8080/
+probe lan-global-v6 'http://[2001:db8:1::2]:8080/'
 probe internet http://198.51.100.2:8080/
 probe internet-tunnel -p http://198.51.100.2:8080/
 probe internet-socks --socks5-hostname 127.0.0.1:3128 http://198.51.100.2:8080/
 probe internet-other http://198.51.100.3:8080/
+probe internet-v6 'http://[2001:db8::2]:8080/'
 probe internet-direct --noproxy '*' http://198.51.100.2:8080/
+probe resolver http://10.77.0.53:53/
+probe unlisted-on-53 http://unlisted.example:53/
 python3 "$HOME/net_service.py" 127.0.0.1 18500 >/dev/null 2>&1 &
 server=$!
 for _ in $(seq 100); do curl -s -m 1 http://127.0.0.1:18500/ >/dev/null && break; sleep 0.05; done
@@ -292,10 +377,22 @@ const REFUSED: &str = "zcode-acp: the sandbox's network policy refuses this conn
 
 fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World) {
     // The host's services: not reachable, directly or through the proxy.
-    for name in ["host-direct", "host-localhost", "host-via-socks"] {
+    for name in [
+        "host-direct",
+        "host-localhost",
+        "host-via-socks",
+        "host-v6-only",
+        "host-v6-only-localhost",
+    ] {
         assert_eq!(r[name], "failed", "{name}");
     }
-    for name in ["host-via-proxy", "host-own-address", "lan"] {
+    for name in [
+        "host-via-proxy",
+        "host-own-address",
+        "lan",
+        "lan-public",
+        "lan-global-v6",
+    ] {
         assert!(r[name].starts_with(REFUSED), "{name}: {}", r[name]);
     }
     assert!(
@@ -316,7 +413,10 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
             r[name]
         );
     }
+    assert_eq!(r["internet-v6"], "hello from 2001:db8::2");
     assert_eq!(r["internet-direct"], "failed", "a way out around the proxy");
+    // The name server, on its port, though it is on the LAN.
+    assert_eq!(r["resolver"], "hello from 10.77.0.53");
     // Servers the sandboxed process starts work on its own loopback.
     assert_eq!(r["own-server"], "hello from 127.0.0.1");
 }
@@ -332,7 +432,7 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         &world,
         user,
         Some(
-            r#"{"network": {"hostLoopback": [18081], "lan": "allow", "egress": ["198.51.100.2"]}}"#,
+            r#"{"network": {"hostLoopback": [18081, 18083], "lan": "allow", "egress": ["198.51.100.2"]}}"#,
         ),
     );
     for name in [
@@ -347,11 +447,18 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         recorded(&world),
         "/direct\n/localhost\n/via-proxy\n/via-socks\n"
     );
+    // A service on the host's ::1 alone, through the mirrors of both
+    // loopbacks.
+    for name in ["host-v6-only", "host-v6-only-localhost"] {
+        assert_eq!(r[name], "hello from ::1", "{name}");
+    }
     assert!(
         r["host-own-address"].starts_with(REFUSED),
         "only the loopback port is opened"
     );
     assert_eq!(r["lan"], "hello from 10.77.0.2");
+    assert_eq!(r["lan-public"], "hello from 192.0.2.2");
+    assert_eq!(r["lan-global-v6"], "hello from 2001:db8:1::2");
     assert_eq!(r["internet"], "hello from 198.51.100.2");
     assert!(
         r["internet-other"].starts_with(REFUSED),
@@ -359,7 +466,34 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         r["internet-other"]
     );
     assert!(r["internet-other"].contains("egress"));
+    assert!(
+        r["internet-v6"].starts_with(REFUSED) && r["internet-v6"].contains("\"2001:db8::2\""),
+        "says how to allow it: {}",
+        r["internet-v6"]
+    );
     assert_eq!(r["own-server"], "hello from 127.0.0.1");
+
+    // An egress list: the name server is out of reach (it would look up
+    // any name, and carry it out), and a name outside the list is not
+    // resolved on its port either.
+    let r = probe(
+        &world,
+        user,
+        Some(r#"{"network": {"egress": ["198.51.100.2", "[2001:0db8:0::2]"]}}"#),
+    );
+    assert_eq!(r["internet"], "hello from 198.51.100.2");
+    // An IPv6 address in the list, however it is spelled there.
+    assert_eq!(r["internet-v6"], "hello from 2001:db8::2");
+    assert!(
+        r["resolver"].starts_with(REFUSED) && r["resolver"].contains("name server"),
+        "{}",
+        r["resolver"]
+    );
+    assert!(
+        r["unlisted-on-53"].starts_with(REFUSED),
+        "{}",
+        r["unlisted-on-53"]
+    );
 
     // The whole host loopback allowed: the host's network, as it is.
     let r = probe(
@@ -430,7 +564,9 @@ fn a_question_from_anyone_but_the_proxy_is_not_taken() {
             let (name, question) = (name.clone(), question.clone());
             tokio::spawn(async move { asks::ask(&name, &question).await })
         };
-        let (taken, answer) = rx.recv().await.unwrap();
+        let asks::Question::Asked(taken, answer) = rx.recv().await.unwrap() else {
+            panic!("a question was expected");
+        };
         assert_eq!(taken, question);
         let yes = Reply {
             allow: true,
@@ -438,6 +574,22 @@ fn a_question_from_anyone_but_the_proxy_is_not_taken() {
         };
         answer.send(yes).unwrap();
         assert_eq!(asking.await.unwrap(), yes);
+
+        // An asker that stops waiting (the proxy gives up after a while):
+        // its answer's way is closed, and the bridge is told, to withdraw
+        // the prompt nobody waits on.
+        let asking = {
+            let (name, question) = (name.clone(), question.clone());
+            tokio::spawn(async move { asks::ask(&name, &question).await })
+        };
+        let asks::Question::Asked(_, answer) = rx.recv().await.unwrap() else {
+            panic!("a question was expected");
+        };
+        asking.abort();
+        // (Bounded only so a missing notice fails rather than hangs.)
+        let told = tokio::time::timeout(std::time::Duration::from_secs(60), rx.recv()).await;
+        assert!(matches!(told, Ok(Some(asks::Question::GaveUp))), "{told:?}");
+        assert!(answer.is_closed());
 
         let line = serde_json::to_string(&question).unwrap();
         let forge = r#"
@@ -509,4 +661,41 @@ except OSError as e:
             assert!(rx.try_recv().is_err(), "{who}: a forged question was taken");
         }
     });
+}
+
+/// A table at its limits (a hundred host loopback ports, a thousand hosts
+/// of the longest name each) arms, and reaches the proxy whole: the last
+/// port and the last host listed are the ones reached.
+#[test]
+fn a_table_at_its_limits_arms() {
+    if !can_make_the_world() {
+        return;
+    }
+    let world = world();
+    let name = |i: usize| {
+        // 253 characters, in labels of at most 63.
+        let label = |c: char| c.to_string().repeat(62);
+        let name = format!(
+            "h{i:03}.{}.{}.{}.{}",
+            label('a'),
+            label('b'),
+            label('c'),
+            label('d')
+        );
+        name[..253].to_owned()
+    };
+    let mut hosts: Vec<String> = (0..999).map(name).collect();
+    assert!(hosts.iter().all(|h| h.len() == 253));
+    hosts.push("198.51.100.2".into());
+    let mut ports: Vec<u16> = (40001..40100).collect();
+    ports.push(LOOPBACK_PORT);
+    let config = serde_json::json!({"network": {"hostLoopback": ports, "egress": hosts}});
+    let r = probe(&world, None, Some(&config.to_string()));
+    assert_eq!(r["host-direct"], "hello from 127.0.0.1");
+    assert_eq!(r["internet"], "hello from 198.51.100.2");
+    assert!(
+        r["internet-other"].starts_with(REFUSED),
+        "{}",
+        r["internet-other"]
+    );
 }

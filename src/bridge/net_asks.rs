@@ -15,7 +15,10 @@
 //! One prompt per destination is open at a time (later questions wait on
 //! it), and at most a few at once, as for refused writes: an agent trying
 //! many hosts must not bury the editor in prompts. A question outside any
-//! turn is refused without asking.
+//! turn is refused without asking. A prompt whose askers all gave up (the
+//! proxy waits two minutes at most) is withdrawn from the editor
+//! (`$/cancel_request`), so it neither lingers nor counts against the
+//! few.
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::{prompts, AtEditor, Bridge};
 use crate::network::asks::{Ask, Question, Reply};
-use crate::policy::network::NetworkTable;
+use crate::policy::network::{authority, NetworkTable};
 use crate::relay::envelope::request;
 use crate::relay::Frame;
 
@@ -35,11 +38,6 @@ pub(super) const MAX_OPEN: usize = 3;
 pub(super) const MAX_PER_TURN: usize = 10;
 /// Questions waiting on one prompt, at most (each holds a connection).
 pub(super) const MAX_WAITING: usize = 16;
-
-const NO: Reply = Reply {
-    allow: false,
-    remember: false,
-};
 
 /// A destination, as the client named it, with the zone it resolved to
 /// and, outside the public zone, the address: a name allowed for one
@@ -113,7 +111,7 @@ impl NetPermissions {
                 remember: true,
             })
         } else if self.dismissed.contains(&dest) {
-            Some(NO)
+            Some(Reply::NO)
         } else {
             None
         };
@@ -125,20 +123,54 @@ impl NetPermissions {
             if p.waiting.len() < MAX_WAITING {
                 p.waiting.push(answer);
             } else {
-                let _ = answer.send(NO);
+                info!(
+                    host = ask.host,
+                    port = ask.port,
+                    "a connection was refused without asking: {MAX_WAITING} are already waiting on the prompt for it"
+                );
+                let _ = answer.send(Reply::NO);
             }
             return None;
         }
-        if self.open.len() >= MAX_OPEN || self.this_turn >= MAX_PER_TURN {
-            debug!(
+        let full = if self.open.len() >= MAX_OPEN {
+            Some(format!("{MAX_OPEN} network prompts are open"))
+        } else if self.this_turn >= MAX_PER_TURN {
+            Some(format!(
+                "{MAX_PER_TURN} network prompts were asked this turn"
+            ))
+        } else {
+            None
+        };
+        if let Some(full) = full {
+            info!(
                 host = ask.host,
                 port = ask.port,
-                "enough network prompts are open or were asked this turn: refused without asking"
+                "a connection was refused without asking: {full}"
             );
-            let _ = answer.send(NO);
+            let _ = answer.send(Reply::NO);
             return None;
         }
         Some(answer)
+    }
+
+    /// Closes the prompts nobody waits on any more (every asker gave up):
+    /// their ids, for the bridge to withdraw at the editor. An answer to
+    /// one of them later finds nothing and is dropped.
+    pub fn prune(&mut self) -> Vec<u64> {
+        let mut gone = Vec::new();
+        for (bid, prompt) in &mut self.open {
+            prompt.waiting.retain(|w| !w.is_closed());
+            if prompt.waiting.is_empty() {
+                gone.push(*bid);
+            }
+        }
+        for bid in &gone {
+            if let Some(prompt) = self.open.remove(bid) {
+                self.by_dest.remove(&Dest::of(&prompt.ask));
+            }
+        }
+        gone.sort_unstable();
+        gone
     }
 
     pub fn opened(&mut self, bid: u64, prompt: NetPrompt) {
@@ -174,7 +206,7 @@ impl NetPermissions {
                 },
                 false,
             ),
-            _ => (NO, false),
+            _ => (Reply::NO, false),
         };
         match (reply.allow, reply.remember) {
             (true, _) => {
@@ -247,9 +279,16 @@ impl NetAsks {
 }
 
 impl Bridge {
-    /// A connection the table refused, from the running generation's
-    /// proxy: answered from what the user said, or put to them.
-    pub(super) fn on_network_ask(&mut self, (ask, answer): Question) {
+    /// From the running generation's proxy: a connection the table
+    /// refused (answered from what the user said, or put to them), or an
+    /// asker that gave up.
+    pub(super) fn on_network_ask(&mut self, question: Question) {
+        // Prompts nobody waits on are withdrawn first: they would count
+        // against the few open at once.
+        self.withdraw_abandoned_prompts();
+        let Question::Asked(ask, answer) = question else {
+            return;
+        };
         let Some(answer) = self.net_permissions.consider(&ask, answer) else {
             return;
         };
@@ -259,19 +298,17 @@ impl Bridge {
                 port = ask.port,
                 "a connection refused outside any turn: not offered"
             );
-            let _ = answer.send(NO);
+            let _ = answer.send(Reply::NO);
             return;
         };
         let bid = self.alloc_id();
         self.announcements += 1;
         // The address as well as the name: the name is the agent's to choose.
+        let dest = authority(&ask.host, ask.port);
         let title = if ask.host == ask.addr.to_string() || ask.addr.is_unspecified() {
-            format!("Allow the agent to connect to {}:{}?", ask.host, ask.port)
+            format!("Allow the agent to connect to {dest}?")
         } else {
-            format!(
-                "Allow the agent to connect to {}:{} ({})?",
-                ask.host, ask.port, ask.addr
-            )
+            format!("Allow the agent to connect to {dest} ({})?", ask.addr)
         };
         let text = format!(
             "The sandbox refused a connection to {}{}: {}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json.",
@@ -307,6 +344,21 @@ impl Bridge {
         self.to_editor(request(bid, "session/request_permission", &params));
     }
 
+    /// Withdraws from the editor the network prompts whose askers all
+    /// gave up.
+    fn withdraw_abandoned_prompts(&mut self) {
+        for bid in self.net_permissions.prune() {
+            info!(
+                request = bid,
+                "a network prompt is withdrawn: the connection it asked about is no longer waiting"
+            );
+            self.to_editor(crate::relay::envelope::notification(
+                "$/cancel_request",
+                &serde_json::json!({ "requestId": bid }).to_string(),
+            ));
+        }
+    }
+
     /// The user answered a network prompt.
     pub(super) fn on_net_prompt_answer(&mut self, bid: u64, frame: &Frame) {
         let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
@@ -331,23 +383,18 @@ impl Bridge {
             return;
         }
         let ask = &prompt.ask;
-        let what = format!("{}:{}", ask.host, ask.port);
+        let what = authority(&ask.host, ask.port);
         let table = NetworkTable::opening(&ask.host, ask.port, ask.addr, ask.zone);
         let root = self
             .sessions
             .get(&prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
         match (table, root) {
-            (Some(table), Some(root)) => {
+            (Ok(table), Some(root)) => {
                 self.disk
                     .record_network(&self.cfg.managed, root, table, prompt.session, what)
             }
-            (None, _) => self.after_network_record(
-                &prompt.session,
-                &what,
-                false,
-                Err("the network table has no entry that narrow (one host of the LAN, or an address of this machine other than its loopback); add \"lan\": \"allow\" or a hostLoopback port to the config to allow it for good".into()),
-            ),
+            (Err(why), _) => self.after_network_record(&prompt.session, &what, false, Err(why)),
             (_, None) => self.after_network_record(
                 &prompt.session,
                 &what,
@@ -452,7 +499,7 @@ mod tests {
         // A fourth destination while three are open: refused unasked.
         let (tx, mut rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 4), tx).is_none());
-        assert_eq!(rx.try_recv().unwrap(), NO);
+        assert_eq!(rx.try_recv().unwrap(), Reply::NO);
         assert!(p.answered(1, Some(prompts::ALLOW_ALWAYS)).unwrap().record);
         let never = p.answered(2, Some(prompts::REJECT_ALWAYS)).unwrap();
         assert_eq!(
@@ -463,11 +510,11 @@ mod tests {
             }
         );
         let once = p.answered(3, Some(prompts::REJECT_ONCE)).unwrap();
-        assert_eq!(once.reply, NO);
+        assert_eq!(once.reply, Reply::NO);
         // Declined this turn: not asked again until the next one.
         let (tx, mut rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 3), tx).is_none());
-        assert_eq!(rx.try_recv().unwrap(), NO);
+        assert_eq!(rx.try_recv().unwrap(), Reply::NO);
         p.new_turn();
         let (tx, _rx) = oneshot::channel();
         assert!(p.consider(&ask("h", 3), tx).is_some());
@@ -485,5 +532,37 @@ mod tests {
         let t = p.consider(&ask("h", 9), tx).unwrap();
         p.opened(9, prompt(ask("h", 9), vec![t]));
         assert!(!p.answered(9, None).unwrap().reply.allow);
+    }
+
+    #[test]
+    fn prompts_nobody_waits_on_are_closed_and_make_room() {
+        let mut p = NetPermissions::default();
+        let mut askers = Vec::new();
+        for (bid, port) in [(1, 1), (2, 2), (3, 3)] {
+            let (tx, rx) = oneshot::channel();
+            let t = p.consider(&ask("h", port), tx).unwrap();
+            p.opened(bid, prompt(ask("h", port), vec![t]));
+            askers.push(rx);
+        }
+        // A second question on prompt 2, which stays while it waits.
+        let (tx, second) = oneshot::channel();
+        assert!(p.consider(&ask("h", 2), tx).is_none());
+        assert_eq!(p.prune(), Vec::<u64>::new(), "everyone still waits");
+        // Every asker gives up (the proxy stopped waiting).
+        drop(askers);
+        assert_eq!(p.prune(), vec![1, 3]);
+        // Three were open: a new destination is asked about again.
+        let (tx, _rx) = oneshot::channel();
+        let t = p.consider(&ask("h", 4), tx).expect("room for a prompt");
+        p.opened(4, prompt(ask("h", 4), vec![t]));
+        // A withdrawn prompt's late answer does nothing; a question for
+        // its destination opens a prompt of its own.
+        assert!(p.answered(1, Some(prompts::ALLOW_ONCE)).is_none());
+        let (tx, _rx) = oneshot::channel();
+        assert!(p.consider(&ask("h", 1), tx).is_some());
+        // Prompt 2 stayed while its second asker waited; it goes with it.
+        drop(second);
+        assert_eq!(p.prune(), vec![2]);
+        assert!(p.answered(2, Some(prompts::ALLOW_ONCE)).is_none());
     }
 }

@@ -492,12 +492,7 @@ pub fn widen_network(
         return Err(WriteError::UnapprovedNetwork);
     }
     let table = current.unwrap_or_default().widened(grant);
-    if table.ports().len() > crate::policy::network::MAX_PORTS {
-        return Err(WriteError::Malformed(format!(
-            "`network.hostLoopback` would list more than {} ports",
-            crate::policy::network::MAX_PORTS
-        )));
-    }
+    table.within_limits().map_err(WriteError::Malformed)?;
     value
         .as_object_mut()
         .ok_or_else(|| WriteError::Malformed("not a JSON object".into()))?

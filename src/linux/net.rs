@@ -15,14 +15,17 @@
 //!    new (never configure the host's), its loopback brought up, and the
 //!    listeners made on it: the proxy's port and one per allowed host
 //!    loopback port (a mirror). They go to the proxy over the socket pair,
-//!    and the launch goes on meanwhile: a connection waits on its listener
+//!    with the table in a sealed memfd (a message is bounded by the
+//!    socket's send buffer; a table of long host names is not), and the
+//!    launch goes on meanwhile: a connection waits on its listener
 //!    until the proxy takes it, and a proxy that fails closes them (then
 //!    connections are refused at once) and the helper says so;
 //! 3. the command's environment names the proxy (`HTTP_PROXY` and the
 //!    rest), with the sandbox's own loopback left direct (`NO_PROXY`).
 //!
 //! What does not get out: programs that ignore the proxy variables (Node's
-//! built-in `fetch` before Node 24, `ssh` remotes without a ProxyCommand),
+//! built-in `fetch`, unless `NODE_USE_ENV_PROXY=1` is set, Node 24 too;
+//! `ssh` remotes without a ProxyCommand),
 //! UDP, and name lookups made inside (the proxy resolves names itself).
 
 use std::io::{IoSlice, IoSliceMut};
@@ -129,6 +132,12 @@ pub fn start() -> Result<Started, LaunchError> {
     .map_err(|e| refused("socketpair", e))?;
     let exe = std::env::current_exe().map_err(|e| refused("find zcode-acp", e))?;
     let fd = theirs.as_raw_fd();
+    // Read before the fork: the child may not allocate.
+    let open = if close_range_cloexec_works() {
+        None
+    } else {
+        Some(open_descriptors().map_err(|e| refused("list the open descriptors", e))?)
+    };
     let mut cmd = Command::new(exe);
     cmd.arg("__netproxy")
         // stdout may be the agent's protocol pipe: never written here.
@@ -150,10 +159,7 @@ pub fn start() -> Result<Started, LaunchError> {
             if moved < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let cloexec = libc::CLOSE_RANGE_CLOEXEC;
-            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, cloexec) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            cloexec_from(4, open.as_deref())?;
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -167,6 +173,95 @@ pub fn start() -> Result<Started, LaunchError> {
         channel: ours,
         host_net,
     })
+}
+
+/// The one byte of the handover message (its descriptors are what it
+/// carries); a message without it is the channel closing.
+const HANDOVER: &[u8] = b"h";
+/// The largest handover the proxy reads: a table at its limits (a thousand
+/// hosts of 253 characters, a hundred ports) is about a quarter of it.
+const MAX_HANDOVER: u64 = 4 << 20;
+
+/// A memfd holding `bytes`, sealed: what the proxy reads is what was
+/// written here.
+fn sealed_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    use std::io::Write;
+    let fd = memfd_create(
+        c"zcode-acp-network-table",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on a descriptor this function owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
+
+/// Reads the handover's table from the memfd `fd`, from its start.
+fn read_table(fd: OwnedFd) -> Result<Handover, String> {
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::from(fd);
+    let mut bytes = Vec::new();
+    file.seek(std::io::SeekFrom::Start(0))
+        .and_then(|_| (&mut file).take(MAX_HANDOVER + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read the network table: {e}"))?;
+    if bytes.len() as u64 > MAX_HANDOVER {
+        return Err("the network table handed over is too large".into());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("cannot read the handover: {e}"))
+}
+
+/// Whether `close_range` can mark descriptors close-on-exec (Linux 5.11;
+/// 5.9 and 5.10 have `close_range` without the flag, and refuse it): tried
+/// on a range no descriptor is in.
+fn close_range_cloexec_works() -> bool {
+    let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+    // SAFETY: no descriptor is numbered u32::MAX: the call changes nothing.
+    unsafe { libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, cloexec) == 0 }
+}
+
+/// This process's open descriptors (`/proc/self/fd`).
+fn open_descriptors() -> std::io::Result<Vec<RawFd>> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            fds.push(fd);
+        }
+    }
+    Ok(fds)
+}
+
+/// Marks every descriptor from `first` up close-on-exec, in a forked child
+/// (no allocation): with `close_range`, or where the kernel lacks its flag
+/// (`open`: the descriptors read before the fork), each one. A descriptor
+/// of the list closed since (the directory that listed them) is skipped;
+/// any the process opened since is close-on-exec already (std opens every
+/// descriptor so, and the caller is single-threaded).
+fn cloexec_from(first: RawFd, open: Option<&[RawFd]>) -> std::io::Result<()> {
+    let Some(open) = open else {
+        let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+        // SAFETY: only marks descriptors close-on-exec.
+        if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, cloexec) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok(());
+    };
+    for &fd in open.iter().filter(|&&fd| fd >= first) {
+        // SAFETY: F_GETFD and F_SETFD only read and set the flag.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 {
+            continue;
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Brings the loopback up (the one interface of a new namespace).
@@ -239,16 +334,21 @@ pub fn arm(
         asks: asks.map(str::to_owned),
     })
     .map_err(|e| refused("describe the listeners", e))?;
-    let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let table = sealed_memfd(&handover).map_err(|e| refused("write the network table", e))?;
+    // The table first, then the proxy's listener and the mirrors'.
+    let fds: Vec<RawFd> = std::iter::once(table.as_raw_fd())
+        .chain(listeners.iter().map(|l| l.as_raw_fd()))
+        .collect();
     sendmsg::<()>(
         channel.as_raw_fd(),
-        &[IoSlice::new(&handover)],
+        &[IoSlice::new(HANDOVER)],
         &[ControlMessage::ScmRights(&fds)],
         MsgFlags::empty(),
         None,
     )
     .map_err(|e| refused("hand the proxy its listeners", e))?;
     drop(listeners);
+    drop(table);
     // Not waited for: connections queue on the listeners until the proxy
     // takes them, and a proxy that fails takes the listeners with it
     // (connections are then refused at once, never hang) and is reported
@@ -269,10 +369,11 @@ pub fn proxy_main() -> Result<(), String> {
     // SAFETY: fd 3 was handed to this process for this purpose (see
     // `start`); it is owned here.
     let channel = unsafe { OwnedFd::from_raw_fd(3) };
-    // The table (a thousand hosts at most) fits with room to spare.
-    let mut buf = vec![0u8; 1 << 20];
-    let mut space = nix::cmsg_space!([RawFd; 512]);
-    let (bytes, fds) = {
+    // One byte, and the descriptors (the table's memfd and at most 201
+    // listeners: 253 is what one message can carry).
+    let mut buf = [0u8; 16];
+    let mut space = nix::cmsg_space!([RawFd; 256]);
+    let fds = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let msg = recvmsg::<()>(
             channel.as_raw_fd(),
@@ -297,14 +398,14 @@ pub fn proxy_main() -> Result<(), String> {
                 fds.extend(r);
             }
         }
-        (msg.bytes, fds)
+        fds
     };
-    let handover: Handover = serde_json::from_slice(&buf[..bytes])
-        .map_err(|e| format!("cannot read the handover: {e}"))?;
     // SAFETY: each descriptor arrived in this message and is owned here.
-    let mut listeners = fds
+    let mut fds = fds
         .into_iter()
-        .map(|fd| std::net::TcpListener::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+    let handover = read_table(fds.next().ok_or("no network table was handed over")?)?;
+    let mut listeners = fds.map(std::net::TcpListener::from);
     let proxy = listeners.next().ok_or("no listener was handed over")?;
     let mirrors: Vec<(u16, std::net::TcpListener)> =
         handover.mirrors.iter().copied().zip(listeners).collect();
@@ -373,4 +474,49 @@ fn confine_self() -> Result<(), String> {
         tracing::debug!("Landlock is not available: the proxy runs without it");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The descriptors a command started with `mark` (as the proxy is
+    /// started) is left, as it lists them.
+    fn left_open(mark: Option<Option<Vec<RawFd>>>) -> Vec<RawFd> {
+        let mut cmd = Command::new("ls");
+        cmd.arg("/proc/self/fd").stderr(Stdio::null());
+        if let Some(open) = mark {
+            // SAFETY: runs in the forked child before exec: fcntl or
+            // close_range only.
+            unsafe {
+                cmd.pre_exec(move || cloexec_from(4, open.as_deref()));
+            }
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn descriptors_are_kept_from_the_proxy_with_close_range_or_without() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // A copy that is not close-on-exec, numbered where nothing the
+        // listing opens would be.
+        // SAFETY: F_DUPFD makes a new descriptor, owned at once.
+        let leaked = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD, 900) };
+        assert!(leaked >= 900, "{}", std::io::Error::last_os_error());
+        // SAFETY: `leaked` is new and owned by nothing else.
+        let _leaked = unsafe { OwnedFd::from_raw_fd(leaked) };
+        assert!(left_open(None).contains(&leaked), "the test cannot fail");
+        // Without close_range's flag (Linux 5.9, 5.10): each one listed.
+        let listed = open_descriptors().unwrap();
+        assert!(listed.contains(&leaked));
+        assert!(!left_open(Some(Some(listed))).contains(&leaked));
+        if close_range_cloexec_works() {
+            assert!(!left_open(Some(None)).contains(&leaked));
+        }
+    }
 }

@@ -14,6 +14,7 @@
 //! prompts of their choosing.
 
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -95,10 +96,13 @@ pub struct Reply {
     pub remember: bool,
 }
 
-const NO: Reply = Reply {
-    allow: false,
-    remember: false,
-};
+impl Reply {
+    /// The answer to anything that goes wrong, and to a prompt dismissed.
+    pub const NO: Reply = Reply {
+        allow: false,
+        remember: false,
+    };
+}
 
 /// The proxy's side: asks on the socket `name` and waits; "no" on any
 /// failure.
@@ -133,11 +137,19 @@ pub async fn ask(name: &str, question: &Ask) -> Reply {
         .await
         .ok()
         .flatten()
-        .unwrap_or(NO)
+        .unwrap_or(Reply::NO)
 }
 
-/// A question for the bridge's loop, with where its answer goes.
-pub type Question = (Ask, oneshot::Sender<Reply>);
+/// What the bridge's loop is handed.
+#[derive(Debug)]
+pub enum Question {
+    /// A question, with where its answer goes.
+    Asked(Ask, oneshot::Sender<Reply>),
+    /// An asker stopped waiting (it left, or waited as long as it waits):
+    /// its answer's way is closed, and prompts nobody waits on any more
+    /// can be withdrawn.
+    GaveUp,
+}
 
 /// The bridge's side: takes questions on `listener` from processes of
 /// this user in this network namespace, and hands each to `tx`.
@@ -147,9 +159,8 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Out of descriptors: a pause, not a spin.
-                tracing::debug!("cannot take a question about the network: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                super::pause_after_failed_accept("cannot take a question about the network", e)
+                    .await;
                 continue;
             }
         };
@@ -168,8 +179,8 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
             let Ok(question) = serde_json::from_str::<Ask>(&line) else {
                 return;
             };
-            let (answer_tx, answer_rx) = oneshot::channel();
-            if tx.send((question, answer_tx)).is_err() {
+            let (answer_tx, mut answer_rx) = oneshot::channel();
+            if tx.send(Question::Asked(question, answer_tx)).is_err() {
                 return;
             }
             // Held until the answer, the asker's leaving, or the time it
@@ -177,9 +188,15 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
             let mut rest = reader.into_inner();
             let mut byte = [0u8; 1];
             let reply = tokio::select! {
-                answer = answer_rx => answer.unwrap_or(NO),
-                _ = rest.read(&mut byte) => return,
-                _ = tokio::time::sleep(ANSWER_WITHIN) => return,
+                answer = &mut answer_rx => Some(answer.unwrap_or(Reply::NO)),
+                _ = rest.read(&mut byte) => None,
+                _ = tokio::time::sleep(ANSWER_WITHIN) => None,
+            };
+            let Some(reply) = reply else {
+                // Closed first, so the bridge finds it closed.
+                drop(answer_rx);
+                let _ = tx.send(Question::GaveUp);
+                return;
             };
             if let Ok(mut bytes) = serde_json::to_vec(&reply) {
                 bytes.push(b'\n');
@@ -201,13 +218,32 @@ fn outside_the_sandbox(stream: &UnixStream, own: &Peer) -> bool {
     let Ok(cred) = stream.peer_cred() else {
         return false;
     };
-    if cred.uid() != nix::unistd::getuid().as_raw() {
-        return false;
-    }
     let Some(pid) = cred.pid() else {
         return false;
     };
-    match (Peer::of(&pid.to_string()), own) {
+    // The process that connected, held (Linux 6.5): its pid's /proc is
+    // read below, then checked to be still its own.
+    let pinned = match peer_pidfd(stream) {
+        Ok(pinned) => pinned,
+        Err(e) => {
+            tracing::debug!("the process that asked about the network is gone: {e}");
+            return false;
+        }
+    };
+    let peer = Peer::of(&pid.to_string());
+    is_outside(cred.uid(), &peer, pinned.as_ref(), own)
+}
+
+/// The judgement of [`outside_the_sandbox`] on what was read of the peer.
+/// `pinned`: the process that connected, checked after `peer` was read of
+/// its pid to be still there (a process not yet reaped keeps its pid, so
+/// `peer` was its, not that of a process that took the pid since); without
+/// it (before Linux 6.5) that race stays open.
+fn is_outside(uid: u32, peer: &Peer, pinned: Option<&OwnedFd>, own: &Peer) -> bool {
+    if uid != nix::unistd::getuid().as_raw() || !pinned.is_none_or(still_there) {
+        return false;
+    }
+    match (peer, own) {
         (
             Peer {
                 net: Some(net),
@@ -217,8 +253,76 @@ fn outside_the_sandbox(stream: &UnixStream, own: &Peer) -> bool {
                 net: Some(own_net),
                 filters: Some(own_filters),
             },
-        ) => net == *own_net && filters <= *own_filters,
+        ) => net == own_net && filters <= own_filters,
         _ => false,
+    }
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5), which the libc crate does not name here.
+#[cfg(target_os = "linux")]
+const SO_PEERPIDFD: libc::c_int = if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+    0x56
+} else {
+    77
+};
+
+/// The process at the other end of `socket` (the one that connected), as
+/// a pidfd: `Ok(None)` where the kernel has none to give (before 6.5),
+/// `Err` where it has and cannot (the process is gone).
+fn peer_pidfd(socket: &impl AsRawFd) -> std::io::Result<Option<OwnedFd>> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+        let r = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOPROTOOPT) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: a new descriptor the kernel made for this call, owned here.
+        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = socket;
+        Ok(None)
+    }
+}
+
+/// Whether the process of `pidfd` has not been reaped (running, or a
+/// zombie), and so still has its pid.
+fn still_there(pidfd: &OwnedFd) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: signal 0 is not sent: the call only checks the process
+        // exists (and that it may be signalled, which a denial also shows).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pidfd;
+        true
     }
 }
 
@@ -246,5 +350,58 @@ impl Peer {
                 .map(|m| m.ino()),
             filters: field("Seccomp_filters:").or_else(|| field("Seccomp:").map(|m| m.min(1))),
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// A connection from a process that has ended and been reaped, and
+    /// what its pid's /proc would say had another process of this user,
+    /// in this network, taken the pid since (simulated: a live process's
+    /// /proc read in its place).
+    #[test]
+    fn a_peer_whose_pid_was_taken_since_is_not_heard() {
+        let name = new_name();
+        let listener =
+            std::os::unix::net::UnixListener::bind_addr(&address(&name).unwrap()).unwrap();
+        // Connects, then ends.
+        let mut asker = Command::new("python3")
+            .args([
+                "-c",
+                "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect('\\0' + sys.argv[1])",
+                &name,
+            ])
+            .spawn()
+            .unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        assert!(asker.wait().unwrap().success());
+        let mut other = Command::new("sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let taken = Peer::of(&other.id().to_string());
+        let _ = other.kill();
+        let _ = other.wait();
+        let own = Peer::of("self");
+        let uid = nix::unistd::getuid().as_raw();
+        // Without a pidfd, the other process's /proc passes for the asker.
+        assert!(is_outside(uid, &taken, None, &own), "the test cannot fail");
+        match peer_pidfd(&stream) {
+            Ok(Some(pinned)) => assert!(!is_outside(uid, &taken, Some(&pinned), &own)),
+            // Some kernels give no pidfd for a process reaped.
+            Err(_) => {}
+            Ok(None) if std::env::var_os("ZCODE_ACP_REQUIRE_ALL_TESTS").is_none() => {
+                return eprintln!("SKIPPED: this kernel has no SO_PEERPIDFD (Linux 6.5)");
+            }
+            Ok(None) => panic!("this kernel has no SO_PEERPIDFD (Linux 6.5)"),
+        }
+        // A live peer (this process) is heard with its pidfd.
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let pinned = peer_pidfd(&a).unwrap().expect("SO_PEERPIDFD");
+        assert!(is_outside(uid, &own, Some(&pinned), &own));
     }
 }

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::policy::network::{NetworkPolicy, Verdict, Zone};
+use crate::policy::network::{authority, NetworkPolicy, OwnAddress, Verdict, Zone};
 
 /// The largest request head read (a CONNECT line and its headers).
 const MAX_HEAD: usize = 64 * 1024;
@@ -136,7 +136,7 @@ impl Judge {
             {
                 Verdict::Allow => match open(addr).await {
                     Ok(stream) => return Ok(stream),
-                    Err(e) => failed = Some(format!("{host}:{port} ({addr}): {e}")),
+                    Err(e) => failed = Some(format!("{} ({addr}): {e}", authority(host, port))),
                 },
                 Verdict::Deny { zone, why } => denied.push((addr, zone, why)),
             }
@@ -151,7 +151,7 @@ impl Judge {
             tracing::warn!("the sandbox refused a connection: {why}");
             return Err(Refusal::Denied(why));
         }
-        tracing::info!("the user allowed a connection to {host}:{port}");
+        tracing::info!("the user allowed a connection to {}", authority(host, port));
         // Only where the user was shown: the zone asked about, and for this
         // machine or the LAN the very address.
         let mut failed = String::new();
@@ -167,7 +167,7 @@ impl Judge {
         for (addr, ..) in denied.into_iter().filter(|(a, z, _)| shown(a, *z)) {
             match open(addr).await {
                 Ok(stream) => return Ok(stream),
-                Err(e) => failed = format!("{host}:{port} ({addr}): {e}"),
+                Err(e) => failed = format!("{} ({addr}): {e}", authority(host, port)),
             }
         }
         Err(Refusal::Failed(failed))
@@ -200,7 +200,7 @@ impl Judge {
         for addr in addrs.filter(|a| crate::policy::network::zone(a.ip(), &own) == Zone::Public) {
             match open(addr).await {
                 Ok(stream) => return Ok(stream),
-                Err(e) => failed = format!("{host}:{port} ({addr}): {e}"),
+                Err(e) => failed = format!("{} ({addr}): {e}", authority(host, port)),
             }
         }
         Err(Refusal::Failed(failed))
@@ -222,20 +222,34 @@ async fn open(addr: SocketAddr) -> std::io::Result<TcpStream> {
     }
 }
 
-/// This machine's interface addresses, read at each connection (they
-/// change with the network); `None` when they cannot be read (out of
-/// descriptors), which refuses the connection: without them an address of
-/// this machine would pass for a public one.
-fn own_addresses() -> Option<Vec<IpAddr>> {
+/// This machine's interface addresses and their subnets, read at each
+/// connection (they change with the network); `None` when they cannot be
+/// read (out of descriptors), which refuses the connection: without them
+/// an address of this machine, or of a host beside it, would pass for a
+/// public one. Only read: the interfaces are never changed here.
+fn own_addresses() -> Option<Vec<OwnAddress>> {
     #[cfg(any(target_os = "linux", target_os = "macos"))]
     {
+        let ip = |s: &nix::sys::socket::SockaddrStorage| {
+            s.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        };
         nix::ifaddrs::getifaddrs().ok().map(|addrs| {
             addrs
-                .filter_map(|a| a.address)
-                .filter_map(|s| {
-                    s.as_sockaddr_in()
-                        .map(|v4| IpAddr::V4(v4.ip()))
-                        .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+                .filter_map(|a| {
+                    let addr = ip(a.address.as_ref()?)?;
+                    // No mask read: the address alone, no subnet.
+                    let prefix = match a.netmask.as_ref().and_then(ip) {
+                        Some(IpAddr::V4(m)) if addr.is_ipv4() => u32::from(m).count_ones(),
+                        Some(IpAddr::V6(m)) if addr.is_ipv6() => u128::from(m).count_ones(),
+                        _ if addr.is_ipv4() => 32,
+                        _ => 128,
+                    };
+                    Some(OwnAddress {
+                        addr,
+                        prefix: prefix as u8,
+                    })
                 })
                 .collect()
         })
@@ -298,26 +312,36 @@ fn connection_slots() -> usize {
     (limit.min(1 << 20) as usize).saturating_sub(64).max(32) / 2
 }
 
-/// The next connection; after a failure (out of descriptors), a pause, so
-/// the loop does not spin while connections are still open.
+/// The next connection; `None` after a failure (and a pause).
 async fn accepted(listener: &TcpListener) -> Option<TcpStream> {
     match listener.accept().await {
         Ok((client, _)) => Some(client),
         Err(e) => {
-            tracing::debug!("the proxy could not accept a connection: {e}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            super::pause_after_failed_accept("the proxy could not accept a connection", e).await;
             None
         }
     }
 }
 
+/// Carries a connection to a mirror to the host's loopback: the same
+/// family first (a service may listen on ::1 alone, as Node's `localhost`
+/// does, or on 127.0.0.1 alone), then the other.
 async fn mirror(judge: &Judge, mut client: TcpStream, port: u16) {
-    match judge.connect("127.0.0.1", port).await {
-        Ok(mut upstream) => {
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-        }
-        Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
-            tracing::debug!("mirrored port {port}: {why}");
+    let v6 = client.local_addr().is_ok_and(|a| a.is_ipv6());
+    let order = if v6 {
+        ["::1", "127.0.0.1"]
+    } else {
+        ["127.0.0.1", "::1"]
+    };
+    for host in order {
+        match judge.connect(host, port).await {
+            Ok(mut upstream) => {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                return;
+            }
+            Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
+                tracing::debug!("mirrored port {port}: {why}");
+            }
         }
     }
 }

@@ -81,18 +81,19 @@ links: Vec::new(),
         managed_root: resolve_real(&src.managed.path)?,
         // The user's table, widened by each root's approved one (a
         // generation has one network for all its roots), as far as the
-        // mirrors allow: a root whose ports would pass the limit is left
+        // limits allow: a root whose ports or hosts would pass them is left
         // out, and the log says so.
         network: projects
             .iter()
             .filter_map(|(root, eff)| Some((root, eff.network.as_ref()?)))
             .fold(src.state.network.clone(), |table, (root, project)| {
                 let wider = table.clone().widened_by(project);
-                if wider.mirrored_ports().len() > super::network::MAX_PORTS {
-                    tracing::warn!(root = %root.display(), "the project's network table is left out: with it, more than {} host loopback ports would be listed", super::network::MAX_PORTS);
-                    table
-                } else {
-                    wider
+                match wider.within_limits() {
+                    Ok(()) => wider,
+                    Err(why) => {
+                        tracing::warn!(root = %root.display(), "the project's network table is left out: with it, {why}; shorten the lists in the user config or the project's sandbox.json");
+                        table
+                    }
                 }
             }),
     };

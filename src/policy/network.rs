@@ -8,12 +8,17 @@
 //!   every address of this machine's own interfaces (a service bound to
 //!   0.0.0.0 answers on all of them): the user's Jupyter, code-server,
 //!   databases, Docker on TCP;
-//! - **LAN**: private, shared, link-local and unique-local ranges;
+//! - **LAN**: private, shared, link-local and unique-local ranges, and
+//!   the subnets of this machine's own links whatever their range (a
+//!   network in public address space; the global IPv6 addresses of the
+//!   hosts beside this one, which a LAN host's name resolves to as well);
 //! - **public**: everything else.
 //!
 //! Defaults: host loopback and LAN denied, public egress allowed, and the
 //! resolvers of `/etc/resolv.conf` reachable on port 53 whatever their
-//! range.
+//! range while egress is allowed (with an egress list they are not: a
+//! resolver answers for any name, which would let through what the list
+//! keeps out).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -26,10 +31,16 @@ use serde_json::Value;
 /// is told the same address, and never a host port to open a way to.
 pub const PROXY_PORT: u16 = 3128;
 
-/// The most host loopback ports a table may list.
+/// The most host loopback ports a table may list (each is mirrored by up
+/// to two listeners, 127.0.0.1 and ::1, all handed to the proxy in one
+/// message, which carries 253 descriptors at most).
 pub const MAX_PORTS: usize = 100;
-/// The most hosts an egress list may hold.
+/// The most hosts an egress list may hold, the user's and the projects'
+/// together.
 pub const MAX_HOSTS: usize = 1000;
+/// The longest host name an egress entry may be (a DNS name's limit,
+/// without its final dot), not counting a `*.` in front.
+pub const MAX_HOST_LEN: usize = 253;
 
 /// The table, as the user config and sandbox.json write it:
 /// `"network": {"hostLoopback": "deny" | "allow" | [ports], "lan": "deny"
@@ -101,6 +112,32 @@ impl Zone {
     }
 }
 
+/// An address of one of this machine's interfaces, with the length of its
+/// subnet's prefix: the hosts on that link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnAddress {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl OwnAddress {
+    /// Whether `addr` (canonical) is in this address's subnet. A prefix
+    /// of 0 (the whole address space) counts as none.
+    fn on_link(&self, addr: IpAddr) -> bool {
+        match (canonical(self.addr), addr) {
+            (IpAddr::V4(own), IpAddr::V4(a)) if (1..=32).contains(&self.prefix) => {
+                let mask = u32::MAX << (32 - self.prefix);
+                u32::from(own) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(own), IpAddr::V6(a)) if (1..=128).contains(&self.prefix) => {
+                let mask = u128::MAX << (128 - self.prefix);
+                u128::from(own) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A destination judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -152,19 +189,22 @@ impl NetworkPolicy {
 
     /// Judges a connection to `addr`, asked for as `host` (a name, or the
     /// address itself), port `port`. `own`: this machine's interface
-    /// addresses; `resolvers`: the name servers it uses.
+    /// addresses and their subnets; `resolvers`: the name servers it uses.
     pub fn decide(
         &self,
         host: &str,
         port: u16,
         addr: IpAddr,
-        own: &[IpAddr],
+        own: &[OwnAddress],
         resolvers: &[IpAddr],
     ) -> Verdict {
         let zone = zone(addr, own);
         // The name servers, on port 53 only, whatever their zone (a stub
-        // resolver on 127.0.0.53, one on the LAN).
-        if port == 53 && resolvers.contains(&canonical(addr)) {
+        // resolver on 127.0.0.53, one on the LAN), but only while egress
+        // is allowed: a resolver looks up any name it is asked (DNS over
+        // TCP through the proxy), so with an egress list it would resolve,
+        // and carry out, the names the list keeps from being resolved.
+        if port == 53 && self.egress == Egress::Allow && resolvers.contains(&canonical(addr)) {
             return Verdict::Allow;
         }
         let allowed = match zone {
@@ -182,15 +222,20 @@ impl NetworkPolicy {
         if allowed {
             return Verdict::Allow;
         }
+        let resolver = port == 53 && resolvers.contains(&canonical(addr));
+        let dest = authority(host, port);
         let why = match zone {
+            _ if resolver => format!(
+                "{dest} is a name server of this machine, which is not reachable with an egress list (it would look up any name, those outside the list too); the proxy resolves the listed hosts itself: connect to them by name through it"
+            ),
             Zone::HostLoopback if !is_loopback(addr) => format!(
-                "{host}:{port} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
+                "{dest} is this machine's own address ({addr}); the sandbox reaches this machine only through its loopback: add \"network\": {{\"hostLoopback\": [{port}]}} to the user config and connect to 127.0.0.1:{port}"
             ),
             Zone::HostLoopback => format!(
-                "{host}:{port} is on this machine ({addr}); to let the agent reach it, add \"network\": {{\"hostLoopback\": [{port}]}} to the user config"
+                "{dest} is on this machine ({addr}); to let the agent reach it, add \"network\": {{\"hostLoopback\": [{port}]}} to the user config"
             ),
             Zone::Lan => format!(
-                "{host}:{port} ({addr}) is on the local network; to let the agent reach it, add \"network\": {{\"lan\": \"allow\"}} to the user config"
+                "{dest} ({addr}) is on the local network; to let the agent reach it, add \"network\": {{\"lan\": \"allow\"}} to the user config"
             ),
             Zone::Public => format!(
                 "{host} is not in the egress list; to let the agent reach it, add \"{host}\" to \"network\": {{\"egress\": [...]}} in the user config"
@@ -212,10 +257,20 @@ impl NetworkPolicy {
             HostLoopback::Deny => false,
         };
         host.parse::<IpAddr>().is_err()
-            && port != 53
             && self.lan == Lan::Deny
             && !loopback_open
             && !patterns.iter().any(|p| host_matches(p, host))
+    }
+
+    /// Whether the table stays within what a sandbox's proxy is handed
+    /// (a union of tables may pass what each one alone keeps to): `Err`
+    /// says which limit it passes.
+    pub fn within_limits(&self) -> Result<(), String> {
+        let hosts = match &self.egress {
+            Egress::Hosts(h) => h.len(),
+            Egress::Allow => 0,
+        };
+        within_limits(self.mirrored_ports().len(), hosts)
     }
 
     /// One line for `doctor` and the editor's notice.
@@ -242,6 +297,20 @@ impl NetworkPolicy {
         };
         format!("{loopback}, {lan}, {egress}")
     }
+}
+
+fn within_limits(ports: usize, hosts: usize) -> Result<(), String> {
+    if ports > MAX_PORTS {
+        return Err(format!(
+            "`network.hostLoopback` would list {ports} ports; at most {MAX_PORTS} can be mirrored"
+        ));
+    }
+    if hosts > MAX_HOSTS {
+        return Err(format!(
+            "`network.egress` would list {hosts} hosts; at most {MAX_HOSTS}"
+        ));
+    }
+    Ok(())
 }
 
 fn union_loopback(mine: HostLoopback, theirs: &HostLoopback) -> HostLoopback {
@@ -383,22 +452,50 @@ impl NetworkTable {
     }
 
     /// The narrowest entry that lets a connection through (what "always
-    /// allow" records): `None` where a table has none that narrow (one
-    /// host of the LAN; an address of this machine other than loopback).
-    pub fn opening(host: &str, port: u16, addr: IpAddr, zone: Zone) -> Option<NetworkTable> {
+    /// allow" records); `Err` says, in the user's terms, why a table has
+    /// none that narrow.
+    pub fn opening(
+        host: &str,
+        port: u16,
+        addr: IpAddr,
+        zone: Zone,
+    ) -> Result<NetworkTable, String> {
         let mut table = NetworkTable::default();
         match zone {
-            Zone::HostLoopback if is_loopback(addr) && port != PROXY_PORT => {
+            Zone::HostLoopback if is_loopback(addr) && port == PROXY_PORT => {
+                return Err(format!(
+                    "port {PROXY_PORT} is the sandbox's own proxy inside the sandbox, and a hostLoopback port cannot be it; run the host's service on another port"
+                ))
+            }
+            Zone::HostLoopback if is_loopback(addr) => {
                 table.host_loopback = Some(HostLoopback::Ports([port].into()));
             }
-            Zone::Public => {
-                let host = host.trim_end_matches('.').to_ascii_lowercase();
-                parse_egress(&Value::from(vec![host.clone()])).ok()?;
-                table.egress = Some(Egress::Hosts(vec![host]));
+            Zone::HostLoopback => {
+                return Err(format!(
+                    "{addr} is an address of this machine other than its loopback, which the table has no entry for; the sandbox reaches this machine through its loopback only: add a hostLoopback port to the config and connect to 127.0.0.1 instead"
+                ))
             }
-            _ => return None,
+            Zone::Lan => {
+                return Err(
+                    "the table has no entry for one host of the local network; add \"lan\": \"allow\" to the config to allow the whole LAN for good".into(),
+                )
+            }
+            Zone::Public => {
+                let host = host.trim_end_matches('.');
+                table.egress = Some(parse_egress(&Value::from(vec![host]))?);
+            }
         }
-        Some(table)
+        Ok(table)
+    }
+
+    /// As [`NetworkPolicy::within_limits`], for a table (one widened by a
+    /// recorded entry).
+    pub fn within_limits(&self) -> Result<(), String> {
+        let hosts = match &self.egress {
+            Some(Egress::Hosts(h)) => h.len(),
+            _ => 0,
+        };
+        within_limits(self.ports().len(), hosts)
     }
 
     /// The host loopback ports it names.
@@ -433,8 +530,6 @@ fn parse_loopback(v: &Value) -> Result<HostLoopback, String> {
                 }
                 ports.insert(port);
             }
-            // Each is a listener handed to the proxy in one message, which
-            // carries 253 descriptors at most.
             if ports.len() > MAX_PORTS {
                 return Err(format!(
                     "`network.hostLoopback` lists {} ports; at most {MAX_PORTS} can be mirrored",
@@ -460,7 +555,20 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
             .iter()
             .map(|i| {
                 let h = i.as_str().ok_or(EXPECTED)?.trim().to_ascii_lowercase();
+                // An IPv6 address, bare or in brackets, in its one
+                // canonical spelling (as connections are matched).
+                let unbracketed = h.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+                if let Ok(v6) = unbracketed.unwrap_or(&h).parse::<Ipv6Addr>() {
+                    return Ok(v6.to_string());
+                }
                 let bare = h.strip_prefix("*.").unwrap_or(&h);
+                if bare.len() > MAX_HOST_LEN {
+                    let start: String = bare.chars().take(40).collect();
+                    return Err(format!(
+                        "`network.egress`: `{start}...` is {} characters long; a host name has at most {MAX_HOST_LEN}",
+                        bare.len()
+                    ));
+                }
                 if bare.is_empty() || bare.contains(['*', '/', ':', ' ']) {
                     return Err(format!(
                         "`network.egress`: `{h}` is not a host name or `*.domain` pattern"
@@ -483,10 +591,24 @@ fn parse_egress(v: &Value) -> Result<Egress, String> {
     }
 }
 
+/// `host:port` as a user writes it (`[2001:db8::1]:443` for IPv6).
+pub fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// `example.com` matches itself; `*.example.com` matches its subdomains
-/// and itself. Names compare without case and a trailing dot.
+/// and itself. Names compare without case and a trailing dot; an IPv6
+/// address by its canonical spelling (`2001:db8::1`, however written).
 pub fn host_matches(pattern: &str, host: &str) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let host = match host.parse::<Ipv6Addr>() {
+        Ok(v6) => v6.to_string(),
+        Err(_) => host,
+    };
     match pattern.strip_prefix("*.") {
         Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
         None => host == pattern,
@@ -521,16 +643,17 @@ fn is_loopback(addr: IpAddr) -> bool {
     canonical(addr).is_loopback()
 }
 
-/// The zone of `addr`, given this machine's own addresses.
-pub fn zone(addr: IpAddr, own: &[IpAddr]) -> Zone {
+/// The zone of `addr`, given this machine's own addresses and subnets.
+pub fn zone(addr: IpAddr, own: &[OwnAddress]) -> Zone {
     let addr = canonical(addr);
-    if addr.is_loopback() || addr.is_unspecified() || own.iter().any(|o| canonical(*o) == addr) {
+    if addr.is_loopback() || addr.is_unspecified() || own.iter().any(|o| canonical(o.addr) == addr)
+    {
         return Zone::HostLoopback;
     }
     let lan = match addr {
         IpAddr::V4(v4) => lan_v4(v4),
         IpAddr::V6(v6) => lan_v6(v6),
-    };
+    } || own.iter().any(|o| o.on_link(addr));
     if lan {
         Zone::Lan
     } else {
@@ -544,8 +667,9 @@ fn lan_v4(a: Ipv4Addr) -> bool {
         || a.is_link_local()
         || a.is_broadcast()
         || a.is_multicast()
-        // 0.0.0.0/8 reaches this host on Linux; 100.64.0.0/10 is shared
-        // (carrier-grade NAT, and tailnets).
+        // 0.0.0.0/8 is "this network" (only 0.0.0.0 itself reaches this
+        // host on Linux, and is judged as the host's above); 100.64.0.0/10
+        // is shared (carrier-grade NAT, and tailnets).
         || b0 == 0
         || (b0 == 100 && (64..128).contains(&b1))
 }
@@ -575,9 +699,18 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// An interface address written `address/prefix`.
+    fn own(s: &str) -> OwnAddress {
+        let (addr, prefix) = s.split_once('/').unwrap();
+        OwnAddress {
+            addr: ip(addr),
+            prefix: prefix.parse().unwrap(),
+        }
+    }
+
     #[test]
     fn zones_follow_the_address() {
-        let own = [ip("192.0.2.2"), ip("2001:db8::2")];
+        let own = [own("192.0.2.2/32"), own("2001:db8::2/128")];
         for a in [
             "127.0.0.1",
             "127.8.9.1",
@@ -624,6 +757,39 @@ mod tests {
     }
 
     #[test]
+    fn the_subnets_of_this_machines_links_are_the_lan_whatever_their_range() {
+        let own = [
+            own("127.0.0.1/8"),
+            own("192.0.2.2/24"),
+            own("2001:db8:1::2/64"),
+            own("203.0.113.7/32"),
+            own("198.18.0.1/0"),
+        ];
+        for a in [
+            "192.0.2.1",
+            "192.0.2.254",
+            "2001:db8:1::99",
+            "2001:db8:1:0:aaaa::1",
+            "::ffff:192.0.2.9",
+        ] {
+            assert_eq!(zone(ip(a), &own), Zone::Lan, "{a}");
+        }
+        for a in ["192.0.3.1", "2001:db8:2::1", "203.0.113.8", "1.1.1.1"] {
+            assert_eq!(zone(ip(a), &own), Zone::Public, "{a}");
+        }
+        assert_eq!(zone(ip("192.0.2.2"), &own), Zone::HostLoopback);
+        // A LAN host's global IPv6 address is refused with the LAN.
+        let p = NetworkPolicy::default();
+        assert!(matches!(
+            p.decide("nas.lan", 445, ip("2001:db8:1::5"), &own, &[]),
+            Verdict::Deny {
+                zone: Zone::Lan,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn the_default_closes_the_host_and_the_lan_and_keeps_the_internet() {
         let p = NetworkPolicy::default();
         let resolvers = [ip("10.0.0.53")];
@@ -663,7 +829,7 @@ mod tests {
         // A listed port on the host's other addresses stays closed: only
         // loopback is mirrored.
         assert!(matches!(
-            p.decide("h", 11434, ip("192.0.2.2"), &[ip("192.0.2.2")], &[]),
+            p.decide("h", 11434, ip("192.0.2.2"), &[own("192.0.2.2/32")], &[]),
             Verdict::Deny { .. }
         ));
         assert!(matches!(
@@ -762,14 +928,136 @@ mod tests {
         let host =
             NetworkTable::opening("API.Example.com.", 443, ip("1.2.3.4"), Zone::Public).unwrap();
         assert_eq!(host.to_json(), json!({"egress": ["api.example.com"]}));
+        // A public IPv6 address is recorded in its canonical spelling, and
+        // matches however a client writes it.
+        let v6 = NetworkTable::opening(
+            "2606:4700:0:0:0:0:0:1111",
+            443,
+            ip("2606:4700::1111"),
+            Zone::Public,
+        )
+        .unwrap();
+        assert_eq!(v6.to_json(), json!({"egress": ["2606:4700::1111"]}));
+        let p = NetworkPolicy::parse(&json!({"egress": []}))
+            .unwrap()
+            .widened_by(&v6);
+        for spelling in [
+            "2606:4700:0:0:0:0:0:1111",
+            "2606:4700:0::1111",
+            "2606:4700::1111",
+        ] {
+            assert_eq!(
+                p.decide(spelling, 443, ip(spelling), &[], &[]),
+                Verdict::Allow,
+                "{spelling}"
+            );
+        }
+        assert!(matches!(
+            p.decide("2606:4700::1112", 443, ip("2606:4700::1112"), &[], &[]),
+            Verdict::Deny { .. }
+        ));
         assert_eq!(
-            NetworkTable::opening("nas", 445, ip("10.0.0.2"), Zone::Lan),
-            None
+            NetworkTable::parse(&json!({"egress": ["[2606:4700:0::1111]"]}))
+                .unwrap()
+                .to_json(),
+            json!({"egress": ["2606:4700::1111"]})
         );
+        assert!(NetworkTable::parse(&json!({"egress": ["*.2606:4700::1111"]})).is_err());
+        // What has no entry that narrow says why, and what to do instead.
+        for (host, port, addr, zone, says) in [
+            ("nas", 445, "10.0.0.2", Zone::Lan, "\"lan\": \"allow\""),
+            (
+                "h",
+                80,
+                "192.0.2.2",
+                Zone::HostLoopback,
+                "other than its loopback",
+            ),
+            (
+                "localhost",
+                PROXY_PORT,
+                "127.0.0.1",
+                Zone::HostLoopback,
+                "own proxy",
+            ),
+            ("a b", 80, "1.2.3.4", Zone::Public, "not a host name"),
+        ] {
+            let why = NetworkTable::opening(host, port, ip(addr), zone).unwrap_err();
+            assert!(why.contains(says), "{host}: {why}");
+        }
+    }
+
+    #[test]
+    fn a_table_and_a_union_of_tables_keep_to_the_limits() {
+        let long = "a".repeat(MAX_HOST_LEN);
+        for ok in [long.clone(), format!("*.{long}")] {
+            assert!(NetworkTable::parse(&json!({"egress": [ok]})).is_ok());
+        }
+        let e = NetworkTable::parse(&json!({"egress": [format!("{long}a")]})).unwrap_err();
+        assert!(
+            e.contains("254 characters long") && e.contains("at most 253"),
+            "{e}"
+        );
+        let hosts = |from: usize, n: usize| {
+            NetworkTable::parse(&json!({
+                "egress": (from..from + n).map(|i| format!("h{i}.example")).collect::<Vec<_>>()
+            }))
+            .unwrap()
+        };
+        let e =
+            NetworkTable::parse(&json!({"egress": vec!["a.example"; MAX_HOSTS + 1]})).unwrap_err();
+        assert!(e.contains("at most 1000"), "{e}");
+        // Each table within the limit, their union past it.
+        let user = NetworkPolicy::parse(&json!({"egress": []}))
+            .unwrap()
+            .widened_by(&hosts(0, 600));
+        assert_eq!(user.within_limits(), Ok(()));
+        let both = user.widened_by(&hosts(600, 600));
+        let e = both.within_limits().unwrap_err();
+        assert!(e.contains("1200 hosts; at most 1000"), "{e}");
+        let e = hosts(0, 600)
+            .widened(&hosts(600, 600))
+            .within_limits()
+            .unwrap_err();
+        assert!(e.contains("1200 hosts"), "{e}");
+        let ports = |from: u16| {
+            NetworkTable::parse(&json!({"hostLoopback": (from..from + 60).collect::<Vec<_>>()}))
+                .unwrap()
+        };
+        let e = ports(1).widened(&ports(100)).within_limits().unwrap_err();
+        assert!(e.contains("120 ports; at most 100"), "{e}");
+    }
+
+    #[test]
+    fn the_resolver_is_reachable_on_53_only_while_egress_is_allowed() {
+        let resolvers = [ip("10.0.0.53"), ip("127.0.0.53"), ip("9.9.9.9")];
+        let listed = NetworkPolicy::parse(&json!({"egress": ["example.com"]})).unwrap();
+        for a in ["10.0.0.53", "127.0.0.53", "9.9.9.9", "::ffff:10.0.0.53"] {
+            assert_eq!(
+                NetworkPolicy::default().decide(a, 53, ip(a), &[], &resolvers),
+                Verdict::Allow,
+                "{a}"
+            );
+            // With a list, a resolver would look up (and carry out) any
+            // name: it is judged as any other destination.
+            match listed.decide(a, 53, ip(a), &[], &resolvers) {
+                Verdict::Deny { why, .. } => assert!(why.contains("name server"), "{a}: {why}"),
+                Verdict::Allow => panic!("{a}:53 is reachable with an egress list"),
+            }
+        }
+        // Unless the table opens its zone or lists it.
+        let lan = NetworkPolicy::parse(&json!({"egress": [], "lan": "allow"})).unwrap();
         assert_eq!(
-            NetworkTable::opening("h", 80, ip("192.0.2.2"), Zone::HostLoopback),
-            None
+            lan.decide("10.0.0.53", 53, ip("10.0.0.53"), &[], &resolvers),
+            Verdict::Allow
         );
+        let public = NetworkPolicy::parse(&json!({"egress": ["9.9.9.9"]})).unwrap();
+        assert_eq!(
+            public.decide("9.9.9.9", 53, ip("9.9.9.9"), &[], &resolvers),
+            Verdict::Allow
+        );
+        // A name outside the list is not resolved on port 53 either.
+        assert!(listed.refuses_unresolved("secret.attacker.example", 53));
     }
 
     #[test]
