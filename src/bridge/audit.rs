@@ -13,6 +13,8 @@ impl Bridge {
     /// The state the running generation was armed in (armed bridges only).
     pub(super) fn take_audit_baseline(&mut self) {
         self.audit = None;
+        // An audit of the last baseline still running is stale from now.
+        self.audit_epoch += 1;
         if !self.sandbox.arms() {
             return;
         }
@@ -22,13 +24,48 @@ impl Bridge {
         self.audit = Some(audit::baseline(policy, &self.armed_roots));
     }
 
-    /// Looks for what the agent left that would run, reverts it, and asks
-    /// the user about each, on `session`.
+    /// Looks, off the loop, for what the agent left that would run; what it
+    /// finds is reverted and put to the user on `session` when it is done
+    /// ([`Bridge::after_audit`]). One runs at a time: one asked for
+    /// meanwhile runs after it.
     pub(super) fn run_audit(&mut self, session: &str) {
         let Some(base) = &self.audit else {
             return;
         };
-        for finding in base.audit() {
+        if self.auditing.is_some() {
+            self.audit_again = Some(session.to_owned());
+            return;
+        }
+        self.auditing = Some(session.to_owned());
+        self.disk
+            .audit(base.clone(), self.audit_epoch, session.to_owned());
+    }
+
+    /// The same, at once, on the loop: before a re-arm and at shutdown,
+    /// where what follows must not start before it is done.
+    pub(super) fn run_audit_now(&mut self, session: &str) {
+        let Some(base) = &self.audit else {
+            return;
+        };
+        let findings = base.audit();
+        self.revert_and_ask(session, findings);
+    }
+
+    /// An audit finished: its findings are reverted and put to the user,
+    /// unless the generation it was armed for is gone (the audit before the
+    /// re-arm covered it).
+    pub(super) fn after_audit(&mut self, epoch: u64, session: &str, findings: Vec<Finding>) {
+        self.auditing = None;
+        if epoch == self.audit_epoch {
+            self.revert_and_ask(session, findings);
+        }
+        if let Some(next) = self.audit_again.take() {
+            self.run_audit(&next);
+        }
+    }
+
+    fn revert_and_ask(&mut self, session: &str, findings: Vec<Finding>) {
+        for finding in findings {
             let reverted = finding.revert.apply();
             match &reverted {
                 Ok(()) => {
@@ -94,6 +131,13 @@ impl Bridge {
                 info!(path = %finding.path.display(), "the user kept the agent's version");
                 if let Some(base) = &mut self.audit {
                     base.accept(&finding);
+                    // An audit running on the baseline before this answer
+                    // would revert what was just kept: it is dropped, and
+                    // run again on this one.
+                    self.audit_epoch += 1;
+                    if let Some(session) = self.auditing.clone() {
+                        self.audit_again.get_or_insert(session);
+                    }
                 }
             }
             Err(e) => {

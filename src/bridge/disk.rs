@@ -37,6 +37,13 @@ pub(super) enum DiskDone {
     },
     /// A project's template and ledger, on its first session.
     Prepared { root: PathBuf },
+    /// The post-turn audit of the baseline armed as `epoch`, for
+    /// `session`: what it found (not yet reverted).
+    Audited {
+        epoch: u64,
+        session: String,
+        findings: Vec<crate::audit::Finding>,
+    },
     /// An "always allow" of a connection, in the project's network table.
     NetworkRecorded {
         session: String,
@@ -61,6 +68,9 @@ impl std::fmt::Display for DiskDone {
                 write!(f, "approval of {}: {}", root.display(), outcome(result))
             }
             DiskDone::Prepared { root } => write!(f, "{} prepared", root.display()),
+            DiskDone::Audited { findings, .. } => {
+                write!(f, "an audit with {} findings", findings.len())
+            }
             DiskDone::NetworkRecorded { what, result, .. } => {
                 write!(f, "record of {what}: {}", outcome(result))
             }
@@ -139,6 +149,27 @@ impl Disk {
                 what,
                 mirrored,
                 result,
+            });
+        });
+    }
+
+    /// Looks for what the agent left that would run (walking the roots,
+    /// reading settings, asking git about new repositories), off the loop:
+    /// relaying goes on meanwhile. Reverting is the loop's, on the answer.
+    pub fn audit(&mut self, baseline: crate::audit::Baseline, epoch: u64, session: String) {
+        let tx = self.tx.clone();
+        self.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let findings =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| baseline.audit()))
+                    .unwrap_or_else(|_| {
+                        tracing::error!("the post-turn audit failed (a bug: please report it)");
+                        Vec::new()
+                    });
+            let _ = tx.send(DiskDone::Audited {
+                epoch,
+                session,
+                findings,
             });
         });
     }

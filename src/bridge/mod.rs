@@ -186,6 +186,14 @@ pub struct Bridge {
     /// What the running armed generation started with, for the post-turn
     /// audit.
     audit: Option<crate::audit::Baseline>,
+    /// Which baseline `audit` is (a new one at each arming, and each time
+    /// the user keeps a finding): an audit of an older one that finishes
+    /// late is dropped (and run again on the new one).
+    audit_epoch: u64,
+    /// The session of the audit running off the loop, if one is; and of
+    /// one asked for meanwhile, run when it is done.
+    auditing: Option<String>,
+    audit_again: Option<String>,
     /// The files handing sessions' MCP servers to their run_code server.
     servers_files: crate::run_code::inject::ServersFiles,
     /// The sockets that give run_code the editor's files.
@@ -252,6 +260,9 @@ impl Bridge {
             net_asks: net_asks::NetAsks::new(),
             violations: None,
             audit: None,
+            audit_epoch: 0,
+            auditing: None,
+            audit_again: None,
             servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
             code_tools: code_tools::CodeTools::new(),
         };
@@ -428,6 +439,11 @@ impl Bridge {
             Event::Disk(disk::DiskDone::Approved { root, result }) => {
                 self.after_approval(root, result)
             }
+            Event::Disk(disk::DiskDone::Audited {
+                epoch,
+                session,
+                findings,
+            }) => self.after_audit(epoch, &session, findings),
             Event::Disk(disk::DiskDone::Prepared { root }) => {
                 debug!(root = %root.display(), "prepared the project's sandbox.json and ledger")
             }
@@ -580,7 +596,7 @@ impl Bridge {
         // last turn ended is reverted (and logged) before the bridge goes.
         let first = self.sessions.live().next().map(|s| s.id.clone());
         if let Some(session) = first {
-            self.run_audit(&session);
+            self.run_audit_now(&session);
         }
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;

@@ -158,7 +158,7 @@ impl Bridge {
         // Before a re-arm: the audit of what the last generation left.
         let first = self.sessions.live().next().map(|s| s.id.clone());
         if let Some(session) = first {
-            self.run_audit(&session);
+            self.run_audit_now(&session);
         }
         let roots = self.roots_to_arm();
         let served = self.served_sockets();
