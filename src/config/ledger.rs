@@ -28,7 +28,7 @@ pub struct Approved {
     pub code_exec: Option<bool>,
     /// The approved `network` table, as read (None: none approved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<crate::policy::network::NetworkTable>,
+    pub network: Option<crate::config::network::NetworkTable>,
 }
 
 pub struct Ledger {

@@ -41,7 +41,7 @@ pub struct ProjectConfig {
     pub code_exec: bool,
     /// Destinations this project's sandbox may also reach (it widens the
     /// user's table once approved).
-    pub network: Option<crate::policy::network::NetworkTable>,
+    pub network: Option<crate::config::network::NetworkTable>,
 }
 
 /// How the file was found.
@@ -103,7 +103,7 @@ pub fn parse(bytes: &[u8]) -> Result<ProjectConfig, String> {
         code_exec: flag("codeExec")?,
         network: match obj.get("network") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(crate::policy::network::NetworkTable::parse(v)?),
+            Some(v) => Some(crate::config::network::NetworkTable::parse(v)?),
         },
     })
 }
@@ -214,7 +214,7 @@ pub struct Effective {
     /// Offer the project's sessions `run_code` (approved `codeExec: true`).
     pub code_exec: bool,
     /// The project's approved `network` table.
-    pub network: Option<crate::policy::network::NetworkTable>,
+    pub network: Option<crate::config::network::NetworkTable>,
     /// Each permissive difference from the ledger that was ignored, in
     /// words for the log and `doctor`.
     pub ignored: Vec<String>,
@@ -471,7 +471,7 @@ fn read_for_update(root: &Path) -> Result<(PathBuf, Value), WriteError> {
 /// (the network prompt's "always allow").
 pub fn widen_network(
     root: &Path,
-    grant: &crate::policy::network::NetworkTable,
+    grant: &crate::config::network::NetworkTable,
     managed: &ManagedRoot,
 ) -> Result<(), WriteError> {
     let _lock = lock_project(root, managed)?;
@@ -479,7 +479,7 @@ pub fn widen_network(
     let current = match value.get("network") {
         None | Some(Value::Null) => None,
         Some(v) => {
-            Some(crate::policy::network::NetworkTable::parse(v).map_err(WriteError::Malformed)?)
+            Some(crate::config::network::NetworkTable::parse(v).map_err(WriteError::Malformed)?)
         }
     };
     let ledger = Ledger::new(managed.clone());
@@ -772,13 +772,13 @@ mod tests {
         );
         // The file's table was never approved: recording would approve it.
         let port =
-            crate::policy::network::NetworkTable::parse(&json!({"hostLoopback": [8888]})).unwrap();
+            crate::config::network::NetworkTable::parse(&json!({"hostLoopback": [8888]})).unwrap();
         assert!(matches!(
             widen_network(&f.root, &port, &f.managed),
             Err(WriteError::UnapprovedNetwork)
         ));
         approve_current(&f.root, &f.managed).unwrap();
-        let grant = |v: serde_json::Value| crate::policy::network::NetworkTable::parse(&v).unwrap();
+        let grant = |v: serde_json::Value| crate::config::network::NetworkTable::parse(&v).unwrap();
         widen_network(&f.root, &grant(json!({"hostLoopback": [8888]})), &f.managed).unwrap();
         widen_network(&f.root, &grant(json!({"egress": ["b.com"]})), &f.managed).unwrap();
         let v: Value = serde_json::from_str(&file(&f.root)).unwrap();
@@ -794,9 +794,9 @@ mod tests {
 
     #[test]
     fn a_network_table_counts_once_approved_as_written() {
-        let table = |v: serde_json::Value| crate::policy::network::NetworkTable::parse(&v).unwrap();
+        let table = |v: serde_json::Value| crate::config::network::NetworkTable::parse(&v).unwrap();
         let wide = table(json!({"hostLoopback": [11434]}));
-        let read = |network: Option<crate::policy::network::NetworkTable>| ProjectRead {
+        let read = |network: Option<crate::config::network::NetworkTable>| ProjectRead {
             config: ProjectConfig {
                 network,
                 ..ProjectConfig::default()
