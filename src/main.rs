@@ -340,6 +340,12 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
     };
     let startup_note = config_problem.as_ref().filter(|_| cannot_start.is_none() && !args.no_sandbox).map(|problem| {
         format!("The sandbox is armed because {problem}; until it is fixed, zcode-acp arms it as if it were enabled.")
+    }).or_else(|| {
+        zcode_acp::policy::backends::network_problem(&user).map(|p| {
+            let mut p = p;
+            p[..1].make_ascii_uppercase();
+            format!("{p}.")
+        })
     });
     let sandbox = match requested {
         Some(requested_by) if !args.no_sandbox => {

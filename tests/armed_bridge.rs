@@ -858,6 +858,44 @@ fn a_malformed_user_config_arms_the_bridge_and_says_why() {
     );
 }
 
+/// A user network table that cannot be read may have been an egress
+/// list: the sandbox fails closed (no network at all, not the defaults'
+/// whole internet), and the editor is told why.
+#[test]
+fn a_network_table_that_cannot_be_read_closes_the_network_and_says_why() {
+    if !require_kernel_features() {
+        return;
+    }
+    let home = tempfile::tempdir_in(scratch_base()).unwrap();
+    let config = home.path().join("config/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        r#"{"sandbox": {"enabled": true}, "network": {"egress": ["api.example.com", "not a host"]}}"#,
+    )
+    .unwrap();
+    let mut opts = Options::new(shell_agent()).env("ZCODE_SHELL_AGENT_HOME", "");
+    opts.outer_ns = true;
+    opts.home_at = Some(home.path().to_path_buf());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    ed.new_session(&ws);
+    let state = ed
+        .wait_for("the sandbox state", |v| {
+            v["params"]["update"]["sessionUpdate"] == "tool_call"
+        })
+        .value;
+    let text = state["params"]["update"]["content"].to_string();
+    assert!(
+        text.contains("network table cannot be read")
+            && text.contains("not a host")
+            && text.contains("reaches no network")
+            && text.contains("no public egress"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_refused_connection_is_put_to_the_user_and_each_answer_holds() {
     if !require_kernel_features() {

@@ -241,7 +241,10 @@ mod tests {
     fn config_does_not_depend_on_policy() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
         // Spelled apart, so this test's own text does not match.
-        let (a, b) = (concat!("crate", "::policy"), concat!("super::super", "::policy"));
+        let (a, b) = (
+            concat!("crate", "::policy"),
+            concat!("super::super", "::policy"),
+        );
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();

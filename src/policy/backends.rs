@@ -407,22 +407,44 @@ pub fn state_settings(
     })
 }
 
-/// The user's network table; a wrong one counts as the default (host
-/// loopback and LAN closed), and the log says what is wrong.
+/// The user's network table. One that cannot be read fails closed: it
+/// may have been an egress list, and the defaults would open the whole
+/// internet, so nothing is reachable until it is fixed, and the log (and
+/// the editor, see [`network_problem`]) says why.
 fn user_network(user: &UserConfig) -> super::network::NetworkPolicy {
     let Some(value) = &user.network else {
         return Default::default();
     };
     super::network::NetworkPolicy::parse(value).unwrap_or_else(|why| {
-        tracing::warn!("the user config's network table is ignored (the defaults apply: the host's loopback and the LAN are closed): {why}");
-        Default::default()
+        tracing::error!("the user config's network table cannot be read ({why}); until it is fixed, the sandbox reaches no network");
+        super::network::NetworkPolicy::closed()
     })
+}
+
+/// Why the user config's network table cannot be read, if it cannot.
+pub fn network_problem(user: &UserConfig) -> Option<String> {
+    let why = super::network::NetworkPolicy::parse(user.network.as_ref()?).err()?;
+    Some(format!(
+        "the user config's network table cannot be read ({why}); until it is fixed, the sandbox reaches no network"
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn a_network_table_that_cannot_be_read_closes_the_network() {
+        let user: UserConfig =
+            serde_json::from_str(r#"{"network": {"egress": ["a.com", "not a host"]}}"#).unwrap();
+        let net = user_network(&user);
+        assert_eq!(net, crate::policy::network::NetworkPolicy::closed());
+        assert!(network_problem(&user).unwrap().contains("not a host"));
+        let fine: UserConfig = serde_json::from_str(r#"{"network": {"lan": "allow"}}"#).unwrap();
+        assert!(network_problem(&fine).is_none());
+        assert_eq!(user_network(&UserConfig::default()), Default::default());
+    }
 
     /// A machine made of a PATH table, symlinks and scripts.
     #[derive(Default)]

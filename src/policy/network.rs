@@ -113,6 +113,14 @@ impl NetworkPolicy {
         })
     }
 
+    /// Nothing reachable: what a table that cannot be read stands for.
+    pub fn closed() -> NetworkPolicy {
+        NetworkPolicy {
+            egress: Egress::Hosts(Vec::new()),
+            ..NetworkPolicy::default()
+        }
+    }
+
     /// Whether the sandbox keeps a network of its own: not when the whole
     /// host loopback is allowed (it is then the host's network).
     pub fn confines(&self) -> bool {
@@ -247,6 +255,7 @@ impl NetworkPolicy {
         };
         let egress = match &self.egress {
             Egress::Allow => "public egress allowed".to_owned(),
+            Egress::Hosts(h) if h.is_empty() => "no public egress".to_owned(),
             Egress::Hosts(h) => format!("public egress to {} only", h.join(", ")),
         };
         format!("{loopback}, {lan}, {egress}")
