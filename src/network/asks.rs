@@ -14,7 +14,7 @@
 //! prompts of their choosing.
 
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -272,6 +272,7 @@ const SO_PEERPIDFD: libc::c_int = if cfg!(any(target_arch = "sparc", target_arch
 fn peer_pidfd(socket: &impl AsRawFd) -> std::io::Result<Option<OwnedFd>> {
     #[cfg(target_os = "linux")]
     {
+        use std::os::fd::FromRawFd;
         let mut fd: libc::c_int = -1;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `len` bytes into `fd`.
