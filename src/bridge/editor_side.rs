@@ -285,7 +285,11 @@ impl Bridge {
                 if let Some(servers) = servers {
                     match crate::relay::splice::set(&bytes, &["params", "mcpServers"], &servers) {
                         Ok(with) => bytes = with,
-                        Err(e) => warn!("cannot add the run_code server to this session ({e}); it is opened without it"),
+                        Err(e) => {
+                            warn!("cannot add the run_code server to this session ({e}); it is opened without it");
+                            // Nobody is told of its editor socket: closed.
+                            self.code_tools.opened(bid, None);
+                        }
                     }
                 }
                 self.send_to_backend(bytes);

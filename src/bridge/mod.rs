@@ -493,6 +493,11 @@ impl Bridge {
             warn!(%id, method, "answering an in-flight request with an error: {message}");
             self.answer_error(&id, code, message);
         }
+        // A session that will not open now: the editor socket made for it
+        // is closed (the editor sends the request again, and gets another).
+        for bid in orphans.sent_as {
+            self.code_tools.opened(bid, None);
+        }
         for bid in orphans.at_editor {
             self.to_editor(crate::relay::envelope::notification(
                 "$/cancel_request",

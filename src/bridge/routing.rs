@@ -83,6 +83,8 @@ pub(super) struct Terminal {
 pub(super) struct Orphans {
     /// The editor's requests it never answered: (the editor's id, method).
     pub editor_requests: Vec<(RawId, String)>,
+    /// The ids they were sent to the backend under.
+    pub sent_as: Vec<u64>,
     /// Its requests the editor has not answered yet, by bridge id.
     pub at_editor: Vec<u64>,
 }
@@ -254,6 +256,7 @@ impl Routes {
         for bid in ids {
             if let Some(Origin::Editor { id, method, .. }) = self.backend_answered(bid) {
                 out.editor_requests.push((id, method));
+                out.sent_as.push(bid);
             }
         }
         out.at_editor = self
@@ -376,7 +379,8 @@ mod tests {
     #[test]
     fn a_generation_that_ends_leaves_its_requests_to_be_answered() {
         let mut r = Routes::default();
-        r.editor_request(1, RawId("1".into()), "session/prompt".into(), Track::None);
+        let (sent, _) =
+            r.editor_request(1, RawId("1".into()), "session/prompt".into(), Track::None);
         r.editor_request(2, RawId("2".into()), "session/prompt".into(), Track::None);
         r.bridge_request(1);
         let at_editor = r.backend_request(1, RawId("9".into()), None);
@@ -386,6 +390,9 @@ mod tests {
             orphans.editor_requests,
             vec![(RawId("1".into()), "session/prompt".into())]
         );
+        // And the id each went to the backend under (what the bridge keyed
+        // on it, an editor socket made for a session, is let go).
+        assert_eq!(orphans.sent_as, vec![sent]);
         assert_eq!(orphans.at_editor, vec![at_editor]);
         assert_eq!(r.editor_requests_in_flight(), 1);
         // Generation 1's request at the editor still finds its entry.
