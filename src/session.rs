@@ -16,8 +16,8 @@ pub struct Session {
     pub id: String,
     pub cwd: PathBuf,
     pub additional_directories: Vec<PathBuf>,
-    /// `mcpServers` as raw JSON, replayed verbatim.
-    pub mcp_servers: serde_json::Value,
+    /// `mcpServers` as the editor wrote it (JSON text), replayed verbatim.
+    pub mcp_servers: String,
     pub mode: Option<String>,
     pub model: Option<String>,
     /// configId -> value, in the order they were first set.
@@ -29,7 +29,7 @@ impl Session {
         id: String,
         cwd: PathBuf,
         additional_directories: Vec<PathBuf>,
-        mcp_servers: serde_json::Value,
+        mcp_servers: String,
     ) -> Self {
         Session {
             id,
@@ -142,7 +142,7 @@ mod tests {
             id.into(),
             cwd.into(),
             extra.iter().map(PathBuf::from).collect(),
-            serde_json::json!([]),
+            "[]".to_owned(),
         )
     }
 

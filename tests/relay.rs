@@ -35,6 +35,33 @@ fn error_code(r: &Value) -> i64 {
         .unwrap_or_else(|| panic!("expected an error, got {r}"))
 }
 
+/// A session restored on a restarted agent gets its `mcpServers` as the
+/// editor wrote them, byte for byte (unknown fields, spacing and the
+/// spelling of numbers included), not as the bridge would write them.
+#[test]
+fn a_restore_replays_the_editors_mcp_servers_byte_for_byte() {
+    let mut ed = Editor::start_with(Options::new(fake_agent()).env("FAKE_RESUME", "1"));
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let servers = r#"[ {"name":"m", "command":"c","args":[],"env":[],"future":1.50,"_meta":{"k":"\u00e9"}} ]"#;
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"new-1","method":"session/new","params":{{"cwd":{},"mcpServers":{servers}}}}}"#,
+        serde_json::to_string(&ws).unwrap()
+    ));
+    let sid = ed.response(&json!("new-1"))["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    restart(&ed);
+    let (r, _) = ed.prompt(&sid, "pid");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let restored = read_log(&ed, "received.log")
+        .into_iter()
+        .find(|l| l.contains("\"session/resume\""))
+        .expect("the session was restored");
+    assert!(restored.contains(servers), "{restored}");
+}
+
 #[test]
 fn unknown_methods_fields_and_meta_arrive_byte_identical() {
     let mut ed = Editor::start(fake_agent());

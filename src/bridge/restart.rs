@@ -548,25 +548,31 @@ impl Bridge {
         let mut params = json!({
             "sessionId": session.id,
             "cwd": session.cwd,
-            "mcpServers": session.mcp_servers,
         });
         if !session.additional_directories.is_empty() {
             params["additionalDirectories"] = json!(session.additional_directories);
         }
+        // The editor's servers as it wrote them, spliced in (with the
+        // run_code server where code execution is on).
+        let mut servers = session.mcp_servers.clone();
         if let Some(code_exec) = self.code_exec_for(&session) {
-            let servers = session.mcp_servers.to_string();
-            let with = self.code_server_entry(Some(&servers), &session, false, &code_exec);
-            if let Some(with) = with.and_then(|(t, _)| serde_json::from_str(&t).ok()) {
-                params["mcpServers"] = with;
+            if let Some((with, _)) =
+                self.code_server_entry(Some(&session.mcp_servers), &session, false, &code_exec)
+            {
+                servers = with;
             }
         }
+        let params_text =
+            crate::relay::splice::set(params.to_string().as_bytes(), &["mcpServers"], &servers)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_else(|_| params.to_string());
         let step = Step::Restore {
             session,
             method,
             rest: methods,
             refusals,
         };
-        self.await_step(method, &params.to_string(), step, sessions, login_problem);
+        self.await_step(method, &params_text, step, sessions, login_problem);
     }
 
     fn next_setting(

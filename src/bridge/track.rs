@@ -44,18 +44,20 @@ pub enum Track {
     },
 }
 
-fn mcp_servers(frame: &Frame) -> serde_json::Value {
+/// `mcpServers` as the editor wrote it (`[]` where it wrote none).
+fn mcp_servers(frame: &Frame) -> String {
     #[derive(Deserialize)]
     struct Raw {
         #[serde(rename = "mcpServers", default)]
-        mcp_servers: Option<serde_json::Value>,
+        mcp_servers: Option<Box<serde_json::value::RawValue>>,
     }
     frame
         .params_as::<Raw>()
         .ok()
         .and_then(|r| r.mcp_servers)
-        .filter(|v| !v.is_null())
-        .unwrap_or_else(|| serde_json::json!([]))
+        .map(|v| v.get().to_owned())
+        .filter(|v| v != "null")
+        .unwrap_or_else(|| "[]".to_owned())
 }
 
 fn unreadable(method: &str, e: serde_json::Error) -> Track {
@@ -302,7 +304,7 @@ mod tests {
     #[test]
     fn session_new_is_tracked_until_its_response() {
         let req = frame(
-            r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","additionalDirectories":["/x"],"mcpServers":[{"name":"m","command":"c","args":[],"env":[],"future":1}]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","additionalDirectories":["/x"],"mcpServers":[{"name":"m", "command":"c","args":[],"env":[],"future":1.50}]}}"#,
         );
         let track = editor_request("session/new", &req);
         let mut t = SessionTable::default();
@@ -312,8 +314,12 @@ mod tests {
         assert_eq!(apply_success(track, &resp, &mut t).as_deref(), Some("s1"));
         let s = t.get("s1").unwrap();
         assert_eq!(s.roots().count(), 2);
-        // Unknown fields of mcpServers are kept for the replay.
-        assert_eq!(s.mcp_servers[0]["future"], 1);
+        // mcpServers are kept for the replay as the editor wrote them:
+        // unknown fields, spacing and number spelling included.
+        assert_eq!(
+            s.mcp_servers,
+            r#"[{"name":"m", "command":"c","args":[],"env":[],"future":1.50}]"#
+        );
     }
 
     #[test]
@@ -323,7 +329,7 @@ mod tests {
             "s".into(),
             "/w".into(),
             vec![],
-            serde_json::json!([]),
+            "[]".to_owned(),
         ));
         let ok = frame(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
         let m = editor_request(
