@@ -455,7 +455,7 @@ impl Bridge {
             // needs a new approval.
             self.disk.prepare(&self.cfg.managed, real.clone());
         }
-        if project.ignored.iter().any(|why| why.contains("codeExec")) {
+        if project.code_exec_unapproved {
             warn!(root = %real.display(), "sandbox.json asks for run_code, but `codeExec: true` is not approved yet; approve it with `zcode-acp approve --workspace DIR`");
         }
         project.code_exec.then_some(code_exec)

@@ -213,6 +213,8 @@ pub struct Effective {
     pub rules: Entries,
     /// Offer the project's sessions `run_code` (approved `codeExec: true`).
     pub code_exec: bool,
+    /// The file asks for `codeExec: true`, not yet approved.
+    pub code_exec_unapproved: bool,
     /// The project's approved `network` table.
     pub network: Option<crate::config::network::NetworkTable>,
     /// Each permissive difference from the ledger that was ignored, in
@@ -261,10 +263,12 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     // Code execution is permissive: on only once approved; off at once
     // (and turning it on again needs a new approval).
     let mut code_exec = false;
+    let mut code_exec_unapproved = false;
     if config.code_exec {
         if approved.code_exec == Some(true) {
             code_exec = true;
         } else {
+            code_exec_unapproved = true;
             ignored.push("`codeExec: true` was not approved: run_code is not offered".to_owned());
         }
     } else if approved.code_exec == Some(true) {
@@ -316,6 +320,7 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
             strict_git,
         },
         code_exec,
+        code_exec_unapproved,
         network,
         ignored,
         ledger,
@@ -863,7 +868,7 @@ mod tests {
         let asked = effective(&read(true), &approved(None));
         assert!(!asked.code_exec);
         assert!(
-            asked.ignored.iter().any(|w| w.contains("codeExec")),
+            asked.code_exec_unapproved,
             "{:?}",
             asked.ignored
         );
