@@ -31,8 +31,8 @@ use crate::policy::network::{authority, NetworkTable};
 use crate::relay::envelope::request;
 use crate::relay::Frame;
 
-/// Network prompts open at once, at most.
-pub(super) const MAX_OPEN: usize = 3;
+/// Network prompts open at once, at most: as many as of refused writes.
+pub(super) const MAX_OPEN: usize = super::permissions::MAX_OPEN_DIRECT_PROMPTS;
 /// Network prompts in one turn, at most: an agent trying one port after
 /// another must not keep the user answering.
 pub(super) const MAX_PER_TURN: usize = 10;

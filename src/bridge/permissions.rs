@@ -13,8 +13,9 @@ use super::prompts::{self, Answer};
 use crate::config::project::List;
 use crate::relay::{Frame, RawId};
 
-/// Prompts about refused direct writes open at once, at most: an agent
-/// looping over many paths must not bury the editor in prompts.
+/// Prompts of one kind the sandbox's refusals open at once, at most
+/// (refused direct writes; refused connections, see `net_asks`): an agent
+/// looping over many paths or ports must not bury the editor in prompts.
 pub(super) const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
 
 /// A write held until the user answers.
