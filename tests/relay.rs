@@ -62,6 +62,50 @@ fn a_restore_replays_the_editors_mcp_servers_byte_for_byte() {
     assert!(restored.contains(servers), "{restored}");
 }
 
+/// While the agent restarts, editor requests wait in a queue of bounded
+/// length; one past it is answered at once with -32098, and every request
+/// gets exactly one answer.
+#[test]
+fn a_full_restart_queue_answers_what_it_cannot_hold() {
+    let gate = tempfile::NamedTempFile::new().unwrap();
+    let mut ed = Editor::start_with(
+        Options::new(fake_agent()).env("FAKE_WAIT_AT_START_IF", gate.path().to_str().unwrap()),
+    );
+    // The first generation starts at once; the gate holds the next one.
+    let first = gate.path().to_path_buf();
+    let held_open = first.with_extension("off");
+    std::fs::rename(&first, &held_open).unwrap();
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let (_, pid) = ed.prompt(&sid, "pid");
+    let pid: i32 = pid.trim().parse().unwrap();
+    std::fs::rename(&held_open, &first).unwrap();
+    sighup(ed.pid());
+    // Once the first agent is gone, the bridge waits for the next, which
+    // the gate holds: from then on editor requests are queued.
+    wait_until("the first agent is stopped", || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    const QUEUE: usize = 1024;
+    let sent: Vec<Value> = (0..QUEUE + 6)
+        .map(|i| ed.request("_test/echo", json!({ "x": i })))
+        .collect();
+    // Past the queue: refused at once, while the agent is still starting.
+    for id in &sent[QUEUE..] {
+        assert_eq!(error_code(&ed.response(id)), -32098, "{id}");
+    }
+    std::fs::remove_file(&first).unwrap();
+    for (i, id) in sent[..QUEUE].iter().enumerate() {
+        let r = ed.response(id);
+        assert_eq!(r["result"]["echo"]["x"], i, "{r}");
+    }
+    // Exactly one answer each.
+    for id in &sent {
+        let answers = ed.seen.iter().filter(|l| l.value["id"] == *id).count();
+        assert_eq!(answers, 1, "{id}");
+    }
+}
+
 #[test]
 fn unknown_methods_fields_and_meta_arrive_byte_identical() {
     let mut ed = Editor::start(fake_agent());

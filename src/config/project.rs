@@ -867,11 +867,7 @@ mod tests {
         };
         let asked = effective(&read(true), &approved(None));
         assert!(!asked.code_exec);
-        assert!(
-            asked.code_exec_unapproved,
-            "{:?}",
-            asked.ignored
-        );
+        assert!(asked.code_exec_unapproved, "{:?}", asked.ignored);
         assert!(effective(&read(true), &approved(Some(true))).code_exec);
         // Off at once, and recorded: on again needs a new approval.
         let off = effective(&read(false), &approved(Some(true)));
