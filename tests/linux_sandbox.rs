@@ -1670,6 +1670,13 @@ fn git_indirections_cannot_be_planted() {
     git(&["init", "-q"], &repo);
     git(&["config", "core.hooksPath", ".husky"], &repo);
     std::fs::write(repo.join(".husky/pre-commit"), "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(repo.join(".pre-commit-config.yaml"), "repos: []\n").unwrap();
+    // husky 9: git runs the stubs in `.husky/_`, which run `.husky/NAME`.
+    let repo9 = p.ws.join("app9");
+    std::fs::create_dir_all(repo9.join(".husky/_")).unwrap();
+    git(&["init", "-q"], &repo9);
+    git(&["config", "core.hooksPath", ".husky/_"], &repo9);
+    std::fs::write(repo9.join(".husky/pre-commit"), "npm test\n").unwrap();
     // A submodule's git directory, as `git submodule add` leaves it.
     let module = repo.join(".git/modules/lib");
     std::fs::create_dir_all(module.join("hooks")).unwrap();
@@ -1689,10 +1696,12 @@ fn git_indirections_cannot_be_planted() {
     assert!(feature_git.join("commondir").is_file());
     let script = format!(
         "echo evil > {a}/.husky/pre-commit; echo evil > {a}/.husky/post-checkout; \
+         echo evil >> {a}/.pre-commit-config.yaml; echo evil > {a9}/.husky/pre-commit; \
          echo '[core] fsmonitor = evil' >> {m}/config; echo evil > {m}/hooks/post-checkout; \
          echo {o} > {w}/commondir; echo {o} > {f}/commondir; \
          echo ok > {a}/plain.txt; echo done",
         a = repo.display(),
+        a9 = repo9.display(),
         m = module.display(),
         o = p.outside.display(),
         w = wt_git.display(),
@@ -1711,6 +1720,11 @@ fn git_indirections_cannot_be_planted() {
         "#!/bin/sh\nexit 0\n"
     );
     assert!(!repo.join(".husky/post-checkout").exists());
+    assert_eq!(
+        content(&repo.join(".pre-commit-config.yaml")),
+        "repos: []\n"
+    );
+    assert_eq!(content(&repo9.join(".husky/pre-commit")), "npm test\n");
     assert_eq!(content(&module.join("config")), "[core]\n");
     assert!(!module.join("hooks/post-checkout").exists());
     assert!(!content(&wt_git.join("commondir")).contains("outside"));

@@ -33,6 +33,10 @@ fn keys(format: Format) -> &'static [&'static str] {
             "enabledMcpjsonServers",
             "enableAllProjectMcpServers",
             "env",
+            // Plugins bring hooks and MCP servers of their own, from the
+            // marketplaces listed here.
+            "enabledPlugins",
+            "extraKnownMarketplaces",
         ],
         Format::ClaudeState => &[
             "mcpServers",

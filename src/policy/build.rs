@@ -317,6 +317,13 @@ impl Policy {
                     subjects.push(gitfile);
                 }
                 if let Some(hooks) = &repo.hooks_path {
+                    // husky 9 points git at `.husky/_`, whose stubs run the
+                    // scripts beside it, in `.husky`: that is protected.
+                    let hooks = match (hooks.file_name(), hooks.parent()) {
+                        (Some(name), Some(parent)) if name == "_" => parent.to_path_buf(),
+                        _ => hooks.clone(),
+                    };
+                    let hooks = &hooks;
                     if !subjects.contains(hooks) {
                         protected.push(protect(
                             Matcher::Subpath(hooks.clone()),
@@ -609,6 +616,26 @@ mod tests {
             decide(&without, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
             Kind::Allow
         );
+    }
+
+    /// Tools that run what a work-tree file lists on the user's next commit
+    /// are protected like hooks: pre-commit's and lefthook's configs, and
+    /// husky 9's scripts beside the `.husky/_` git is pointed at.
+    #[test]
+    fn hook_managers_configs_are_protected() {
+        let mut input = sample();
+        input.roots[0].repos[0].hooks_path = Some("/home/u/proj/.husky/_".into());
+        let p = Policy::build(&input);
+        let k = |path: &str| decide(&p, path, Op::Write).kind;
+        for path in [
+            "/home/u/proj/.husky/pre-commit",
+            "/home/u/proj/.husky/_/h",
+            "/home/u/proj/.pre-commit-config.yaml",
+            "/home/u/proj/lefthook.yml",
+        ] {
+            assert_eq!(k(path), Kind::Protected, "{path}");
+        }
+        assert_eq!(k("/home/u/proj/.husky-notes.md"), Kind::Allow);
     }
 
     #[test]

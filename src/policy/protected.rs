@@ -74,4 +74,24 @@ pub const IN_WORK_TREE: &[Entry] = &[
         shape: Shape::File,
         why: "agents and editors start the MCP servers listed in .mcp.json, unsandboxed",
     },
+    Entry {
+        name: ".pre-commit-config.yaml",
+        shape: Shape::File,
+        why: "pre-commit runs the hooks it lists (a `repo: local` entry runs any command) on the user's next git commit",
+    },
+    Entry {
+        name: "lefthook.yml",
+        shape: Shape::File,
+        why: "lefthook runs the commands it lists on the user's git hooks",
+    },
+    Entry {
+        name: ".lefthook.yml",
+        shape: Shape::File,
+        why: "lefthook runs the commands it lists on the user's git hooks",
+    },
+    Entry {
+        name: "lefthook-local.yml",
+        shape: Shape::File,
+        why: "lefthook runs the commands it lists on the user's git hooks",
+    },
 ];
