@@ -663,26 +663,39 @@ fn a_malformed_project_config_arms_the_bridge() {
     if !require_kernel_features() {
         return;
     }
-    let mut ed = start_shell_agent(false);
-    ed.initialize();
-    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
-    std::fs::create_dir_all(&outside).unwrap();
-    let ws = workspace(&ed, "w");
-    std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
-    // A half-saved edit: not valid JSON. It counts as "on", and is kept as it is.
-    let half = r#"{"enabled": false, "allow": ["/"#;
-    std::fs::write(ws.join(".zcode/acp/sandbox.json"), half).unwrap();
-    let sid = ed.new_session(&ws);
-    let (_, text) = ed.prompt(
-        &sid,
-        &format!("echo x > {}/x.txt; echo rc=$?", outside.display()),
-    );
-    assert!(text.contains("rc=2"), "{text}");
-    assert!(!outside.join("x.txt").exists());
-    assert_eq!(
-        std::fs::read_to_string(ws.join(".zcode/acp/sandbox.json")).unwrap(),
-        half
-    );
+    // A half-saved edit (not valid JSON), a FIFO (read, it would block the
+    // bridge), a symlink to /dev/zero (read, it would grow without end):
+    // each counts as "on", is left as it is, and never hangs the bridge.
+    for kind in ["half-saved", "fifo", "zero"] {
+        let mut ed = start_shell_agent(false);
+        ed.initialize();
+        let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        let ws = workspace(&ed, "w");
+        std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+        let file = ws.join(".zcode/acp/sandbox.json");
+        let half = r#"{"enabled": false, "allow": ["/"#;
+        match kind {
+            "half-saved" => std::fs::write(&file, half).unwrap(),
+            "fifo" => {
+                nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+            _ => std::os::unix::fs::symlink("/dev/zero", &file).unwrap(),
+        }
+        let sid = ed.new_session(&ws);
+        let (_, text) = ed.prompt(
+            &sid,
+            &format!("echo x > {}/x.txt; echo rc=$?", outside.display()),
+        );
+        assert!(text.contains("rc=2"), "{kind}: {text}");
+        assert!(!outside.join("x.txt").exists(), "{kind}");
+        let meta = std::fs::symlink_metadata(&file).unwrap();
+        match kind {
+            "half-saved" => assert_eq!(std::fs::read_to_string(&file).unwrap(), half),
+            "fifo" => assert!(std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type())),
+            _ => assert!(meta.file_type().is_symlink()),
+        }
+    }
 }
 
 #[test]
