@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod backend;
 pub mod bridge;
+pub mod children;
 pub mod commands;
 pub mod config;
 pub mod confine;

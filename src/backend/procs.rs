@@ -134,17 +134,22 @@ pub fn my_descendants() -> Vec<ProcInfo> {
 /// Returns how many were reaped.
 pub fn reap_zombie_children(spare: &[i32]) -> usize {
     let me = std::process::id() as i32;
-    let mut reaped = 0;
-    for p in snapshot() {
-        if p.ppid == me && p.is_zombie() && !spare.contains(&p.pid) {
-            if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
-                if status.pid().is_some() {
-                    reaped += 1;
+    // Children a thread of ours waits for itself (`crate::children`) are
+    // theirs too.
+    crate::children::with_owned(|owned| {
+        let mut reaped = 0;
+        for p in snapshot() {
+            let theirs = spare.contains(&p.pid) || owned.contains(&(p.pid as u32));
+            if p.ppid == me && p.is_zombie() && !theirs {
+                if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
+                    if status.pid().is_some() {
+                        reaped += 1;
+                    }
                 }
             }
         }
-    }
-    reaped
+        reaped
+    })
 }
 
 #[cfg(test)]

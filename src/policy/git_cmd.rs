@@ -90,12 +90,14 @@ pub fn output(mut cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     // A busy machine can refuse a fork for a moment (EAGAIN): once more.
-    let mut child = match cmd.spawn() {
+    // Registered as waited for here, so the bridge's reaper of leftover
+    // zombies never takes its exit status (this may run off the loop).
+    let (mut child, _owned) = match crate::children::spawn_owned(&mut cmd) {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(NoAnswer::Unavailable),
         Err(_) => {
             std::thread::sleep(Duration::from_millis(50));
-            cmd.spawn().map_err(|_| NoAnswer::Unavailable)?
+            crate::children::spawn_owned(&mut cmd).map_err(|_| NoAnswer::Unavailable)?
         }
     };
     let deadline = Instant::now() + limit;
