@@ -81,6 +81,35 @@ impl World {
         let client = ().serve(transport).await.expect("MCP initialize");
         Server { client }
     }
+
+    /// The server under `zcode-acp run`, as inside an armed agent: its
+    /// runs share the sandbox's private `/tmp`.
+    async fn server_in_a_sandbox(&self, args: &[&str]) -> Server {
+        let ws = self.workspace();
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.arg("run")
+            .arg("--workspace")
+            .arg(&ws)
+            .arg("--backend-profile")
+            .arg("none")
+            .arg("--")
+            .arg(BIN)
+            .arg("mcp")
+            .arg("--workspace")
+            .arg(&ws)
+            .args(args)
+            .env_clear()
+            .env("HOME", self.path())
+            .env("XDG_CONFIG_HOME", self.path().join(".config"))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .current_dir(&ws)
+            .stderr(Stdio::inherit());
+        common::in_outer_mount_ns(&mut cmd);
+        let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
+        Server {
+            client: ().serve(transport).await.expect("initialize"),
+        }
+    }
 }
 
 struct Server {
@@ -504,28 +533,7 @@ async fn inside_an_armed_sandbox_a_run_keeps_it_adds_its_own_layer_and_says_so()
     let world = World::new(json!({}));
     let ws = world.workspace();
     // The server itself under `zcode-acp run`, as inside an armed agent.
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.arg("run")
-        .arg("--workspace")
-        .arg(&ws)
-        .arg("--backend-profile")
-        .arg("none")
-        .arg("--")
-        .arg(BIN)
-        .arg("mcp")
-        .arg("--workspace")
-        .arg(&ws)
-        .env_clear()
-        .env("HOME", world.path())
-        .env("XDG_CONFIG_HOME", world.path().join(".config"))
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .current_dir(&ws)
-        .stderr(Stdio::inherit());
-    common::in_outer_mount_ns(&mut cmd);
-    let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
-    let server = Server {
-        client: ().serve(transport).await.expect("initialize"),
-    };
+    let server = world.server_in_a_sandbox(&[]).await;
     let outside = world.outside();
     let marker = format!(
         "{}.{}",
@@ -797,7 +805,9 @@ impl ToolWorld {
     fn new(config: Value) -> ToolWorld {
         use std::os::unix::fs::PermissionsExt;
         let world = World::new(config);
-        let count = world.path().join("served");
+        // In the workspace: an MCP server started inside a sandbox can
+        // write nothing else.
+        let count = world.workspace().join("served");
         let servers = world.path().join("servers.json");
         let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
         let defs = json!([{"name": "fs", "command": "python3", "args": [fixture],
@@ -817,6 +827,12 @@ impl ToolWorld {
     async fn server(&self) -> Server {
         self.world
             .server_with(&[], &["--servers", self.servers.to_str().unwrap()])
+            .await
+    }
+
+    async fn server_in_a_sandbox(&self) -> Server {
+        self.world
+            .server_in_a_sandbox(&["--servers", self.servers.to_str().unwrap()])
             .await
     }
 
@@ -1020,4 +1036,105 @@ try {
         logs.contains("too_many_at_once") && logs.contains("timeout"),
         "{logs}"
     );
+}
+
+#[tokio::test]
+async fn another_run_that_finds_a_runs_socket_cannot_call_set_its_result_or_log() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Inside an armed agent every run shares the agent's /tmp, where the
+    // runs' sockets are.
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server_in_a_sandbox().await;
+    let victim = r#"
+import os, time, zcode_tools
+zcode_tools.fs.echo(text="a")
+zcode_tools.result("A's own")
+zcode_tools.log("info", "A's own log")
+open("a-ready", "w").close()
+while not os.path.exists("b-done"):
+    time.sleep(0.02)
+print("A done")
+"#;
+    let intruder = r#"
+import glob, json, os, re, socket, time
+while not os.path.exists("a-ready"):
+    time.sleep(0.02)
+mine = os.environ["ZCODE_TOOLS_SOCKET"]
+own = os.environ["ZCODE_TOOLS_TOKEN"]
+tokens = [own, "", None, "0" * len(own)]
+# Any other run's token this run can read where processes keep theirs.
+for env in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        seen = open(env, "rb").read()
+    except OSError:
+        continue
+    for t in re.findall(rb"ZCODE_TOOLS_TOKEN=([0-9a-f]+)", seen):
+        if t.decode() != own:
+            print("read a token in", env)
+            tokens.append(t.decode())
+def ask(path, line):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(line + b"\n")
+    answer = s.makefile("rb").readline()
+    s.close()
+    m = json.loads(answer) if answer else {}
+    return ((m.get("error") or {}).get("data") or {}).get("code", "ANSWERED")
+found = 0
+for path in glob.glob(os.path.join(os.path.dirname(os.path.dirname(mine)), "zcode-run-*", "tools.sock")):
+    if path == mine:
+        continue
+    found += 1
+    for token in tokens:
+        for method, params in [
+            ("call", {"tool": "fs.echo", "args": {"text": "b"}}),
+            ("result", {"value": "forged"}),
+            ("log", {"level": "info", "message": "forged log"}),
+        ]:
+            req = {"id": 1, "jsonrpc": "2.0", "method": method, "params": params}
+            if token is not None:
+                req["token"] = token
+            print(method, "=", ask(path, json.dumps(req).encode()))
+    print("junk =", ask(path, b"not json"))
+    big = {"id": 2, "jsonrpc": "2.0", "method": "log", "params": {"level": "info", "message": "x" * (2 << 20)}}
+    print("big =", ask(path, json.dumps(big).encode()))
+print("found", found)
+open("b-done", "w").close()
+"#;
+    let (a, b) = tokio::join!(
+        server.run(json!({"language": "python", "source": victim, "tools": ["fs.echo"], "timeoutMs": 60000})),
+        server.run(json!({"language": "python", "source": intruder, "tools": ["fs.echo"], "timeoutMs": 60000})),
+    );
+    let (a, b) = (a.0, b.0);
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(b["ok"], true, "{b}");
+    let out = b["stdout"].as_str().unwrap();
+    assert!(
+        out.contains("found 1"),
+        "the other run's socket was not found: {out}"
+    );
+    assert!(!out.contains("read a token"), "{out}");
+    let attempts: Vec<&str> = out.lines().filter(|l| l.contains(" = ")).collect();
+    assert_eq!(attempts.len(), 4 * 3 + 2, "{out}");
+    for line in &attempts {
+        assert!(line.ends_with("= bad_token"), "{line}: {out}");
+    }
+    // The first run's result, logs and calls are its own.
+    assert_eq!(a["result"], "A's own", "{a}");
+    assert_eq!(a["toolCalls"], 1, "{a}");
+    assert_eq!(
+        tw.served(),
+        1,
+        "a call without the token reached the MCP server"
+    );
+    let logs = a["logs"].to_string();
+    assert!(logs.contains("A's own log"), "{logs}");
+    assert!(!logs.contains("forged"), "{logs}");
+    assert!(
+        logs.contains("bad_token"),
+        "the refusals are not said: {logs}"
+    );
+    assert_eq!(b["toolCalls"], 0, "{b}");
 }

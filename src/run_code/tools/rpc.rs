@@ -3,6 +3,13 @@
 //! run. Methods: `call {tool, args}`, `result {value}`, `log {level,
 //! message}`. Every bound it keeps is a JSON-RPC error whose `data.code`
 //! the stubs raise as `ToolError.code`, and a line in the run's `logs`.
+//!
+//! The socket is a file another run of the same agent can reach (they
+//! share the agent's `/tmp`, and Landlock does not govern connecting to a
+//! socket by its path), so every request must carry the run's token
+//! (`token`, from `$ZCODE_TOOLS_TOKEN`, which only this run's processes
+//! are given): one without it is refused, said in the logs, and its
+//! connection closed.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -71,6 +78,8 @@ struct State {
 }
 
 struct Shared {
+    /// The run's token, as its requests carry it.
+    token: String,
     allowed: BTreeSet<String>,
     caller: Arc<dyn Caller>,
     limits: ToolLimits,
@@ -113,6 +122,7 @@ impl RpcServer {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let shared = Arc::new(Shared {
+            token: new_token(),
             allowed,
             caller,
             limits,
@@ -160,6 +170,12 @@ impl RpcServer {
             accept: Some(accept),
             stop: Some(stop),
         })
+    }
+
+    /// The token every request must carry: for the run's environment
+    /// ([`super::TOKEN_ENV`]), and nowhere else.
+    pub fn token(&self) -> &str {
+        &self.shared.token
     }
 
     /// Ends the server (calls still in flight are dropped: the run is
@@ -224,6 +240,25 @@ impl Shared {
         });
     }
 
+    /// Whether `given` is the run's token (compared in constant time: how
+    /// long a refusal takes says nothing of how much of it was right).
+    fn is_token(&self, given: Option<&str>) -> bool {
+        given.is_some_and(|g| same_secret(g.as_bytes(), self.token.as_bytes()))
+    }
+
+    /// The refusal of a request without the run's token: the run's logs
+    /// and this server's log say it (once, with the count at the end).
+    fn stranger(&self) -> ToolFailure {
+        let first = !self.lock().breaches.contains_key("bad_token");
+        if first {
+            tracing::warn!("a request on a run's tools socket did not carry the run's token, and was refused: another process found the socket");
+        }
+        self.breach(
+            "bad_token",
+            format!("a request without this run's token was refused and its connection closed (every request carries \"token\": the value of ${})", super::TOKEN_ENV),
+        )
+    }
+
     /// A refusal: the script gets the error, the logs say it (once per
     /// kind; the count is added at the end).
     fn breach(&self, code: &'static str, message: String) -> ToolFailure {
@@ -235,6 +270,25 @@ impl Shared {
         }
         ToolFailure::new(code, message)
     }
+}
+
+/// A fresh token: 128 random bits, as hex.
+fn new_token() -> String {
+    use rand::Rng;
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `a == b`, in a time that depends only on their lengths.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0u8, |acc, (x, y)| std::hint::black_box(acc | (x ^ y)));
+    diff == 0
 }
 
 /// `s` cut to at most `max` bytes, at a character boundary.
@@ -250,9 +304,10 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
-/// Serves one connection: requests are read one line at a time and each
-/// is answered by a task of its own (a script may have several calls in
-/// flight); answers go back through one writer.
+/// Serves one connection: requests are read one line at a time, checked
+/// for the run's token, and each is answered by a task of its own (a
+/// script may have several calls in flight); answers go back through one
+/// writer. The first request without the token ends the connection.
 async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let (mut reader, mut writer) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(MAX_QUEUED_ANSWERS);
@@ -269,8 +324,11 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let max_line = shared.limits.max_bytes.saturating_add(4096);
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 64 * 1024];
-    let mut skipping: Option<Value> = None;
-    loop {
+    // (its id, and whether its first bytes carried the token)
+    let mut skipping: Option<(Value, bool)> = None;
+    // A request on this connection carried the token.
+    let mut trusted = false;
+    'read: loop {
         let n = tokio::select! {
             n = reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
             Some(_) = calls.join_next(), if !calls.is_empty() => continue,
@@ -286,13 +344,18 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                 if buf.len() > max_line {
                     // Too long to take: answered (by the id its first
                     // bytes carry) once the line ends, the rest unread.
-                    skipping = Some(leading_id(&buf));
+                    let token = leading_str(&buf, "token");
+                    skipping = Some((leading_id(&buf), shared.is_token(token.as_deref())));
                     buf.clear();
                 }
             }
             let Some(used) = ended else { break };
             rest = &rest[used..];
-            if let Some(id) = skipping.take() {
+            if let Some((id, with_token)) = skipping.take() {
+                if !(trusted || with_token) {
+                    let _ = tx.send(answer(&id, Err(shared.stranger()))).await;
+                    break 'read;
+                }
                 let f = shared.breach(
                     "too_large",
                     format!(
@@ -307,6 +370,28 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            let msg: Value = match serde_json::from_slice(&line) {
+                Ok(v) => v,
+                // Without the token no more is said than that.
+                Err(_) if !trusted => {
+                    let _ = tx
+                        .send(answer(&leading_id(&line), Err(shared.stranger())))
+                        .await;
+                    break 'read;
+                }
+                Err(e) => {
+                    let f =
+                        shared.breach("bad_request", format!("a request that is not JSON: {e}"));
+                    let _ = tx.send(answer(&leading_id(&line), Err(f))).await;
+                    continue;
+                }
+            };
+            if !shared.is_token(msg.get("token").and_then(Value::as_str)) {
+                let id = msg.get("id").cloned().unwrap_or(Value::Null);
+                let _ = tx.send(answer(&id, Err(shared.stranger()))).await;
+                break 'read;
+            }
+            trusted = true;
             // Too many in flight: this connection is not read until one
             // ends (a script that never reads its answers stalls itself).
             while calls.len() >= MAX_TASKS_PER_CONNECTION {
@@ -314,22 +399,26 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
             }
             let (shared, tx) = (shared.clone(), tx.clone());
             calls.spawn(async move {
-                if let Some(reply) = handle(&line, &shared).await {
+                if let Some(reply) = handle(msg, &shared).await {
                     let _ = tx.send(reply).await;
                 }
             });
         }
     }
-    // The script closed its end: what it asked is still answered (a
-    // `result` sent just before exit), then the writer ends.
+    // The script closed its end (or sent a request without the token):
+    // what it asked is still answered (a `result` sent just before
+    // exit), then the writer ends.
     while calls.join_next().await.is_some() {}
     drop(tx);
     let _ = write.await;
 }
 
+/// How much of an over-long line is looked at for its id and token.
+const HEAD: usize = 256;
+
 /// The id at the start of an over-long line (the stubs write it first).
 fn leading_id(head: &[u8]) -> Value {
-    let head = &head[..head.len().min(128)];
+    let head = &head[..head.len().min(HEAD)];
     let text = String::from_utf8_lossy(head);
     text.split_once("\"id\":")
         .and_then(|(_, rest)| {
@@ -343,6 +432,17 @@ fn leading_id(head: &[u8]) -> Value {
         .map_or(Value::Null, Value::from)
 }
 
+/// The string field `key` near the start of an over-long line (the stubs
+/// write the token right after the id).
+fn leading_str(head: &[u8], key: &str) -> Option<String> {
+    let head = &head[..head.len().min(HEAD)];
+    let text = String::from_utf8_lossy(head);
+    let (_, rest) = text.split_once(&format!("\"{key}\":"))?;
+    let rest = rest.trim_start().strip_prefix('"')?;
+    let (value, _) = rest.split_once('"')?;
+    Some(value.to_owned())
+}
+
 fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {
     let v = match outcome {
         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
@@ -353,15 +453,9 @@ fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
-/// One request; None for a notification (no id), which gets no answer.
-async fn handle(line: &[u8], shared: &Shared) -> Option<Vec<u8>> {
-    let msg: Value = match serde_json::from_slice(line) {
-        Ok(v) => v,
-        Err(e) => {
-            let f = shared.breach("bad_request", format!("a request that is not JSON: {e}"));
-            return Some(answer(&leading_id(line), Err(f)));
-        }
-    };
+/// One request, its token checked; None for a notification (no id),
+/// which gets no answer.
+async fn handle(msg: Value, shared: &Shared) -> Option<Vec<u8>> {
     let id = msg.get("id").cloned();
     let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
@@ -524,10 +618,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_over_long_lines_id_is_read_from_its_first_bytes() {
+    fn an_over_long_lines_id_and_token_are_read_from_its_first_bytes() {
         assert_eq!(leading_id(br#"{"id":42,"jsonrpc":"2.0","#), json!(42));
         assert_eq!(leading_id(br#"{"id": 7, "#), json!(7));
         assert_eq!(leading_id(br#"{"jsonrpc":"2.0""#), Value::Null);
+        let head = br#"{"id":3,"token":"ab12","jsonrpc":"2.0","params":{"#;
+        assert_eq!(leading_str(head, "token").as_deref(), Some("ab12"));
+        assert_eq!(leading_str(br#"{"id":3,"token":"ab1"#, "token"), None);
+    }
+
+    #[test]
+    fn secrets_are_compared_whole() {
+        assert!(same_secret(b"abcd", b"abcd"));
+        assert!(!same_secret(b"abcd", b"abce"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert_eq!(new_token().len(), 32);
+        assert_ne!(new_token(), new_token());
     }
 
     #[test]

@@ -112,6 +112,7 @@ const TAKEN: &[&str] = &[
     "_rpc",
     "_Group",
     "_SOCKET_ENV",
+    "_TOKEN",
 ];
 
 /// `name` as an identifier of both languages: ASCII letters, digits and
@@ -199,8 +200,10 @@ fn doc(spec: &ToolSpec) -> String {
 }
 
 /// `zcode_tools.py`.
-pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
-    let mut out = String::from(PYTHON_HEAD).replace("@SOCKET_ENV@", &literal(socket_env));
+pub fn python(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let mut out = String::from(PYTHON_HEAD)
+        .replace("@SOCKET_ENV@", &literal(socket_env))
+        .replace("@TOKEN_ENV@", &literal(token_env));
     for (group, members) in grouped(specs) {
         let mut fields = Vec::new();
         for (id, spec) in members {
@@ -223,8 +226,8 @@ pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
 }
 
 /// The package's `index.mjs` (ES module).
-pub fn node_esm(specs: &[ToolSpec], socket_env: &str) -> String {
-    let body = node_body(specs, socket_env);
+pub fn node_esm(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let body = node_body(specs, socket_env, token_env);
     let groups: Vec<String> = grouped(specs).into_keys().collect();
     let mut out = format!("import __zc_net from \"node:net\";\n{body}");
     for g in &groups {
@@ -239,8 +242,8 @@ pub fn node_esm(specs: &[ToolSpec], socket_env: &str) -> String {
 }
 
 /// The package's `index.cjs` (for `require`, from a CommonJS source).
-pub fn node_cjs(specs: &[ToolSpec], socket_env: &str) -> String {
-    let body = node_body(specs, socket_env);
+pub fn node_cjs(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let body = node_body(specs, socket_env, token_env);
     let groups: Vec<String> = grouped(specs).into_keys().collect();
     format!(
         "\"use strict\";\nconst __zc_net = require(\"node:net\");\n{body}module.exports = {{ ToolError, call, result, log{} }};\n",
@@ -248,8 +251,10 @@ pub fn node_cjs(specs: &[ToolSpec], socket_env: &str) -> String {
     )
 }
 
-fn node_body(specs: &[ToolSpec], socket_env: &str) -> String {
-    let mut out = String::from(NODE_BODY).replace("@SOCKET_ENV@", &literal(socket_env));
+fn node_body(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let mut out = String::from(NODE_BODY)
+        .replace("@SOCKET_ENV@", &literal(socket_env))
+        .replace("@TOKEN_ENV@", &literal(token_env));
     for (group, members) in grouped(specs) {
         out.push_str(&format!("const {group} = Object.freeze({{\n"));
         for (id, spec) in members {
@@ -279,7 +284,7 @@ fn js_comment(text: &str) -> String {
 /// The package's `index.d.ts`: each tool's arguments as a type.
 pub fn node_types(specs: &[ToolSpec]) -> String {
     let mut out = String::from(
-        "export declare class ToolError extends Error {\n  /** not_allowed, call_limit, too_large, timeout, too_many_at_once, tool_error, unavailable, bad_request */\n  code: string;\n}\n\
+        "export declare class ToolError extends Error {\n  /** not_allowed, call_limit, too_large, timeout, too_many_at_once, tool_error, unavailable, bad_request, bad_token */\n  code: string;\n}\n\
          /** Calls a tool by its full name (`server.tool`). */\n\
          export declare function call(name: string, args?: Record<string, unknown>): Promise<unknown>;\n\
          /** Sets the call's structured `result` (JSON; the last call wins). */\n\
@@ -384,7 +389,7 @@ __all__ = ["ToolError", "call", "result", "log"]
 
 class ToolError(Exception):
     """A refused or failed call. `code`: not_allowed, call_limit, too_large,
-    timeout, too_many_at_once, tool_error, unavailable or bad_request."""
+    timeout, too_many_at_once, tool_error, unavailable, bad_request or bad_token."""
 
     def __init__(self, code, message):
         super().__init__(f"{code}: {message}")
@@ -393,6 +398,9 @@ class ToolError(Exception):
 
 
 _SOCKET_ENV = @SOCKET_ENV@
+# Every request carries the run's token (read once: a script that clears
+# its environment keeps its tools).
+_TOKEN = _os.environ.get(@TOKEN_ENV@, "")
 _local = _threading.local()
 _ids = iter(range(1, 1 << 62))
 _ids_lock = _threading.Lock()
@@ -422,7 +430,7 @@ def _rpc(method, params):
     with _ids_lock:
         i = next(_ids)
     try:
-        line = _json.dumps({"id": i, "jsonrpc": "2.0", "method": method, "params": params},
+        line = _json.dumps({"id": i, "token": _TOKEN, "jsonrpc": "2.0", "method": method, "params": params},
                            separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise ToolError("bad_request", f"not JSON: {e}") from None
@@ -486,6 +494,8 @@ class ToolError extends Error {
   }
 }
 const __zc_SOCKET_ENV = @SOCKET_ENV@;
+// Every request carries the run's token (read once, at load).
+const __zc_TOKEN = process.env[@TOKEN_ENV@] || "";
 let __zc_socket = null;
 let __zc_buffered = "";
 let __zc_nextId = 0;
@@ -527,7 +537,7 @@ function __zc_rpc(method, params) {
   return new Promise((resolve, reject) => {
     let line;
     try {
-      line = JSON.stringify({ id: ++__zc_nextId, jsonrpc: "2.0", method, params });
+      line = JSON.stringify({ id: ++__zc_nextId, token: __zc_TOKEN, jsonrpc: "2.0", method, params });
     } catch (e) {
       return reject(new ToolError("bad_request", `not JSON: ${e.message}`));
     }
@@ -585,9 +595,9 @@ mod tests {
             "fs.ls",
             "\"\"\"\nimport os; os.system('x')\n*/ process.exit(1) /*\n\u{2028}",
         );
-        let py = python(std::slice::from_ref(&hostile), "S");
+        let py = python(std::slice::from_ref(&hostile), "S", "T");
         assert!(!py.contains("\nimport os; os.system"), "{py}");
-        let js = node_esm(std::slice::from_ref(&hostile), "S");
+        let js = node_esm(std::slice::from_ref(&hostile), "S", "T");
         assert!(!js.contains("*/ process.exit"), "{js}");
         let ts = node_types(std::slice::from_ref(&hostile));
         assert!(!ts.contains("*/ process.exit"), "{ts}");
@@ -599,7 +609,7 @@ mod tests {
             spec("fs.list_files", "Lists files."),
             spec("fs.read", "Reads."),
         ];
-        let py = python(&specs, "ZCODE_TOOLS_SOCKET");
+        let py = python(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
         assert!(
             py.contains(
                 "fs = _Group(\"fs\", {\"list_files\": _fs__list_files, \"read\": _fs__read})"
@@ -614,9 +624,9 @@ mod tests {
             ),
             "{ts}"
         );
-        let esm = node_esm(&specs, "ZCODE_TOOLS_SOCKET");
+        let esm = node_esm(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
         assert!(esm.contains("export { fs };"), "{esm}");
-        let cjs = node_cjs(&specs, "ZCODE_TOOLS_SOCKET");
+        let cjs = node_cjs(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
         assert!(
             cjs.contains("module.exports = { ToolError, call, result, log, fs };"),
             "{cjs}"
