@@ -78,8 +78,9 @@ impl World {
         common::in_outer_mount_ns(&mut cmd);
         let transport = TokioChildProcess::new(tokio::process::Command::from(cmd))
             .expect("start zcode-acp mcp");
+        let pid = transport.id();
         let client = ().serve(transport).await.expect("MCP initialize");
-        Server { client }
+        Server { client, pid }
     }
 
     /// The server under `zcode-acp run`, as inside an armed agent: its
@@ -107,6 +108,7 @@ impl World {
         common::in_outer_mount_ns(&mut cmd);
         let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
         Server {
+            pid: transport.id(),
             client: ().serve(transport).await.expect("initialize"),
         }
     }
@@ -114,6 +116,8 @@ impl World {
 
 struct Server {
     client: RunningService<RoleClient, ()>,
+    /// The process the test started (under `zcode-acp run`, that one).
+    pid: Option<u32>,
 }
 
 impl Server {
@@ -140,6 +144,18 @@ impl Server {
             text,
         )
     }
+}
+
+/// The most memory process `pid` has held resident (VmHWM), in bytes.
+fn peak_resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
 }
 
 /// Processes on this machine whose command line holds `marker`.
@@ -1137,4 +1153,84 @@ open("b-done", "w").close()
         "the refusals are not said: {logs}"
     );
     assert_eq!(b["toolCalls"], 0, "{b}");
+}
+
+#[tokio::test]
+async fn a_script_that_never_reads_its_answers_cannot_grow_the_servers_memory() {
+    if !require_kernel_features() {
+        return;
+    }
+    // No call is refused for being one too many at once: only the budget
+    // for answers held stops them.
+    let tw = ToolWorld::new(json!({"runCode": {"concurrentToolCalls": 1000}}));
+    let server = tw.server().await;
+    let pid = server.pid.unwrap();
+    // Warm: the MCP server connected, and answers of ~1 MB made and read.
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["fs.echo"], "source":
+            "from zcode_tools import fs\nfor i in range(20):\n    assert len(fs.echo(text='x' * 1000, times=1000)) == 10**6"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let (served, peak) = (tw.served(), peak_resident(pid));
+    // Four connections, each sent calls of ~1 MB answers until the server
+    // stops reading it; not one answer is read. The script then waits for
+    // a seventeenth call to reach the MCP server, which only a server
+    // that keeps taking calls makes: a bounded one leaves the script to
+    // its clock.
+    let source = format!(
+        r#"
+import json, os, socket, time
+path, token = os.environ["ZCODE_TOOLS_SOCKET"], os.environ["ZCODE_TOOLS_TOKEN"]
+n, held = 0, []
+for c in range(4):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.setblocking(False)
+    held.append(s)
+    pending = b""
+    while True:
+        if not pending:
+            n += 1
+            pending = (json.dumps({{"id": n, "token": token, "jsonrpc": "2.0", "method": "call",
+                "params": {{"tool": "fs.echo", "args": {{"text": "x" * 1000, "times": 1000}}}}}}) + "\n").encode()
+        try:
+            pending = pending[s.send(pending):]
+        except BlockingIOError:
+            break
+print("sent", n, flush=True)
+while len(open("served").read()) < {served} + 17:
+    time.sleep(0.02)
+print("unbounded")
+"#
+    );
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source, "tools": ["fs.echo"], "timeoutMs": 4000}))
+        .await;
+    let started = tw.served() - served;
+    let grew = peak_resident(pid).saturating_sub(peak);
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        !out.contains("unbounded"),
+        "{started} calls were started: {r}"
+    );
+    assert_eq!(r["error"]["code"], "timeout", "{r}");
+    let sent: usize = out.trim().strip_prefix("sent ").unwrap().parse().unwrap();
+    // The run's budget (16 MiB by default) holds about sixteen answers of
+    // 1 MB: no more calls were started, though far more were sent.
+    assert!(sent > 100, "{r}");
+    assert!(
+        started <= 16,
+        "{started} calls were started for a script that reads no answer"
+    );
+    assert!(r["toolCalls"].as_u64().unwrap() <= 16, "{r}");
+    assert!(
+        grew < 64 << 20,
+        "the server's peak memory grew by {} MiB",
+        grew >> 20
+    );
+    // The server goes on serving.
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["fs.echo"], "source": "from zcode_tools import fs\nprint(fs.echo(text='ok'))"}))
+        .await;
+    assert_eq!(r["stdout"], "ok\n", "{r}");
 }

@@ -20,8 +20,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{ToolFailure, ToolLimits};
@@ -32,11 +35,20 @@ pub const MAX_SOCKET_PATH: usize = 103;
 
 /// Connections one run may hold open, requests one connection may have
 /// in flight (past it the connection is not read until one ends), and
-/// answers queued toward a script that is not reading them: a run's
-/// script cannot grow this server's memory past these.
+/// answers queued toward a script that is not reading them.
 const MAX_CONNECTIONS: usize = 16;
 const MAX_TASKS_PER_CONNECTION: usize = 64;
 const MAX_QUEUED_ANSWERS: usize = 64;
+/// The bytes of requests being answered and answers not yet written that
+/// one run may have this server hold, across its connections: at least
+/// this, and at least what its concurrent calls (up to 8) can return at
+/// once. Each request holds its size and the largest answer it could get
+/// until it is answered, then the size of its answer until that is
+/// written; past the budget no more requests are read, so a script that
+/// does not read its answers cannot grow this server's memory.
+const MIN_BUDGET: usize = 16 << 20;
+/// Room in an answer beyond the tool's value (an error's message).
+const ENVELOPE: usize = 64 << 10;
 /// How long the end of a run waits for requests already written (a
 /// `result` sent just before the script exited) to be read.
 const DRAIN: Duration = Duration::from_millis(250);
@@ -67,6 +79,10 @@ pub struct Outcome {
 }
 
 struct State {
+    /// The run's process has ended: what it wrote is still read (a
+    /// `result` sent just before it exited), but no more tool calls are
+    /// made, since nobody is left to read what they return.
+    ended: bool,
     calls: u32,
     in_flight: usize,
     result: Option<Value>,
@@ -80,6 +96,9 @@ struct State {
 struct Shared {
     /// The run's token, as its requests carry it.
     token: String,
+    /// In KiB (see [`MIN_BUDGET`]).
+    budget: Arc<Semaphore>,
+    budget_kib: usize,
     allowed: BTreeSet<String>,
     caller: Arc<dyn Caller>,
     limits: ToolLimits,
@@ -121,13 +140,17 @@ impl RpcServer {
         let listener = UnixListener::bind(path)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let budget_kib = budget_bytes(&limits) / 1024;
         let shared = Arc::new(Shared {
             token: new_token(),
+            budget: Arc::new(Semaphore::new(budget_kib)),
+            budget_kib,
             allowed,
             caller,
             limits,
             started: Instant::now(),
             state: Mutex::new(State {
+                ended: false,
                 calls: 0,
                 in_flight: 0,
                 result: None,
@@ -181,6 +204,7 @@ impl RpcServer {
     /// Ends the server (calls still in flight are dropped: the run is
     /// over) and returns what the run left.
     pub async fn finish(mut self) -> Outcome {
+        self.shared.lock().ended = true;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -240,6 +264,34 @@ impl Shared {
         });
     }
 
+    /// The largest answer a request can get, envelope included.
+    fn max_answer(&self) -> usize {
+        self.limits.max_bytes.saturating_add(ENVELOPE)
+    }
+
+    /// Waits until the run's budget holds `bytes` more, and holds them.
+    async fn hold(&self, bytes: usize) -> OwnedSemaphorePermit {
+        let kib = bytes.div_ceil(1024).clamp(1, self.budget_kib);
+        // Never closed: a permit always comes.
+        self.budget
+            .clone()
+            .acquire_many_owned(kib as u32)
+            .await
+            .expect("the budget is never closed")
+    }
+
+    /// `held`, made to hold `bytes` (an answer, once its size is known).
+    async fn rehold(&self, mut held: OwnedSemaphorePermit, bytes: usize) -> OwnedSemaphorePermit {
+        let want = bytes.div_ceil(1024).clamp(1, self.budget_kib);
+        let have = held.num_permits();
+        if want < have {
+            drop(held.split(have - want));
+        } else if want > have {
+            held.merge(self.hold((want - have) * 1024).await);
+        }
+        held
+    }
+
     /// Whether `given` is the run's token (compared in constant time: how
     /// long a refusal takes says nothing of how much of it was right).
     fn is_token(&self, given: Option<&str>) -> bool {
@@ -251,7 +303,7 @@ impl Shared {
     fn stranger(&self) -> ToolFailure {
         let first = !self.lock().breaches.contains_key("bad_token");
         if first {
-            tracing::warn!("a request on a run's tools socket did not carry the run's token, and was refused: another process found the socket");
+            tracing::warn!("a request on a run's tools socket did not carry the run's token, and was refused: another process found the socket, or a client of the run's did not send ${}", super::TOKEN_ENV);
         }
         self.breach(
             "bad_token",
@@ -270,6 +322,18 @@ impl Shared {
         }
         ToolFailure::new(code, message)
     }
+}
+
+/// The run's budget for requests and answers held (see [`MIN_BUDGET`]).
+fn budget_bytes(limits: &ToolLimits) -> usize {
+    let line = limits.max_bytes.saturating_add(4096);
+    let answer = limits.max_bytes.saturating_add(ENVELOPE);
+    let calls = limits.concurrent.clamp(1, 8) + 1;
+    // The semaphore is asked for KiB in a u32.
+    let most = (u32::MAX as usize).saturating_mul(1024);
+    MIN_BUDGET
+        .max(answer.saturating_mul(calls).saturating_add(line))
+        .min(most)
 }
 
 /// A fresh token: 128 random bits, as hex.
@@ -304,34 +368,59 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
+/// An answer on its way to the script, with the budget it holds until it
+/// is written (none for the short refusals the reading itself answers).
+struct Queued {
+    line: Vec<u8>,
+    _held: Option<OwnedSemaphorePermit>,
+}
+
+/// What the reading of a connection does next.
+enum Next {
+    Go,
+    Close,
+}
+
+/// One connection being read.
+struct Conn {
+    reader: tokio::net::unix::OwnedReadHalf,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Queued>,
+    calls: JoinSet<()>,
+    /// A request on this connection carried the token.
+    trusted: bool,
+    /// An answer could not be written (the script is gone): calls it still
+    /// asked for are not made, since nobody would read what they return.
+    deaf: Arc<AtomicBool>,
+}
+
 /// Serves one connection: requests are read one line at a time, checked
 /// for the run's token, and each is answered by a task of its own (a
 /// script may have several calls in flight); answers go back through one
 /// writer. The first request without the token ends the connection.
 async fn serve(stream: UnixStream, shared: Arc<Shared>) {
-    let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(MAX_QUEUED_ANSWERS);
-    let write = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
-            line.push(b'\n');
-            if writer.write_all(&line).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut calls = JoinSet::new();
+    let (reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_ANSWERS);
+    let deaf = Arc::new(AtomicBool::new(false));
+    let write = tokio::spawn(write_answers(writer, rx, deaf.clone()));
     // A line is at most the argument ceiling plus room for the envelope.
     let max_line = shared.limits.max_bytes.saturating_add(4096);
+    let mut conn = Conn {
+        reader,
+        shared,
+        tx,
+        calls: JoinSet::new(),
+        trusted: false,
+        deaf,
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 64 * 1024];
     // (its id, and whether its first bytes carried the token)
     let mut skipping: Option<(Value, bool)> = None;
-    // A request on this connection carried the token.
-    let mut trusted = false;
     'read: loop {
         let n = tokio::select! {
-            n = reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
-            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+            n = conn.reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
+            Some(_) = conn.calls.join_next(), if !conn.calls.is_empty() => continue,
         };
         let mut rest = &chunk[..n];
         while !rest.is_empty() {
@@ -345,72 +434,161 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                     // Too long to take: answered (by the id its first
                     // bytes carry) once the line ends, the rest unread.
                     let token = leading_str(&buf, "token");
-                    skipping = Some((leading_id(&buf), shared.is_token(token.as_deref())));
+                    let with_token = conn.shared.is_token(token.as_deref());
+                    skipping = Some((leading_id(&buf), with_token));
                     buf.clear();
                 }
             }
             let Some(used) = ended else { break };
             rest = &rest[used..];
-            if let Some((id, with_token)) = skipping.take() {
-                if !(trusted || with_token) {
-                    let _ = tx.send(answer(&id, Err(shared.stranger()))).await;
-                    break 'read;
-                }
-                let f = shared.breach(
-                    "too_large",
-                    format!(
-                        "a request of more than {} bytes was refused unread; pass less per call",
-                        shared.limits.max_bytes
-                    ),
-                );
-                let _ = tx.send(answer(&id, Err(f))).await;
-                continue;
-            }
-            let line = std::mem::take(&mut buf);
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let msg: Value = match serde_json::from_slice(&line) {
-                Ok(v) => v,
-                // Without the token no more is said than that.
-                Err(_) if !trusted => {
-                    let _ = tx
-                        .send(answer(&leading_id(&line), Err(shared.stranger())))
-                        .await;
-                    break 'read;
-                }
-                Err(e) => {
-                    let f =
-                        shared.breach("bad_request", format!("a request that is not JSON: {e}"));
-                    let _ = tx.send(answer(&leading_id(&line), Err(f))).await;
-                    continue;
-                }
+            let next = match skipping.take() {
+                Some((id, with_token)) => conn.over_long(&id, with_token).await,
+                None => conn.line(std::mem::take(&mut buf)).await,
             };
-            if !shared.is_token(msg.get("token").and_then(Value::as_str)) {
-                let id = msg.get("id").cloned().unwrap_or(Value::Null);
-                let _ = tx.send(answer(&id, Err(shared.stranger()))).await;
+            if let Next::Close = next {
                 break 'read;
             }
-            trusted = true;
-            // Too many in flight: this connection is not read until one
-            // ends (a script that never reads its answers stalls itself).
-            while calls.len() >= MAX_TASKS_PER_CONNECTION {
-                calls.join_next().await;
-            }
-            let (shared, tx) = (shared.clone(), tx.clone());
-            calls.spawn(async move {
-                if let Some(reply) = handle(msg, &shared).await {
-                    let _ = tx.send(reply).await;
-                }
-            });
         }
     }
     // The script closed its end (or sent a request without the token):
     // what it asked is still answered (a `result` sent just before
     // exit), then the writer ends.
-    while calls.join_next().await.is_some() {}
-    drop(tx);
+    while conn.calls.join_next().await.is_some() {}
+    drop(conn);
     let _ = write.await;
+}
+
+/// Writes the answers in turn, each giving back its budget once written.
+/// Past a failed write the rest are dropped as they come (their budget
+/// with them), and the connection is marked deaf.
+async fn write_answers(
+    mut writer: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Queued>,
+    deaf: Arc<AtomicBool>,
+) {
+    while let Some(mut q) = rx.recv().await {
+        if deaf.load(Ordering::Relaxed) {
+            continue;
+        }
+        q.line.push(b'\n');
+        if writer.write_all(&q.line).await.is_err() {
+            deaf.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Conn {
+    /// Queues a short answer the reading gives itself.
+    async fn say(&self, id: &Value, f: ToolFailure) {
+        let q = Queued {
+            line: answer(id, Err(f)),
+            _held: None,
+        };
+        let _ = self.tx.send(q).await;
+    }
+
+    /// Whether a call's answer would reach nobody: the script stopped
+    /// reading this connection, closed it (what it wrote before is still
+    /// read: a `result` is kept), or its run has ended.
+    fn unheard(&self) -> bool {
+        self.deaf.load(Ordering::Relaxed) || self.shared.lock().ended || self.hung_up()
+    }
+
+    /// Whether the script closed its end of the connection entirely (not
+    /// only its writing half, as `nc -N` does before reading the answers).
+    fn hung_up(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(
+            self.reader.as_ref().as_fd(),
+            PollFlags::empty(),
+        )];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    }
+
+    /// A line too long to take, read to its end unkept.
+    async fn over_long(&mut self, id: &Value, with_token: bool) -> Next {
+        if !(self.trusted || with_token) {
+            self.say(id, self.shared.stranger()).await;
+            return Next::Close;
+        }
+        let f = self.shared.breach(
+            "too_large",
+            format!(
+                "a request of more than {} bytes was refused unread; pass less per call",
+                self.shared.limits.max_bytes
+            ),
+        );
+        self.say(id, f).await;
+        Next::Go
+    }
+
+    /// One whole line: checked, then answered by a task of its own.
+    async fn line(&mut self, line: Vec<u8>) -> Next {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Next::Go;
+        }
+        let msg: Value = match serde_json::from_slice(&line) {
+            Ok(v) => v,
+            // Without the token no more is said than that.
+            Err(_) if !self.trusted => {
+                self.say(&leading_id(&line), self.shared.stranger()).await;
+                return Next::Close;
+            }
+            Err(e) => {
+                let f = self
+                    .shared
+                    .breach("bad_request", format!("a request that is not JSON: {e}"));
+                self.say(&leading_id(&line), f).await;
+                return Next::Go;
+            }
+        };
+        if !self
+            .shared
+            .is_token(msg.get("token").and_then(Value::as_str))
+        {
+            let id = msg.get("id").cloned().unwrap_or(Value::Null);
+            self.say(&id, self.shared.stranger()).await;
+            return Next::Close;
+        }
+        self.trusted = true;
+        let is_call = msg.get("method").and_then(Value::as_str) == Some("call");
+        if is_call && self.unheard() {
+            return Next::Go;
+        }
+        // Too many in flight, or the run's budget for requests and answers
+        // held is spent: this connection is not read until some end (a
+        // script that never reads its answers stalls itself, and this
+        // server's memory stays bounded).
+        while self.calls.len() >= MAX_TASKS_PER_CONNECTION {
+            self.calls.join_next().await;
+        }
+        let held = self
+            .shared
+            .hold(line.len() + self.shared.max_answer())
+            .await;
+        drop(line);
+        // The wait may have outlasted the script.
+        if is_call && self.unheard() {
+            return Next::Go;
+        }
+        let (shared, tx) = (self.shared.clone(), self.tx.clone());
+        self.calls.spawn(async move {
+            if let Some(reply) = handle(msg, &shared).await {
+                let held = shared.rehold(held, reply.len()).await;
+                let _ = tx
+                    .send(Queued {
+                        line: reply,
+                        _held: Some(held),
+                    })
+                    .await;
+            }
+        });
+        Next::Go
+    }
 }
 
 /// How much of an over-long line is looked at for its id and token.
@@ -548,6 +726,12 @@ async fn call(shared: &Shared, params: &Value) -> Result<Value, ToolFailure> {
     }
     {
         let mut st = shared.lock();
+        if st.ended {
+            return Err(ToolFailure::new(
+                "unavailable",
+                "the run has ended; the call was not made",
+            ));
+        }
         if st.calls >= shared.limits.max_calls {
             drop(st);
             return Err(shared.breach(
