@@ -1234,3 +1234,56 @@ print("unbounded")
         .await;
     assert_eq!(r["stdout"], "ok\n", "{r}");
 }
+
+/// A servers file naming the test's probe server (it reports its
+/// environment) once for each of `names`.
+fn probe_servers(world: &World, names: &[&str]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_probe.py");
+    let defs: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"name": n, "command": "python3", "args": [fixture], "env": []}))
+        .collect();
+    let servers = world.path().join("probe-servers.json");
+    std::fs::write(&servers, Value::Array(defs).to_string()).unwrap();
+    std::fs::set_permissions(&servers, std::fs::Permissions::from_mode(0o600)).unwrap();
+    servers
+}
+
+#[tokio::test]
+async fn the_editors_token_reaches_no_mcp_server_the_run_code_server_starts() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let servers = probe_servers(&world, &["probe"]);
+    let secret = "editor-token-must-not-leak";
+    let server = world
+        .server_with(
+            &[("ZCODE_ACP_EDITOR_TOKEN", secret)],
+            &["--servers", servers.to_str().unwrap()],
+        )
+        .await;
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["probe.env"], "source":
+            "import json, os, zcode_tools\nreport = zcode_tools.probe.env()\nprint(json.dumps({'report': report, 'own': dict(os.environ)}))"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out: Value = serde_json::from_str(r["stdout"].as_str().unwrap()).unwrap();
+    let report = &out["report"];
+    // What the MCP server got, and what it could read of its parent's.
+    assert!(report["env"]["PATH"].is_string(), "{report}");
+    let parent = report["parent"].as_str().unwrap();
+    assert!(
+        parent.contains("ZCODE_TEST_SECRET=hunter2"),
+        "the parent's environment was not read: {parent}"
+    );
+    assert!(
+        !out.to_string().contains(secret),
+        "the editor's token reached an MCP server or the run: {out}"
+    );
+    assert!(
+        report["env"].get("ZCODE_ACP_EDITOR_TOKEN").is_none(),
+        "{report}"
+    );
+}

@@ -48,6 +48,9 @@ pub struct McpArgs {
 /// Decides the confinement (it forks to probe the kernel, so this runs
 /// before the async runtime's threads exist) and builds the runner.
 pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
+    // First, before anything is started: nothing this server starts may
+    // inherit the editor's token.
+    let editor_token = super::tools::editor::take_token();
     let workspace = match &args.workspace {
         Some(w) => crate::commands::workspaces(std::slice::from_ref(w))?.remove(0),
         None => std::env::current_dir()?,
@@ -75,6 +78,7 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
             socket.clone(),
             workspace,
             &args.editor_can,
+            editor_token,
         ));
     }
     Ok(if toolbox.mcp.is_some() || toolbox.editor.is_some() {
