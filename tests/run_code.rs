@@ -1287,3 +1287,90 @@ async fn the_editors_token_reaches_no_mcp_server_the_run_code_server_starts() {
         "{report}"
     );
 }
+
+#[tokio::test]
+async fn servers_named_after_the_languages_built_ins_break_nothing_and_renames_are_said() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let names = [
+        "dict", "str", "next", "process", "JSON", "Object", "Promise", "my-fs", "fine",
+    ];
+    let servers = probe_servers(&world, &names);
+    let server = world
+        .server_with(&[], &["--servers", servers.to_str().unwrap()])
+        .await;
+    let python = r#"
+import zcode_tools as t
+from zcode_tools import *
+print(t.dict.big(n=2), t.str.big(n=3), t.next.big(n=1), t.my_fs.big(n=4), fine.big(n=5))
+print(str(5), dict(a=1), next(iter([7])))
+t.log("info", "logged")
+t.result({"language": "python"})
+"#;
+    let node = r#"
+const t = require("zcode-tools");
+(async () => {
+  console.log(await t.process.big({ n: 2 }), await t.JSON.big({ n: 3 }), await t.Object.big({ n: 1 }), await t.my_fs.big({ n: 4 }), await t.fine.big({ n: 5 }));
+  console.log(typeof process.env.PATH, JSON.stringify({ a: 1 }), Object.keys({ b: 1 }).length);
+  await t.log("info", "logged");
+  await t.result({ language: "node" });
+})();
+"#;
+    let typescript = r#"
+import zt, { Promise as P, JSON as J, log, result } from "zcode-tools";
+console.log(await zt.process.big({ n: 2 }), await J.big({ n: 3 }), await zt.Object.big({ n: 1 }), await P.big({ n: 4 }), await zt.fine.big({ n: 5 }));
+const p: Promise<number> = Promise.resolve(1);
+console.log(typeof process.env.PATH, JSON.stringify({ a: await p }));
+await log("info", "logged");
+await result({ language: "typescript" });
+"#;
+    for (language, source, tools, expected) in [
+        (
+            "python",
+            python,
+            json!(["dict.big", "str.big", "next.big", "my-fs.big", "fine.big"]),
+            "yy yyy y yyyy yyyyy\n5 {'a': 1} 7\n",
+        ),
+        (
+            "node",
+            node,
+            json!([
+                "process.big",
+                "JSON.big",
+                "Object.big",
+                "my-fs.big",
+                "fine.big"
+            ]),
+            "yy yyy y yyyy yyyyy\nstring {\"a\":1} 1\n",
+        ),
+        (
+            "typescript",
+            typescript,
+            json!([
+                "process.big",
+                "JSON.big",
+                "Object.big",
+                "Promise.big",
+                "fine.big"
+            ]),
+            "yy yyy y yyyy yyyyy\nstring {\"a\":1}\n",
+        ),
+    ] {
+        let (r, _) = server
+            .run(json!({"language": language, "source": source, "tools": tools}))
+            .await;
+        assert_eq!(r["ok"], true, "{language}: {r}");
+        assert_eq!(r["stdout"], expected, "{language}: {r}");
+        assert_eq!(r["result"]["language"], language, "{r}");
+        let logs = r["logs"].to_string();
+        assert!(logs.contains("logged"), "{language}: {logs}");
+        if tools.to_string().contains("my-fs") {
+            assert!(
+                logs.contains(r#"the MCP server \"my-fs\" is `my_fs` in code"#),
+                "{language}: the rename is not said: {logs}"
+            );
+        }
+    }
+}

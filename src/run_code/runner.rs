@@ -339,6 +339,13 @@ impl Runner {
         let allowed = names.iter().cloned().collect();
         let caller: Arc<dyn Caller> = caller;
         let server = RpcServer::start(&path, allowed, caller, self.tool_limits)?;
+        // Said where the code's author reads: a group or tool the stub
+        // calls otherwise than its server does.
+        if !language.is_shell() {
+            for renamed in tools::stubs::renames(&specs) {
+                server.note(format!("zcode-acp: {renamed}"));
+            }
+        }
         Ok(Some((path, server)))
     }
 

@@ -201,6 +201,12 @@ impl RpcServer {
         &self.shared.token
     }
 
+    /// Adds an entry of zcode-acp's own to the run's `logs`.
+    pub fn note(&self, message: String) {
+        let mut st = self.shared.lock();
+        self.shared.log(&mut st, "info", message);
+    }
+
     /// Ends the server (calls still in flight are dropped: the run is
     /// over) and returns what the run left.
     pub async fn finish(mut self) -> Outcome {
