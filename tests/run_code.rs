@@ -158,6 +158,16 @@ fn peak_resident(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// A line of a run's stderr that zcode-acp wrote, not the code: its
+/// sandbox helper's messages and its log lines (a timestamp, then the
+/// level).
+fn zcode_noise(stderr: &str) -> Option<&str> {
+    let logged = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\S+\s+(ERROR|WARN|INFO)\b").unwrap();
+    stderr
+        .lines()
+        .find(|l| l.contains("zcode-acp") || l.contains("network proxy") || logged.is_match(l))
+}
+
 /// Processes on this machine whose command line holds `marker`.
 fn processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -387,6 +397,7 @@ async fn the_clock_ends_the_whole_tree_grandchildren_and_setsid_children_too() {
     assert_eq!(r["error"]["code"], "timeout");
     assert_eq!(r["exitCode"], Value::Null);
     assert_eq!(r["stdout"], "started\n");
+    assert_eq!(r["stderr"], "", "only what the code wrote: {r}");
     assert!(text.contains("error: timeout"), "{text}");
     common::wait_until("every process of the run to be gone", || {
         processes_with(&marker).is_empty()
@@ -418,6 +429,8 @@ async fn the_memory_ceiling_stops_python_a_node_array_and_node_buffers() {
         let (r, text) = server.run(json!({"language": language, "source": source})).await;
         assert_eq!(r["ok"], false, "{language}: {r}");
         assert_eq!(r["error"]["code"], "memory", "{language}: {r}");
+        let stderr = r["stderr"].as_str().unwrap();
+        assert_eq!(zcode_noise(stderr), None, "{language}: {stderr}");
         assert!(!r["stdout"].as_str().unwrap().contains("survived"), "{r}");
         assert!(text.contains("error: memory"), "{text}");
     }
@@ -1372,5 +1385,32 @@ await result({ language: "typescript" });
                 "{language}: the rename is not said: {logs}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn a_run_the_clock_or_the_watchdog_ends_says_so_and_nothing_of_zcode_acp_s_own() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"memoryMb": 64}}));
+    let server = world.server(&[]).await;
+    // Ended at every stage: while the sandbox is still being armed (1 ms),
+    // just after, and once the code runs.
+    for timeout in [1, 1, 1, 1, 1, 20, 20, 20, 100, 100, 300, 300, 300] {
+        let (r, _) = server
+            .run(json!({"language": "sh", "source": "sleep 10", "timeoutMs": timeout}))
+            .await;
+        assert_eq!(r["error"]["code"], "timeout", "{timeout} ms: {r}");
+        assert_eq!(r["stderr"], "", "{timeout} ms: {r}");
+    }
+    // The watchdog: memory held in a file of the run's private /tmp, which
+    // no limit of the interpreter's own sees.
+    for _ in 0..4 {
+        let (r, _) = server
+            .run(json!({"language": "sh", "source": "head -c 200000000 /dev/zero > /tmp/big; sleep 10"}))
+            .await;
+        assert_eq!(r["error"]["code"], "memory", "{r}");
+        assert_eq!(r["stderr"], "", "{r}");
     }
 }
