@@ -1414,3 +1414,65 @@ async fn a_run_the_clock_or_the_watchdog_ends_says_so_and_nothing_of_zcode_acp_s
         assert_eq!(r["stderr"], "", "{r}");
     }
 }
+
+#[tokio::test]
+async fn every_request_runs_or_is_refused_with_bad_request_whatever_its_size() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let answered = |args: Value| {
+        let server = &server;
+        async move {
+            tokio::time::timeout(common::TIMEOUT * 4, server.run(args))
+                .await
+                .expect("the request got no answer")
+        }
+    };
+    // Within every limit, though far past 16 MiB as sent (each newline is
+    // two bytes of JSON).
+    let (r, _) =
+        answered(json!({"language": "sh", "source": "wc -c", "stdin": "\n".repeat(8 << 20)})).await;
+    assert_eq!(
+        r["ok"],
+        true,
+        "{}",
+        &r.to_string()[..500.min(r.to_string().len())]
+    );
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        (8u64 << 20).to_string()
+    );
+    let (r, _) = answered(
+        json!({"language": "sh", "source": "wc -c < \"$ZCODE_RUN_INPUTS/a\"",
+        "files": [{"path": "a", "content": "x".repeat(32 << 20)}]}),
+    )
+    .await;
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        (32u64 << 20).to_string(),
+        "{}",
+        r["error"]
+    );
+    // Just past a limit of run_code's own.
+    let (r, text) = answered(json!({"language": "sh", "source": "true",
+        "files": [{"path": "a", "content": "x".repeat((32 << 20) + 1)}]}))
+    .await;
+    assert_eq!(r["error"]["code"], "bad_request", "{}", r["error"]);
+    assert!(text.contains("bad_request"), "{text}");
+    // Past what the server reads as sent (control characters are six bytes
+    // each in JSON): refused all the same, by its id.
+    let (r, text) = answered(json!({"language": "sh", "source": "true",
+        "stdin": "\u{1}".repeat(8 << 20), "files": [{"path": "a", "content": "x".repeat(20 << 20)}]})).await;
+    assert_eq!(r["error"]["code"], "bad_request", "{}", r["error"]);
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("as sent"),
+        "{}",
+        r["error"]
+    );
+    assert!(text.contains("bad_request"), "{text}");
+    // The server reads on.
+    let (r, _) = answered(json!({"language": "sh", "source": "echo still"})).await;
+    assert_eq!(r["stdout"], "still\n", "{r}");
+}
