@@ -501,6 +501,10 @@ async fn egress_verbs_disabled_languages_and_bad_calls_are_refused_before_runnin
         "touch ran-2 && /usr/bin/git remote add x y",
         "touch ran-3; env GIT_TRACE=1 command gh pr create",
         "(touch ran-4; npm publish)",
+        "touch ran-5; bash <<< 'git push origin main'",
+        "touch ran-6; echo 'git push' | sh",
+        "touch ran-7; coproc git push",
+        "touch ran-8; npm publ",
     ] {
         let (r, text) = server
             .run(json!({"language": "bash", "source": source}))
@@ -509,7 +513,7 @@ async fn egress_verbs_disabled_languages_and_bad_calls_are_refused_before_runnin
         assert_eq!(r["ok"], false);
         assert!(text.contains("egress_denied"), "{text}");
     }
-    for i in 1..=4 {
+    for i in 1..=8 {
         assert!(!ws.join(format!("ran-{i}")).exists(), "a refused run ran");
     }
     let (r, _) = server.run(json!({"language": "node", "source": "1"})).await;
