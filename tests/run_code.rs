@@ -1480,3 +1480,147 @@ async fn every_request_runs_or_is_refused_with_bad_request_whatever_its_size() {
     let (r, _) = answered(json!({"language": "sh", "source": "echo still"})).await;
     assert_eq!(r["stdout"], "still\n", "{r}");
 }
+
+#[tokio::test]
+async fn a_language_whose_interpreter_is_missing_is_unavailable_and_its_runs_say_no_interpreter() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A PATH with the shells and node, and no python.
+    let world = World::new(json!({}));
+    let bin = world.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["sh", "bash", "node"] {
+        let real = which(tool);
+        std::os::unix::fs::symlink(&real, bin.join(tool)).unwrap();
+    }
+    let server = world.server(&[("PATH", bin.to_str().unwrap())]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    let python = &langs["languages"][0];
+    assert_eq!(python["language"], "python", "{langs}");
+    assert_eq!(python["available"], false, "{langs}");
+    assert!(
+        python["reason"]
+            .as_str()
+            .unwrap()
+            .contains("python3 is not on PATH"),
+        "{langs}"
+    );
+    let (r, text) = server
+        .run(json!({"language": "python", "source": "print(1)"}))
+        .await;
+    assert_eq!(r["error"]["code"], "no_interpreter", "{r}");
+    assert!(text.contains("no_interpreter"), "{text}");
+    // The others still run.
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "echo here"}))
+        .await;
+    assert_eq!(r["stdout"], "here\n", "{r}");
+}
+
+/// `name`'s absolute path on the test's own PATH.
+fn which(name: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .unwrap();
+    let path = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(path.starts_with('/'), "{name} is not on PATH");
+    std::fs::canonicalize(path).unwrap().display().to_string()
+}
+
+#[tokio::test]
+async fn the_interpreter_the_user_configures_is_the_one_that_runs_and_is_named() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world =
+        World::new(json!({"runCode": {"interpreters": {"python": ["python3", "-X", "utf8"]}}}));
+    let server = world.server(&[]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    let python = &langs["languages"][0];
+    assert_eq!(python["available"], true, "{langs}");
+    let interpreter: Vec<&str> = python["interpreter"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(interpreter[0].ends_with("/python3"), "{langs}");
+    assert_eq!(&interpreter[1..], ["-X", "utf8"], "{langs}");
+    let (r, _) = server
+        .run(json!({"language": "python", "source": "import sys\nprint(sys.flags.utf8_mode)"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(
+        r["stdout"], "1\n",
+        "the override's flags were not used: {r}"
+    );
+    assert_eq!(r["interpreter"], python["interpreter"], "{r}");
+}
+
+#[tokio::test]
+async fn a_connection_past_the_limit_is_refused_clearly_and_closed_ones_make_room() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server().await;
+    let source = r#"
+import json, os, socket, zcode_tools
+path, token = os.environ["ZCODE_TOOLS_SOCKET"], os.environ["ZCODE_TOOLS_TOKEN"]
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s, s.makefile("rb")
+def ask(c, i):
+    c[0].sendall((json.dumps({"id": i, "token": token, "jsonrpc": "2.0", "method": "log",
+        "params": {"level": "info", "message": "on %d" % i}}) + "\n").encode())
+    m = json.loads(c[1].readline())
+    return "ok" if "result" in m else m["error"]["data"]["code"] + ": " + m["error"]["message"]
+def close(c):
+    c[1].close()
+    c[0].close()
+held = [connect() for _ in range(16)]
+print("sixteen", set(ask(c, i) for i, c in enumerate(held)))
+extra = connect()
+print("seventeenth", ask(extra, 99))
+close(extra)
+for c in held:
+    close(c)
+print("stub", zcode_tools.fs.echo(text="again"))
+held = [connect() for _ in range(15)]
+print("again", set(ask(c, 100 + i) for i, c in enumerate(held)))
+# Sixteen again, with the stub's: a thread's own connection is refused,
+# and the script reads why.
+import threading
+def in_a_thread(label):
+    try:
+        print(label, zcode_tools.fs.echo(text="x"))
+    except zcode_tools.ToolError as e:
+        print(label, e.code)
+for label in ["thread", "thread after"]:
+    t = threading.Thread(target=in_a_thread, args=(label,))
+    t.start()
+    t.join()
+    close(held.pop())
+"#;
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source, "tools": ["fs.echo"]}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("sixteen {'ok'}"), "{out}");
+    assert!(
+        out.contains("seventeenth too_many_at_once: this run holds 16 connections"),
+        "{out}"
+    );
+    assert!(out.contains("stub again\n"), "{out}");
+    assert!(out.contains("again {'ok'}"), "{out}");
+    assert!(out.contains("thread too_many_at_once\n"), "{out}");
+    assert!(out.contains("thread after x\n"), "{out}");
+    let logs = r["logs"].to_string();
+    assert!(logs.contains("too_many_at_once"), "{logs}");
+}

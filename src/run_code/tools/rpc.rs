@@ -49,6 +49,12 @@ const MAX_QUEUED_ANSWERS: usize = 64;
 const MIN_BUDGET: usize = 16 << 20;
 /// Room in an answer beyond the tool's value (an error's message).
 const ENVELOPE: usize = 64 << 10;
+/// How long a connection past the limit waits for a slot the script has
+/// just given back (a connection it closed, whose end is not read yet).
+const RECONNECT_GRACE: Duration = Duration::from_millis(200);
+/// How long a refused connection is given to send the request its
+/// refusal answers.
+const REFUSAL_WAIT: Duration = Duration::from_secs(5);
 /// How long the end of a run waits for requests already written (a
 /// `result` sent just before the script exited) to be read.
 const DRAIN: Duration = Duration::from_millis(250);
@@ -159,35 +165,8 @@ impl RpcServer {
                 breaches: Default::default(),
             }),
         });
-        let s = shared.clone();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let accept = tokio::spawn(async move {
-            // The connections die with this task: aborting it at the end
-            // of the run drops the set, which aborts every call in flight.
-            let mut connections = JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) if connections.len() < MAX_CONNECTIONS => {
-                            connections.spawn(serve(stream, s.clone()));
-                        }
-                        Ok(_) => {
-                            s.breach("too_many_at_once", format!("a connection past the {MAX_CONNECTIONS} a run may hold was closed"));
-                        }
-                        Err(e) => {
-                            // Out of descriptors, say: later connections
-                            // may still be taken.
-                            tracing::debug!("the tools socket could not accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    },
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                }
-            }
-            drop(listener);
-            while connections.join_next().await.is_some() {}
-        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let accept = tokio::spawn(accept_all(listener, shared.clone(), stopped));
         Ok(RpcServer {
             shared,
             accept: Some(accept),
@@ -374,6 +353,95 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
+/// Accepts the run's connections until `stopped`, each served by a task
+/// of its own while it holds one of the run's [`MAX_CONNECTIONS`] slots;
+/// one past them is refused, clearly, by [`refuse`].
+async fn accept_all(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    // The connections die with this task: aborting it at the end of the
+    // run drops the set, which aborts every call in flight.
+    let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => match slot(&slots).await {
+                    Some(slot) => {
+                        connections.spawn(serve(stream, shared.clone(), slot));
+                    }
+                    // Past this many refusals at once, one is just closed.
+                    None if refusals.len() < MAX_CONNECTIONS => {
+                        refusals.spawn(refuse(stream, shared.clone()));
+                    }
+                    None => {}
+                },
+                Err(e) => {
+                    // Out of descriptors, say: later connections may still
+                    // be taken.
+                    tracing::debug!("the tools socket could not accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
+        }
+    }
+    drop(listener);
+    drop(refusals);
+    while connections.join_next().await.is_some() {}
+}
+
+/// A slot for a new connection. At the limit, one the script has just
+/// closed frees its slot as soon as its end is read, which may come just
+/// after the new connection: that long is waited for.
+async fn slot(slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    tokio::time::timeout(RECONNECT_GRACE, slots.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// A connection past the limit: its first request is answered, by its
+/// id, with the refusal (a script reads why, not a reset), then it is
+/// closed.
+async fn refuse(mut stream: UnixStream, shared: Arc<Shared>) {
+    let f = shared.breach(
+        "too_many_at_once",
+        format!("this run holds {MAX_CONNECTIONS} connections to its tools server already, the most it may; close one first (the stubs keep one per thread)"),
+    );
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let first = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    let part = &chunk[..n];
+                    if head.len() < HEAD {
+                        head.extend_from_slice(&part[..part.len().min(HEAD - head.len())]);
+                    }
+                    if part.contains(&b'\n') {
+                        return true;
+                    }
+                }
+            }
+        }
+    };
+    if let Ok(true) = tokio::time::timeout(REFUSAL_WAIT, first).await {
+        let mut line = closing_answer(&leading_id(&head), f);
+        line.push(b'\n');
+        let _ = stream.write_all(&line).await;
+    }
+}
+
 /// An answer on its way to the script, with the budget it holds until it
 /// is written (none for the short refusals the reading itself answers).
 struct Queued {
@@ -404,7 +472,7 @@ struct Conn {
 /// for the run's token, and each is answered by a task of its own (a
 /// script may have several calls in flight); answers go back through one
 /// writer. The first request without the token ends the connection.
-async fn serve(stream: UnixStream, shared: Arc<Shared>) {
+async fn serve(stream: UnixStream, shared: Arc<Shared>, slot: OwnedSemaphorePermit) {
     let (reader, writer) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_ANSWERS);
     let deaf = Arc::new(AtomicBool::new(false));
@@ -457,8 +525,10 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
         }
     }
     // The script closed its end (or sent a request without the token):
-    // what it asked is still answered (a `result` sent just before
-    // exit), then the writer ends.
+    // the connection no longer counts toward the limit, and what it
+    // asked is still answered (a `result` sent just before exit), then
+    // the writer ends.
+    drop(slot);
     while conn.calls.join_next().await.is_some() {}
     drop(conn);
     let _ = write.await;
@@ -493,6 +563,15 @@ impl Conn {
         let _ = self.tx.send(q).await;
     }
 
+    /// Queues the refusal after which the connection is closed.
+    async fn say_last(&self, id: &Value, f: ToolFailure) {
+        let q = Queued {
+            line: closing_answer(id, f),
+            _held: None,
+        };
+        let _ = self.tx.send(q).await;
+    }
+
     /// Whether a call's answer would reach nobody: the script stopped
     /// reading this connection, closed it (what it wrote before is still
     /// read: a `result` is kept), or its run has ended.
@@ -518,7 +597,7 @@ impl Conn {
     /// A line too long to take, read to its end unkept.
     async fn over_long(&mut self, id: &Value, with_token: bool) -> Next {
         if !(self.trusted || with_token) {
-            self.say(id, self.shared.stranger()).await;
+            self.say_last(id, self.shared.stranger()).await;
             return Next::Close;
         }
         let f = self.shared.breach(
@@ -541,7 +620,8 @@ impl Conn {
             Ok(v) => v,
             // Without the token no more is said than that.
             Err(_) if !self.trusted => {
-                self.say(&leading_id(&line), self.shared.stranger()).await;
+                self.say_last(&leading_id(&line), self.shared.stranger())
+                    .await;
                 return Next::Close;
             }
             Err(e) => {
@@ -557,7 +637,7 @@ impl Conn {
             .is_token(msg.get("token").and_then(Value::as_str))
         {
             let id = msg.get("id").cloned().unwrap_or(Value::Null);
-            self.say(&id, self.shared.stranger()).await;
+            self.say_last(&id, self.shared.stranger()).await;
             return Next::Close;
         }
         self.trusted = true;
@@ -625,6 +705,15 @@ fn leading_str(head: &[u8], key: &str) -> Option<String> {
     let rest = rest.trim_start().strip_prefix('"')?;
     let (value, _) = rest.split_once('"')?;
     Some(value.to_owned())
+}
+
+/// A refusal after which the server closes the connection: `data.closed`
+/// tells the stubs to open another for their next call.
+fn closing_answer(id: &Value, f: ToolFailure) -> Vec<u8> {
+    let v = json!({"jsonrpc": "2.0", "id": id, "error": {
+        "code": -32000, "message": f.message, "data": {"code": f.code, "closed": true}
+    }});
+    serde_json::to_vec(&v).unwrap_or_default()
 }
 
 fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {

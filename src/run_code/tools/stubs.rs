@@ -118,6 +118,7 @@ const TAKEN: &[&str] = &[
     "_ids_lock",
     "_connection",
     "_rpc",
+    "_drop",
     "_Group",
     "_SOCKET_ENV",
     "_TOKEN",
@@ -530,17 +531,31 @@ def _rpc(method, params):
         while True:
             answer = reader.readline()
             if not answer:
+                _drop()
                 raise ToolError("unavailable", "the tools server closed the connection (the run is ending)")
             m = _json.loads(answer)
             if m.get("id") == i:
                 break
     except OSError as e:
-        _local.held = None
+        _drop()
         raise ToolError("unavailable", f"the tools server connection failed: {e}") from None
     if "error" in m:
         e = m["error"]
-        raise ToolError((e.get("data") or {}).get("code", "error"), e.get("message", ""))
+        data = e.get("data") or {}
+        # The server closed this connection after it: the next call opens
+        # another.
+        if data.get("closed"):
+            _drop()
+        raise ToolError(data.get("code", "error"), e.get("message", ""))
     return m.get("result")
+
+
+def _drop():
+    held = getattr(_local, "held", None)
+    _local.held = None
+    if held is not None:
+        held[1].close()
+        held[0].close()
 
 
 def call(_name, _args=None, /, **kwargs):
