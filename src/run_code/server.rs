@@ -108,8 +108,9 @@ pub async fn serve(runner: Runner) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;
     running.waiting().await?;
-    // The last frames the SDK wrote reach stdout.
-    let _ = written.await;
+    // The last frames the SDK wrote reach stdout (the SDK has let go of
+    // its end by now; bounded all the same, so that exiting never hangs).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), written).await;
     Ok(())
 }
 

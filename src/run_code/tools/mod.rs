@@ -4,9 +4,11 @@
 //! exactly the tools it listed, proxied to the session's MCP servers
 //! ([`mcp`]). The server, the socket and the stubs end with the run.
 
+mod budget;
 pub mod editor;
 pub mod mcp;
 pub mod rpc;
+mod secret;
 pub mod stubs;
 
 use std::future::Future;

@@ -15,16 +15,18 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::budget::Budget;
+use super::secret;
 use tokio::task::JoinSet;
 
 use super::{ToolFailure, ToolLimits};
@@ -39,16 +41,6 @@ pub const MAX_SOCKET_PATH: usize = 103;
 const MAX_CONNECTIONS: usize = 16;
 const MAX_TASKS_PER_CONNECTION: usize = 64;
 const MAX_QUEUED_ANSWERS: usize = 64;
-/// The bytes of requests being answered and answers not yet written that
-/// one run may have this server hold, across its connections: at least
-/// this, and at least what its concurrent calls (up to 8) can return at
-/// once. Each request holds its size and the largest answer it could get
-/// until it is answered, then the size of its answer until that is
-/// written; past the budget no more requests are read, so a script that
-/// does not read its answers cannot grow this server's memory.
-const MIN_BUDGET: usize = 16 << 20;
-/// Room in an answer beyond the tool's value (an error's message).
-const ENVELOPE: usize = 64 << 10;
 /// How long a connection past the limit waits for a slot the script has
 /// just given back (a connection it closed, whose end is not read yet).
 const RECONNECT_GRACE: Duration = Duration::from_millis(200);
@@ -102,9 +94,9 @@ struct State {
 struct Shared {
     /// The run's token, as its requests carry it.
     token: String,
-    /// In KiB (see [`MIN_BUDGET`]).
-    budget: Arc<Semaphore>,
-    budget_kib: usize,
+    /// For the requests being answered and the answers not yet written,
+    /// across the run's connections.
+    budget: Budget,
     allowed: BTreeSet<String>,
     caller: Arc<dyn Caller>,
     limits: ToolLimits,
@@ -146,11 +138,9 @@ impl RpcServer {
         let listener = UnixListener::bind(path)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        let budget_kib = budget_bytes(&limits) / 1024;
         let shared = Arc::new(Shared {
-            token: new_token(),
-            budget: Arc::new(Semaphore::new(budget_kib)),
-            budget_kib,
+            token: secret::new(),
+            budget: Budget::for_limits(&limits),
             allowed,
             caller,
             limits,
@@ -249,38 +239,10 @@ impl Shared {
         });
     }
 
-    /// The largest answer a request can get, envelope included.
-    fn max_answer(&self) -> usize {
-        self.limits.max_bytes.saturating_add(ENVELOPE)
-    }
-
-    /// Waits until the run's budget holds `bytes` more, and holds them.
-    async fn hold(&self, bytes: usize) -> OwnedSemaphorePermit {
-        let kib = bytes.div_ceil(1024).clamp(1, self.budget_kib);
-        // Never closed: a permit always comes.
-        self.budget
-            .clone()
-            .acquire_many_owned(kib as u32)
-            .await
-            .expect("the budget is never closed")
-    }
-
-    /// `held`, made to hold `bytes` (an answer, once its size is known).
-    async fn rehold(&self, mut held: OwnedSemaphorePermit, bytes: usize) -> OwnedSemaphorePermit {
-        let want = bytes.div_ceil(1024).clamp(1, self.budget_kib);
-        let have = held.num_permits();
-        if want < have {
-            drop(held.split(have - want));
-        } else if want > have {
-            held.merge(self.hold((want - have) * 1024).await);
-        }
-        held
-    }
-
     /// Whether `given` is the run's token (compared in constant time: how
     /// long a refusal takes says nothing of how much of it was right).
     fn is_token(&self, given: Option<&str>) -> bool {
-        given.is_some_and(|g| same_secret(g.as_bytes(), self.token.as_bytes()))
+        given.is_some_and(|g| secret::same(g.as_bytes(), self.token.as_bytes()))
     }
 
     /// The refusal of a request without the run's token: the run's logs
@@ -307,37 +269,6 @@ impl Shared {
         }
         ToolFailure::new(code, message)
     }
-}
-
-/// The run's budget for requests and answers held (see [`MIN_BUDGET`]).
-fn budget_bytes(limits: &ToolLimits) -> usize {
-    let line = limits.max_bytes.saturating_add(4096);
-    let answer = limits.max_bytes.saturating_add(ENVELOPE);
-    let calls = limits.concurrent.clamp(1, 8) + 1;
-    // The semaphore is asked for KiB in a u32.
-    let most = (u32::MAX as usize).saturating_mul(1024);
-    MIN_BUDGET
-        .max(answer.saturating_mul(calls).saturating_add(line))
-        .min(most)
-}
-
-/// A fresh token: 128 random bits, as hex.
-fn new_token() -> String {
-    use rand::Rng;
-    let bytes: [u8; 16] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `a == b`, in a time that depends only on their lengths.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0u8, |acc, (x, y)| std::hint::black_box(acc | (x ^ y)));
-    diff == 0
 }
 
 /// `s` cut to at most `max` bytes, at a character boundary.
@@ -654,7 +585,8 @@ impl Conn {
         }
         let held = self
             .shared
-            .hold(line.len() + self.shared.max_answer())
+            .budget
+            .hold(line.len() + self.shared.budget.max_answer())
             .await;
         drop(line);
         // The wait may have outlasted the script.
@@ -664,7 +596,7 @@ impl Conn {
         let (shared, tx) = (self.shared.clone(), self.tx.clone());
         self.calls.spawn(async move {
             if let Some(reply) = handle(msg, &shared).await {
-                let held = shared.rehold(held, reply.len()).await;
+                let held = shared.budget.rehold(held, reply.len()).await;
                 let _ = tx
                     .send(Queued {
                         line: reply,
@@ -904,15 +836,6 @@ mod tests {
         let head = br#"{"id":3,"token":"ab12","jsonrpc":"2.0","params":{"#;
         assert_eq!(leading_str(head, "token").as_deref(), Some("ab12"));
         assert_eq!(leading_str(br#"{"id":3,"token":"ab1"#, "token"), None);
-    }
-
-    #[test]
-    fn secrets_are_compared_whole() {
-        assert!(same_secret(b"abcd", b"abcd"));
-        assert!(!same_secret(b"abcd", b"abce"));
-        assert!(!same_secret(b"abc", b"abcd"));
-        assert_eq!(new_token().len(), 32);
-        assert_ne!(new_token(), new_token());
     }
 
     #[test]
