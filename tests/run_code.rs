@@ -78,13 +78,46 @@ impl World {
         common::in_outer_mount_ns(&mut cmd);
         let transport = TokioChildProcess::new(tokio::process::Command::from(cmd))
             .expect("start zcode-acp mcp");
+        let pid = transport.id();
         let client = ().serve(transport).await.expect("MCP initialize");
-        Server { client }
+        Server { client, pid }
+    }
+
+    /// The server under `zcode-acp run`, as inside an armed agent: its
+    /// runs share the sandbox's private `/tmp`.
+    async fn server_in_a_sandbox(&self, args: &[&str]) -> Server {
+        let ws = self.workspace();
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.arg("run")
+            .arg("--workspace")
+            .arg(&ws)
+            .arg("--backend-profile")
+            .arg("none")
+            .arg("--")
+            .arg(BIN)
+            .arg("mcp")
+            .arg("--workspace")
+            .arg(&ws)
+            .args(args)
+            .env_clear()
+            .env("HOME", self.path())
+            .env("XDG_CONFIG_HOME", self.path().join(".config"))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .current_dir(&ws)
+            .stderr(Stdio::inherit());
+        common::in_outer_mount_ns(&mut cmd);
+        let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
+        Server {
+            pid: transport.id(),
+            client: ().serve(transport).await.expect("initialize"),
+        }
     }
 }
 
 struct Server {
     client: RunningService<RoleClient, ()>,
+    /// The process the test started (under `zcode-acp run`, that one).
+    pid: Option<u32>,
 }
 
 impl Server {
@@ -111,6 +144,28 @@ impl Server {
             text,
         )
     }
+}
+
+/// The most memory process `pid` has held resident (VmHWM), in bytes.
+fn peak_resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
+}
+
+/// A line of a run's stderr that zcode-acp wrote, not the code: its
+/// sandbox helper's messages and its log lines (a timestamp, then the
+/// level).
+fn zcode_noise(stderr: &str) -> Option<&str> {
+    let logged = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\S+\s+(ERROR|WARN|INFO)\b").unwrap();
+    stderr
+        .lines()
+        .find(|l| l.contains("zcode-acp") || l.contains("network proxy") || logged.is_match(l))
 }
 
 /// Processes on this machine whose command line holds `marker`.
@@ -342,6 +397,7 @@ async fn the_clock_ends_the_whole_tree_grandchildren_and_setsid_children_too() {
     assert_eq!(r["error"]["code"], "timeout");
     assert_eq!(r["exitCode"], Value::Null);
     assert_eq!(r["stdout"], "started\n");
+    assert_eq!(r["stderr"], "", "only what the code wrote: {r}");
     assert!(text.contains("error: timeout"), "{text}");
     common::wait_until("every process of the run to be gone", || {
         processes_with(&marker).is_empty()
@@ -373,6 +429,8 @@ async fn the_memory_ceiling_stops_python_a_node_array_and_node_buffers() {
         let (r, text) = server.run(json!({"language": language, "source": source})).await;
         assert_eq!(r["ok"], false, "{language}: {r}");
         assert_eq!(r["error"]["code"], "memory", "{language}: {r}");
+        let stderr = r["stderr"].as_str().unwrap();
+        assert_eq!(zcode_noise(stderr), None, "{language}: {stderr}");
         assert!(!r["stdout"].as_str().unwrap().contains("survived"), "{r}");
         assert!(text.contains("error: memory"), "{text}");
     }
@@ -443,6 +501,10 @@ async fn egress_verbs_disabled_languages_and_bad_calls_are_refused_before_runnin
         "touch ran-2 && /usr/bin/git remote add x y",
         "touch ran-3; env GIT_TRACE=1 command gh pr create",
         "(touch ran-4; npm publish)",
+        "touch ran-5; bash <<< 'git push origin main'",
+        "touch ran-6; echo 'git push' | sh",
+        "touch ran-7; coproc git push",
+        "touch ran-8; npm publ",
     ] {
         let (r, text) = server
             .run(json!({"language": "bash", "source": source}))
@@ -451,7 +513,7 @@ async fn egress_verbs_disabled_languages_and_bad_calls_are_refused_before_runnin
         assert_eq!(r["ok"], false);
         assert!(text.contains("egress_denied"), "{text}");
     }
-    for i in 1..=4 {
+    for i in 1..=8 {
         assert!(!ws.join(format!("ran-{i}")).exists(), "a refused run ran");
     }
     let (r, _) = server.run(json!({"language": "node", "source": "1"})).await;
@@ -504,28 +566,7 @@ async fn inside_an_armed_sandbox_a_run_keeps_it_adds_its_own_layer_and_says_so()
     let world = World::new(json!({}));
     let ws = world.workspace();
     // The server itself under `zcode-acp run`, as inside an armed agent.
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.arg("run")
-        .arg("--workspace")
-        .arg(&ws)
-        .arg("--backend-profile")
-        .arg("none")
-        .arg("--")
-        .arg(BIN)
-        .arg("mcp")
-        .arg("--workspace")
-        .arg(&ws)
-        .env_clear()
-        .env("HOME", world.path())
-        .env("XDG_CONFIG_HOME", world.path().join(".config"))
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .current_dir(&ws)
-        .stderr(Stdio::inherit());
-    common::in_outer_mount_ns(&mut cmd);
-    let transport = TokioChildProcess::new(tokio::process::Command::from(cmd)).unwrap();
-    let server = Server {
-        client: ().serve(transport).await.expect("initialize"),
-    };
+    let server = world.server_in_a_sandbox(&[]).await;
     let outside = world.outside();
     let marker = format!(
         "{}.{}",
@@ -797,7 +838,9 @@ impl ToolWorld {
     fn new(config: Value) -> ToolWorld {
         use std::os::unix::fs::PermissionsExt;
         let world = World::new(config);
-        let count = world.path().join("served");
+        // In the workspace: an MCP server started inside a sandbox can
+        // write nothing else.
+        let count = world.workspace().join("served");
         let servers = world.path().join("servers.json");
         let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
         let defs = json!([{"name": "fs", "command": "python3", "args": [fixture],
@@ -817,6 +860,12 @@ impl ToolWorld {
     async fn server(&self) -> Server {
         self.world
             .server_with(&[], &["--servers", self.servers.to_str().unwrap()])
+            .await
+    }
+
+    async fn server_in_a_sandbox(&self) -> Server {
+        self.world
+            .server_in_a_sandbox(&["--servers", self.servers.to_str().unwrap()])
             .await
     }
 
@@ -1020,4 +1069,558 @@ try {
         logs.contains("too_many_at_once") && logs.contains("timeout"),
         "{logs}"
     );
+}
+
+#[tokio::test]
+async fn another_run_that_finds_a_runs_socket_cannot_call_set_its_result_or_log() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Inside an armed agent every run shares the agent's /tmp, where the
+    // runs' sockets are.
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server_in_a_sandbox().await;
+    let victim = r#"
+import os, time, zcode_tools
+zcode_tools.fs.echo(text="a")
+zcode_tools.result("A's own")
+zcode_tools.log("info", "A's own log")
+open("a-ready", "w").close()
+while not os.path.exists("b-done"):
+    time.sleep(0.02)
+print("A done")
+"#;
+    let intruder = r#"
+import glob, json, os, re, socket, time
+while not os.path.exists("a-ready"):
+    time.sleep(0.02)
+mine = os.environ["ZCODE_TOOLS_SOCKET"]
+own = os.environ["ZCODE_TOOLS_TOKEN"]
+tokens = [own, "", None, "0" * len(own)]
+# Any other run's token this run can read where processes keep theirs.
+for env in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        seen = open(env, "rb").read()
+    except OSError:
+        continue
+    for t in re.findall(rb"ZCODE_TOOLS_TOKEN=([0-9a-f]+)", seen):
+        if t.decode() != own:
+            print("read a token in", env)
+            tokens.append(t.decode())
+def ask(path, line):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(line + b"\n")
+    answer = s.makefile("rb").readline()
+    s.close()
+    m = json.loads(answer) if answer else {}
+    return ((m.get("error") or {}).get("data") or {}).get("code", "ANSWERED")
+found = 0
+for path in glob.glob(os.path.join(os.path.dirname(os.path.dirname(mine)), "zcode-run-*", "tools.sock")):
+    if path == mine:
+        continue
+    found += 1
+    for token in tokens:
+        for method, params in [
+            ("call", {"tool": "fs.echo", "args": {"text": "b"}}),
+            ("result", {"value": "forged"}),
+            ("log", {"level": "info", "message": "forged log"}),
+        ]:
+            req = {"id": 1, "jsonrpc": "2.0", "method": method, "params": params}
+            if token is not None:
+                req["token"] = token
+            print(method, "=", ask(path, json.dumps(req).encode()))
+    print("junk =", ask(path, b"not json"))
+    big = {"id": 2, "jsonrpc": "2.0", "method": "log", "params": {"level": "info", "message": "x" * (2 << 20)}}
+    print("big =", ask(path, json.dumps(big).encode()))
+print("found", found)
+open("b-done", "w").close()
+"#;
+    let (a, b) = tokio::join!(
+        server.run(json!({"language": "python", "source": victim, "tools": ["fs.echo"], "timeoutMs": 60000})),
+        server.run(json!({"language": "python", "source": intruder, "tools": ["fs.echo"], "timeoutMs": 60000})),
+    );
+    let (a, b) = (a.0, b.0);
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(b["ok"], true, "{b}");
+    let out = b["stdout"].as_str().unwrap();
+    assert!(
+        out.contains("found 1"),
+        "the other run's socket was not found: {out}"
+    );
+    assert!(!out.contains("read a token"), "{out}");
+    let attempts: Vec<&str> = out.lines().filter(|l| l.contains(" = ")).collect();
+    assert_eq!(attempts.len(), 4 * 3 + 2, "{out}");
+    for line in &attempts {
+        assert!(line.ends_with("= bad_token"), "{line}: {out}");
+    }
+    // The first run's result, logs and calls are its own.
+    assert_eq!(a["result"], "A's own", "{a}");
+    assert_eq!(a["toolCalls"], 1, "{a}");
+    assert_eq!(
+        tw.served(),
+        1,
+        "a call without the token reached the MCP server"
+    );
+    let logs = a["logs"].to_string();
+    assert!(logs.contains("A's own log"), "{logs}");
+    assert!(!logs.contains("forged"), "{logs}");
+    assert!(
+        logs.contains("bad_token"),
+        "the refusals are not said: {logs}"
+    );
+    assert_eq!(b["toolCalls"], 0, "{b}");
+}
+
+#[tokio::test]
+async fn a_script_that_never_reads_its_answers_cannot_grow_the_servers_memory() {
+    if !require_kernel_features() {
+        return;
+    }
+    // No call is refused for being one too many at once: only the budget
+    // for answers held stops them.
+    let tw = ToolWorld::new(json!({"runCode": {"concurrentToolCalls": 1000}}));
+    let server = tw.server().await;
+    let pid = server.pid.unwrap();
+    // Warm: the MCP server connected, and answers of ~1 MB made and read.
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["fs.echo"], "source":
+            "from zcode_tools import fs\nfor i in range(20):\n    assert len(fs.echo(text='x' * 1000, times=1000)) == 10**6"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let (served, peak) = (tw.served(), peak_resident(pid));
+    // Four connections, each sent calls of ~1 MB answers until the server
+    // stops reading it; not one answer is read. The script then waits for
+    // a seventeenth call to reach the MCP server, which only a server
+    // that keeps taking calls makes: a bounded one leaves the script to
+    // its clock.
+    let source = format!(
+        r#"
+import json, os, socket, time
+path, token = os.environ["ZCODE_TOOLS_SOCKET"], os.environ["ZCODE_TOOLS_TOKEN"]
+n, held = 0, []
+for c in range(4):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.setblocking(False)
+    held.append(s)
+    pending = b""
+    while True:
+        if not pending:
+            n += 1
+            pending = (json.dumps({{"id": n, "token": token, "jsonrpc": "2.0", "method": "call",
+                "params": {{"tool": "fs.echo", "args": {{"text": "x" * 1000, "times": 1000}}}}}}) + "\n").encode()
+        try:
+            pending = pending[s.send(pending):]
+        except BlockingIOError:
+            break
+print("sent", n, flush=True)
+while len(open("served").read()) < {served} + 17:
+    time.sleep(0.02)
+print("unbounded")
+"#
+    );
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source, "tools": ["fs.echo"], "timeoutMs": 4000}))
+        .await;
+    let started = tw.served() - served;
+    let grew = peak_resident(pid).saturating_sub(peak);
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        !out.contains("unbounded"),
+        "{started} calls were started: {r}"
+    );
+    assert_eq!(r["error"]["code"], "timeout", "{r}");
+    let sent: usize = out.trim().strip_prefix("sent ").unwrap().parse().unwrap();
+    // The run's budget (16 MiB by default) holds about sixteen answers of
+    // 1 MB: no more calls were started, though far more were sent.
+    assert!(sent > 100, "{r}");
+    assert!(
+        started <= 16,
+        "{started} calls were started for a script that reads no answer"
+    );
+    assert!(r["toolCalls"].as_u64().unwrap() <= 16, "{r}");
+    assert!(
+        grew < 64 << 20,
+        "the server's peak memory grew by {} MiB",
+        grew >> 20
+    );
+    // The server goes on serving.
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["fs.echo"], "source": "from zcode_tools import fs\nprint(fs.echo(text='ok'))"}))
+        .await;
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+}
+
+/// A servers file naming the test's probe server (it reports its
+/// environment) once for each of `names`.
+fn probe_servers(world: &World, names: &[&str]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_probe.py");
+    let defs: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"name": n, "command": "python3", "args": [fixture], "env": []}))
+        .collect();
+    let servers = world.path().join("probe-servers.json");
+    std::fs::write(&servers, Value::Array(defs).to_string()).unwrap();
+    std::fs::set_permissions(&servers, std::fs::Permissions::from_mode(0o600)).unwrap();
+    servers
+}
+
+#[tokio::test]
+async fn the_editors_token_reaches_no_mcp_server_the_run_code_server_starts() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let servers = probe_servers(&world, &["probe"]);
+    let secret = "editor-token-must-not-leak";
+    let server = world
+        .server_with(
+            &[("ZCODE_ACP_EDITOR_TOKEN", secret)],
+            &["--servers", servers.to_str().unwrap()],
+        )
+        .await;
+    let (r, _) = server
+        .run(json!({"language": "python", "tools": ["probe.env"], "source":
+            "import json, os, zcode_tools\nreport = zcode_tools.probe.env()\nprint(json.dumps({'report': report, 'own': dict(os.environ)}))"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out: Value = serde_json::from_str(r["stdout"].as_str().unwrap()).unwrap();
+    let report = &out["report"];
+    // What the MCP server got, and what it could read of its parent's.
+    assert!(report["env"]["PATH"].is_string(), "{report}");
+    let parent = report["parent"].as_str().unwrap();
+    assert!(
+        parent.contains("ZCODE_TEST_SECRET=hunter2"),
+        "the parent's environment was not read: {parent}"
+    );
+    assert!(
+        !out.to_string().contains(secret),
+        "the editor's token reached an MCP server or the run: {out}"
+    );
+    assert!(
+        report["env"].get("ZCODE_ACP_EDITOR_TOKEN").is_none(),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn servers_named_after_the_languages_built_ins_break_nothing_and_renames_are_said() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let names = [
+        "dict", "str", "next", "process", "JSON", "Object", "Promise", "my-fs", "fine",
+    ];
+    let servers = probe_servers(&world, &names);
+    let server = world
+        .server_with(&[], &["--servers", servers.to_str().unwrap()])
+        .await;
+    let python = r#"
+import zcode_tools as t
+from zcode_tools import *
+print(t.dict.big(n=2), t.str.big(n=3), t.next.big(n=1), t.my_fs.big(n=4), fine.big(n=5))
+print(str(5), dict(a=1), next(iter([7])))
+t.log("info", "logged")
+t.result({"language": "python"})
+"#;
+    let node = r#"
+const t = require("zcode-tools");
+(async () => {
+  console.log(await t.process.big({ n: 2 }), await t.JSON.big({ n: 3 }), await t.Object.big({ n: 1 }), await t.my_fs.big({ n: 4 }), await t.fine.big({ n: 5 }));
+  console.log(typeof process.env.PATH, JSON.stringify({ a: 1 }), Object.keys({ b: 1 }).length);
+  await t.log("info", "logged");
+  await t.result({ language: "node" });
+})();
+"#;
+    let typescript = r#"
+import zt, { Promise as P, JSON as J, log, result } from "zcode-tools";
+console.log(await zt.process.big({ n: 2 }), await J.big({ n: 3 }), await zt.Object.big({ n: 1 }), await P.big({ n: 4 }), await zt.fine.big({ n: 5 }));
+const p: Promise<number> = Promise.resolve(1);
+console.log(typeof process.env.PATH, JSON.stringify({ a: await p }));
+await log("info", "logged");
+await result({ language: "typescript" });
+"#;
+    for (language, source, tools, expected) in [
+        (
+            "python",
+            python,
+            json!(["dict.big", "str.big", "next.big", "my-fs.big", "fine.big"]),
+            "yy yyy y yyyy yyyyy\n5 {'a': 1} 7\n",
+        ),
+        (
+            "node",
+            node,
+            json!([
+                "process.big",
+                "JSON.big",
+                "Object.big",
+                "my-fs.big",
+                "fine.big"
+            ]),
+            "yy yyy y yyyy yyyyy\nstring {\"a\":1} 1\n",
+        ),
+        (
+            "typescript",
+            typescript,
+            json!([
+                "process.big",
+                "JSON.big",
+                "Object.big",
+                "Promise.big",
+                "fine.big"
+            ]),
+            "yy yyy y yyyy yyyyy\nstring {\"a\":1}\n",
+        ),
+    ] {
+        let (r, _) = server
+            .run(json!({"language": language, "source": source, "tools": tools}))
+            .await;
+        assert_eq!(r["ok"], true, "{language}: {r}");
+        assert_eq!(r["stdout"], expected, "{language}: {r}");
+        assert_eq!(r["result"]["language"], language, "{r}");
+        let logs = r["logs"].to_string();
+        assert!(logs.contains("logged"), "{language}: {logs}");
+        if tools.to_string().contains("my-fs") {
+            assert!(
+                logs.contains(r#"the MCP server \"my-fs\" is `my_fs` in code"#),
+                "{language}: the rename is not said: {logs}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_the_clock_or_the_watchdog_ends_says_so_and_nothing_of_zcode_acp_s_own() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({"runCode": {"memoryMb": 64}}));
+    let server = world.server(&[]).await;
+    // Ended at every stage: while the sandbox is still being armed (1 ms),
+    // just after, and once the code runs.
+    for timeout in [1, 1, 1, 1, 1, 20, 20, 20, 100, 100, 300, 300, 300] {
+        let (r, _) = server
+            .run(json!({"language": "sh", "source": "sleep 10", "timeoutMs": timeout}))
+            .await;
+        assert_eq!(r["error"]["code"], "timeout", "{timeout} ms: {r}");
+        assert_eq!(r["stderr"], "", "{timeout} ms: {r}");
+    }
+    // The watchdog: memory held in a file of the run's private /tmp, which
+    // no limit of the interpreter's own sees.
+    for _ in 0..4 {
+        let (r, _) = server
+            .run(json!({"language": "sh", "source": "head -c 200000000 /dev/zero > /tmp/big; sleep 10"}))
+            .await;
+        assert_eq!(r["error"]["code"], "memory", "{r}");
+        assert_eq!(r["stderr"], "", "{r}");
+    }
+}
+
+#[tokio::test]
+async fn every_request_runs_or_is_refused_with_bad_request_whatever_its_size() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world = World::new(json!({}));
+    let server = world.server(&[]).await;
+    let answered = |args: Value| {
+        let server = &server;
+        async move {
+            tokio::time::timeout(common::TIMEOUT * 4, server.run(args))
+                .await
+                .expect("the request got no answer")
+        }
+    };
+    // Within every limit, though far past 16 MiB as sent (each newline is
+    // two bytes of JSON).
+    let (r, _) =
+        answered(json!({"language": "sh", "source": "wc -c", "stdin": "\n".repeat(8 << 20)})).await;
+    assert_eq!(
+        r["ok"],
+        true,
+        "{}",
+        &r.to_string()[..500.min(r.to_string().len())]
+    );
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        (8u64 << 20).to_string()
+    );
+    let (r, _) = answered(
+        json!({"language": "sh", "source": "wc -c < \"$ZCODE_RUN_INPUTS/a\"",
+        "files": [{"path": "a", "content": "x".repeat(32 << 20)}]}),
+    )
+    .await;
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        (32u64 << 20).to_string(),
+        "{}",
+        r["error"]
+    );
+    // Just past a limit of run_code's own.
+    let (r, text) = answered(json!({"language": "sh", "source": "true",
+        "files": [{"path": "a", "content": "x".repeat((32 << 20) + 1)}]}))
+    .await;
+    assert_eq!(r["error"]["code"], "bad_request", "{}", r["error"]);
+    assert!(text.contains("bad_request"), "{text}");
+    // Past what the server reads as sent (control characters are six bytes
+    // each in JSON): refused all the same, by its id.
+    let (r, text) = answered(json!({"language": "sh", "source": "true",
+        "stdin": "\u{1}".repeat(8 << 20), "files": [{"path": "a", "content": "x".repeat(20 << 20)}]})).await;
+    assert_eq!(r["error"]["code"], "bad_request", "{}", r["error"]);
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("as sent"),
+        "{}",
+        r["error"]
+    );
+    assert!(text.contains("bad_request"), "{text}");
+    // The server reads on.
+    let (r, _) = answered(json!({"language": "sh", "source": "echo still"})).await;
+    assert_eq!(r["stdout"], "still\n", "{r}");
+}
+
+#[tokio::test]
+async fn a_language_whose_interpreter_is_missing_is_unavailable_and_its_runs_say_no_interpreter() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A PATH with the shells and node, and no python.
+    let world = World::new(json!({}));
+    let bin = world.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["sh", "bash", "node"] {
+        let real = which(tool);
+        std::os::unix::fs::symlink(&real, bin.join(tool)).unwrap();
+    }
+    let server = world.server(&[("PATH", bin.to_str().unwrap())]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    let python = &langs["languages"][0];
+    assert_eq!(python["language"], "python", "{langs}");
+    assert_eq!(python["available"], false, "{langs}");
+    assert!(
+        python["reason"]
+            .as_str()
+            .unwrap()
+            .contains("python3 is not on PATH"),
+        "{langs}"
+    );
+    let (r, text) = server
+        .run(json!({"language": "python", "source": "print(1)"}))
+        .await;
+    assert_eq!(r["error"]["code"], "no_interpreter", "{r}");
+    assert!(text.contains("no_interpreter"), "{text}");
+    // The others still run.
+    let (r, _) = server
+        .run(json!({"language": "sh", "source": "echo here"}))
+        .await;
+    assert_eq!(r["stdout"], "here\n", "{r}");
+}
+
+/// `name`'s absolute path on the test's own PATH.
+fn which(name: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .unwrap();
+    let path = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(path.starts_with('/'), "{name} is not on PATH");
+    std::fs::canonicalize(path).unwrap().display().to_string()
+}
+
+#[tokio::test]
+async fn the_interpreter_the_user_configures_is_the_one_that_runs_and_is_named() {
+    if !require_kernel_features() {
+        return;
+    }
+    let world =
+        World::new(json!({"runCode": {"interpreters": {"python": ["python3", "-X", "utf8"]}}}));
+    let server = world.server(&[]).await;
+    let langs = server.call("which_languages", json!({})).await;
+    let langs = langs.structured_content.unwrap();
+    let python = &langs["languages"][0];
+    assert_eq!(python["available"], true, "{langs}");
+    let interpreter: Vec<&str> = python["interpreter"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(interpreter[0].ends_with("/python3"), "{langs}");
+    assert_eq!(&interpreter[1..], ["-X", "utf8"], "{langs}");
+    let (r, _) = server
+        .run(json!({"language": "python", "source": "import sys\nprint(sys.flags.utf8_mode)"}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(
+        r["stdout"], "1\n",
+        "the override's flags were not used: {r}"
+    );
+    assert_eq!(r["interpreter"], python["interpreter"], "{r}");
+}
+
+#[tokio::test]
+async fn a_connection_past_the_limit_is_refused_clearly_and_closed_ones_make_room() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server().await;
+    let source = r#"
+import json, os, socket, zcode_tools
+path, token = os.environ["ZCODE_TOOLS_SOCKET"], os.environ["ZCODE_TOOLS_TOKEN"]
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s, s.makefile("rb")
+def ask(c, i):
+    c[0].sendall((json.dumps({"id": i, "token": token, "jsonrpc": "2.0", "method": "log",
+        "params": {"level": "info", "message": "on %d" % i}}) + "\n").encode())
+    m = json.loads(c[1].readline())
+    return "ok" if "result" in m else m["error"]["data"]["code"] + ": " + m["error"]["message"]
+def close(c):
+    c[1].close()
+    c[0].close()
+held = [connect() for _ in range(16)]
+print("sixteen", set(ask(c, i) for i, c in enumerate(held)))
+extra = connect()
+print("seventeenth", ask(extra, 99))
+close(extra)
+for c in held:
+    close(c)
+print("stub", zcode_tools.fs.echo(text="again"))
+held = [connect() for _ in range(15)]
+print("again", set(ask(c, 100 + i) for i, c in enumerate(held)))
+# Sixteen again, with the stub's: a thread's own connection is refused,
+# and the script reads why.
+import threading
+def in_a_thread(label):
+    try:
+        print(label, zcode_tools.fs.echo(text="x"))
+    except zcode_tools.ToolError as e:
+        print(label, e.code)
+for label in ["thread", "thread after"]:
+    t = threading.Thread(target=in_a_thread, args=(label,))
+    t.start()
+    t.join()
+    close(held.pop())
+"#;
+    let (r, _) = server
+        .run(json!({"language": "python", "source": source, "tools": ["fs.echo"]}))
+        .await;
+    assert_eq!(r["ok"], true, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("sixteen {'ok'}"), "{out}");
+    assert!(
+        out.contains("seventeenth too_many_at_once: this run holds 16 connections"),
+        "{out}"
+    );
+    assert!(out.contains("stub again\n"), "{out}");
+    assert!(out.contains("again {'ok'}"), "{out}");
+    assert!(out.contains("thread too_many_at_once\n"), "{out}");
+    assert!(out.contains("thread after x\n"), "{out}");
+    let logs = r["logs"].to_string();
+    assert!(logs.contains("too_many_at_once"), "{logs}");
 }

@@ -27,7 +27,11 @@ use crate::relay::{codes, Frame, RawId};
 /// generation ever gets this id, so their answers come back here.
 pub(super) const TOOLS_GENERATION: u64 = u64::MAX;
 
-/// The largest request taken from a run (a file's content, with room).
+/// The most read from one connection, in bytes. A session's run_code
+/// server (never a run: runs reach it only through that server) opens one
+/// connection per call, so this bounds one request: a write's content is
+/// at most the run's `runCode.maxToolBytes` (1 MiB by default), so 8 MiB
+/// leaves room; a longer request is cut here and refused as not JSON.
 const MAX_REQUEST: u64 = 8 << 20;
 
 /// What an answer is: the editor's result, or an error's code and message.
@@ -42,9 +46,13 @@ pub(super) struct EditorCall {
 }
 
 /// The environment variable, in the run_code server's entry, holding its
-/// socket's token: every call carries it. Runs never see it (their
-/// environment is an allowlist, their processes apart), so code that
-/// finds a socket on disk cannot use it, and no session can act as another.
+/// socket's token: every call carries it. The server takes it out of its
+/// environment as it starts, before it starts anything (and overwrites it
+/// where `/proc` shows the environment it began with), so neither the MCP
+/// servers it starts nor its runs get it (a run's environment is an
+/// allowlist besides): code that finds a socket on disk cannot use it,
+/// and no session can act as another. The agent, which starts the server
+/// from the entry, is given it with the entry.
 pub(crate) const TOKEN_ENV: &str = crate::run_code::tools::editor::TOKEN_ENV;
 
 /// Connections one socket serves at once (one call each).

@@ -14,7 +14,7 @@
 //!
 //! Pure parts ([`request`], [`egress`], [`capture`]) are apart from what
 //! touches processes and disk ([`stage`], [`tree`], [`confinement`],
-//! [`runner`]); [`server`] is the MCP face.
+//! [`runner`]); [`server`] is the MCP face, on [`stdio`].
 
 pub mod capture;
 pub mod confinement;
@@ -27,6 +27,7 @@ pub mod runner;
 pub mod server;
 pub mod settings;
 pub mod stage;
+pub mod stdio;
 pub mod tools;
 pub mod tree;
 

@@ -259,11 +259,14 @@ impl Runner {
                 return result;
             }
         };
-        if let Some((path, _)) = &rpc {
+        if let Some((path, server)) = &rpc {
             env.push((
                 tools::SOCKET_ENV.into(),
                 path.to_string_lossy().into_owned(),
             ));
+            // Only in the run's environment (passed to the sandbox in its
+            // sealed launch spec): never on disk, where other runs read.
+            env.push((tools::TOKEN_ENV.into(), server.token().to_owned()));
         }
         let command = crate::confine::Command {
             argv,
@@ -336,6 +339,13 @@ impl Runner {
         let allowed = names.iter().cloned().collect();
         let caller: Arc<dyn Caller> = caller;
         let server = RpcServer::start(&path, allowed, caller, self.tool_limits)?;
+        // Said where the code's author reads: a group or tool the stub
+        // calls otherwise than its server does.
+        if !language.is_shell() {
+            for renamed in tools::stubs::renames(&specs) {
+                server.note(format!("zcode-acp: {renamed}"));
+            }
+        }
         Ok(Some((path, server)))
     }
 

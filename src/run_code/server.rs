@@ -16,6 +16,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 
+use super::result::{ErrorCode, RunResult};
 use super::runner::Runner;
 
 /// The server: one runner for one workspace.
@@ -48,6 +49,9 @@ pub struct McpArgs {
 /// Decides the confinement (it forks to probe the kernel, so this runs
 /// before the async runtime's threads exist) and builds the runner.
 pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
+    // First, before anything is started: nothing this server starts may
+    // inherit the editor's token.
+    let editor_token = super::tools::editor::take_token();
     let workspace = match &args.workspace {
         Some(w) => crate::commands::workspaces(std::slice::from_ref(w))?.remove(0),
         None => std::env::current_dir()?,
@@ -75,6 +79,7 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
             socket.clone(),
             workspace,
             &args.editor_can,
+            editor_token,
         ));
     }
     Ok(if toolbox.mcp.is_some() || toolbox.editor.is_some() {
@@ -84,17 +89,53 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
     })
 }
 
-/// Serves MCP on stdin/stdout until the client goes.
+/// Serves MCP on stdin/stdout until the client goes. A request longer
+/// than the SDK reads is answered too (see [`super::stdio`]).
 pub async fn serve(runner: Runner) -> anyhow::Result<()> {
+    let confinement = runner.confinement();
     let server = CodeServer {
         runner: Arc::new(runner),
     };
+    let (input, output, written) = super::stdio::guard(
+        Box::pin(tokio::io::stdin()),
+        Box::pin(tokio::io::stdout()),
+        move |over| oversized_answer(&over, &confinement),
+    );
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(input, output)
+        .with_max_line_length(super::stdio::MAX_LINE);
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;
     running.waiting().await?;
+    // The last frames the SDK wrote reach stdout (the SDK has let go of
+    // its end by now; bounded all the same, so that exiting never hangs).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), written).await;
     Ok(())
+}
+
+/// The answer to a request too long to be read: for a tool call, a
+/// refusal the model reads (`bad_request`), as every other one; for any
+/// other request, a JSON-RPC error. None for a notification (no id).
+fn oversized_answer(over: &super::stdio::Oversized, confinement: &str) -> Option<Vec<u8>> {
+    let id = over.id.clone()?;
+    let message = format!(
+        "the request is {} bytes as sent, more than the {} this server reads; send less: the source up to {} bytes, stdin up to {}, the files up to {} in all, and all of it as sent (JSON escaping included: a newline is sent as 2 bytes, another control character as 6); larger data is better left in the workspace for the code to read",
+        over.bytes,
+        super::stdio::MAX_LINE,
+        super::request::MAX_SOURCE_BYTES,
+        super::request::MAX_STDIN_BYTES,
+        super::request::MAX_FILES_BYTES,
+    );
+    let frame = if over.method.as_deref() == Some("tools/call") {
+        let result = RunResult::refused("", confinement.to_owned(), ErrorCode::BadRequest, message);
+        let mut out = CallToolResult::error(vec![ContentBlock::text(result.text())]);
+        out.structured_content = serde_json::to_value(&result).ok();
+        json!({"jsonrpc": "2.0", "id": id, "result": out})
+    } else {
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600, "message": message}})
+    };
+    serde_json::to_vec(&frame).ok()
 }
 
 impl CodeServer {

@@ -171,12 +171,17 @@ fn resident_of(_pid: i32) -> (u64, u64) {
     (0, 0)
 }
 
-/// SIGKILLs `root`'s tree. The descendants go first, again until none is
-/// left alive: while the root lives (a subreaper, or the holder of the
-/// PID namespace's init), what loses its parent stays below it, so a
-/// process forked between a look and a kill is found by the next look.
-/// Then the root, which is left to its owner to reap.
+/// SIGKILLs `root`'s tree. The root is stopped first: it is the sandbox
+/// helper, which would otherwise see its network proxy or the run's init
+/// die under it and say so (an error of its own, in the run's stderr,
+/// about a sandbox that is only being ended); stopped, it says nothing
+/// and does nothing more, but stays the parent and subreaper of the
+/// tree. Then the descendants, again until none is left alive: while the
+/// root lives, what loses its parent stays below it, so a process forked
+/// between a look and a kill is found by the next look. Then the root,
+/// which is left to its owner to reap.
 pub fn end(root: i32) {
+    let _ = kill(Pid::from_raw(root), Signal::SIGSTOP);
     for _ in 0..200 {
         let alive: Vec<i32> = procs::descendants_in(&procs::snapshot(), root)
             .into_iter()

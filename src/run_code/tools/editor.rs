@@ -24,10 +24,47 @@ pub const WRITE: &str = "editor.write_text_file";
 /// The largest answer read from the bridge (a file's content).
 const MAX_ANSWER: usize = 64 << 20;
 
+/// Takes the socket's token from this server's environment, where the
+/// bridge put it (this server's entry): removed, so that no process this
+/// server starts (an MCP server of the session's, a run) inherits it, and
+/// its bytes overwritten where the kernel keeps the environment the
+/// process began with (`/proc/PID/environ`, which the MCP servers it
+/// starts, running as the same user, could read).
+///
+/// Call it once, before any thread or process is started: it changes
+/// this process's environment.
+pub fn take_token() -> String {
+    let token = std::env::var(TOKEN_ENV).unwrap_or_default();
+    if std::env::var_os(TOKEN_ENV).is_some() {
+        scrub_value(TOKEN_ENV);
+        std::env::remove_var(TOKEN_ENV);
+    }
+    token
+}
+
+/// Overwrites the value of the environment variable `name` in place.
+fn scrub_value(name: &str) {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return;
+    };
+    // SAFETY: no other thread exists (the caller's precondition), so
+    // nothing reads or changes the environment meanwhile; getenv returns
+    // a pointer to the value's NUL-terminated bytes inside the entry the
+    // environment holds (for the variables a process began with, in the
+    // block the kernel shows), valid until the environment changes, and
+    // only the bytes before that NUL are written.
+    unsafe {
+        let value = libc::getenv(name.as_ptr());
+        if !value.is_null() {
+            std::ptr::write_bytes(value, b'0', libc::strlen(value));
+        }
+    }
+}
+
 pub struct EditorLink {
     socket: PathBuf,
     /// The socket's token (`ZCODE_ACP_EDITOR_TOKEN`, in this server's
-    /// entry); every call carries it.
+    /// entry, taken by [`take_token`]); every call carries it.
     token: String,
     workspace: PathBuf,
     can_read: bool,
@@ -36,11 +73,11 @@ pub struct EditorLink {
 
 impl EditorLink {
     /// `can`: what the editor advertised (`read_text_file`,
-    /// `write_text_file`), as the bridge passed it.
-    pub fn new(socket: PathBuf, workspace: PathBuf, can: &[String]) -> EditorLink {
+    /// `write_text_file`), as the bridge passed it; `token`: the socket's.
+    pub fn new(socket: PathBuf, workspace: PathBuf, can: &[String], token: String) -> EditorLink {
         EditorLink {
             socket,
-            token: std::env::var(TOKEN_ENV).unwrap_or_default(),
+            token,
             workspace,
             can_read: can.iter().any(|c| c == "read_text_file"),
             can_write: can.iter().any(|c| c == "write_text_file"),

@@ -197,7 +197,11 @@ impl McpTools {
             return Err(format!("{server}: {why}"));
         };
         let mut cmd = tokio::process::Command::new(command);
+        // This server's environment, as the agent would give it, but never
+        // the editor's token (taken out of the environment at start; here
+        // too, should it have come back).
         cmd.args(args)
+            .env_remove(super::editor::TOKEN_ENV)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.workspace)
             .kill_on_drop(true);

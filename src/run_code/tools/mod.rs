@@ -4,9 +4,11 @@
 //! exactly the tools it listed, proxied to the session's MCP servers
 //! ([`mcp`]). The server, the socket and the stubs end with the run.
 
+mod budget;
 pub mod editor;
 pub mod mcp;
 pub mod rpc;
+mod secret;
 pub mod stubs;
 
 use std::future::Future;
@@ -20,6 +22,10 @@ use super::Language;
 
 /// The variable that tells the code where its tools socket is.
 pub const SOCKET_ENV: &str = "ZCODE_TOOLS_SOCKET";
+/// The variable holding the run's own token, which every request on its
+/// socket must carry: the socket is on disk where another run of the same
+/// agent can reach it, the token only in this run's environment.
+pub const TOKEN_ENV: &str = "ZCODE_TOOLS_TOKEN";
 /// The socket's name in the call directory (short: see
 /// [`rpc::MAX_SOCKET_PATH`]).
 pub const SOCKET_NAME: &str = "tools.sock";
@@ -38,7 +44,8 @@ pub struct ToolSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolFailure {
     /// `not_allowed`, `call_limit`, `too_large`, `timeout`,
-    /// `too_many_at_once`, `tool_error`, `unavailable`, `bad_request`.
+    /// `too_many_at_once`, `tool_error`, `unavailable`, `bad_request`,
+    /// `bad_token`.
     pub code: &'static str,
     pub message: String,
 }
@@ -84,19 +91,26 @@ impl Default for ToolLimits {
 
 /// Writes the stub module for `language` into the call directory `dir`.
 /// Shells get none: they reach the socket with any client (`nc -U`,
-/// `socat`), one JSON-RPC object per line.
+/// `socat`), one JSON-RPC object per line carrying `"token":
+/// "$ZCODE_TOOLS_TOKEN"`.
 pub fn write_stubs(dir: &Path, language: Language, specs: &[ToolSpec]) -> std::io::Result<()> {
     match language {
         Language::Python => std::fs::write(
             dir.join(format!("{}.py", stubs::PYTHON_MODULE)),
-            stubs::python(specs, SOCKET_ENV),
+            stubs::python(specs, SOCKET_ENV, TOKEN_ENV),
         ),
         Language::Node | Language::Typescript => {
             let pkg = dir.join("node_modules").join(stubs::NODE_PACKAGE);
             std::fs::create_dir_all(&pkg)?;
             std::fs::write(pkg.join("package.json"), stubs::node_package())?;
-            std::fs::write(pkg.join("index.mjs"), stubs::node_esm(specs, SOCKET_ENV))?;
-            std::fs::write(pkg.join("index.cjs"), stubs::node_cjs(specs, SOCKET_ENV))?;
+            std::fs::write(
+                pkg.join("index.mjs"),
+                stubs::node_esm(specs, SOCKET_ENV, TOKEN_ENV),
+            )?;
+            std::fs::write(
+                pkg.join("index.cjs"),
+                stubs::node_cjs(specs, SOCKET_ENV, TOKEN_ENV),
+            )?;
             std::fs::write(pkg.join("index.d.ts"), stubs::node_types(specs))
         }
         Language::Bash | Language::Sh => Ok(()),

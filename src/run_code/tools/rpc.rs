@@ -3,11 +3,19 @@
 //! run. Methods: `call {tool, args}`, `result {value}`, `log {level,
 //! message}`. Every bound it keeps is a JSON-RPC error whose `data.code`
 //! the stubs raise as `ToolError.code`, and a line in the run's `logs`.
+//!
+//! The socket is a file another run of the same agent can reach (they
+//! share the agent's `/tmp`, and Landlock does not govern connecting to a
+//! socket by its path), so every request must carry the run's token
+//! (`token`, from `$ZCODE_TOOLS_TOKEN`, which only this run's processes
+//! are given): one without it is refused, said in the logs, and its
+//! connection closed.
 
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +23,10 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::budget::Budget;
+use super::secret;
 use tokio::task::JoinSet;
 
 use super::{ToolFailure, ToolLimits};
@@ -25,11 +37,16 @@ pub const MAX_SOCKET_PATH: usize = 103;
 
 /// Connections one run may hold open, requests one connection may have
 /// in flight (past it the connection is not read until one ends), and
-/// answers queued toward a script that is not reading them: a run's
-/// script cannot grow this server's memory past these.
+/// answers queued toward a script that is not reading them.
 const MAX_CONNECTIONS: usize = 16;
 const MAX_TASKS_PER_CONNECTION: usize = 64;
 const MAX_QUEUED_ANSWERS: usize = 64;
+/// How long a connection past the limit waits for a slot the script has
+/// just given back (a connection it closed, whose end is not read yet).
+const RECONNECT_GRACE: Duration = Duration::from_millis(200);
+/// How long a refused connection is given to send the request its
+/// refusal answers.
+const REFUSAL_WAIT: Duration = Duration::from_secs(5);
 /// How long the end of a run waits for requests already written (a
 /// `result` sent just before the script exited) to be read.
 const DRAIN: Duration = Duration::from_millis(250);
@@ -60,6 +77,10 @@ pub struct Outcome {
 }
 
 struct State {
+    /// The run's process has ended: what it wrote is still read (a
+    /// `result` sent just before it exited), but no more tool calls are
+    /// made, since nobody is left to read what they return.
+    ended: bool,
     calls: u32,
     in_flight: usize,
     result: Option<Value>,
@@ -71,6 +92,11 @@ struct State {
 }
 
 struct Shared {
+    /// The run's token, as its requests carry it.
+    token: String,
+    /// For the requests being answered and the answers not yet written,
+    /// across the run's connections.
+    budget: Budget,
     allowed: BTreeSet<String>,
     caller: Arc<dyn Caller>,
     limits: ToolLimits,
@@ -113,11 +139,14 @@ impl RpcServer {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let shared = Arc::new(Shared {
+            token: secret::new(),
+            budget: Budget::for_limits(&limits),
             allowed,
             caller,
             limits,
             started: Instant::now(),
             state: Mutex::new(State {
+                ended: false,
                 calls: 0,
                 in_flight: 0,
                 result: None,
@@ -126,35 +155,8 @@ impl RpcServer {
                 breaches: Default::default(),
             }),
         });
-        let s = shared.clone();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let accept = tokio::spawn(async move {
-            // The connections die with this task: aborting it at the end
-            // of the run drops the set, which aborts every call in flight.
-            let mut connections = JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) if connections.len() < MAX_CONNECTIONS => {
-                            connections.spawn(serve(stream, s.clone()));
-                        }
-                        Ok(_) => {
-                            s.breach("too_many_at_once", format!("a connection past the {MAX_CONNECTIONS} a run may hold was closed"));
-                        }
-                        Err(e) => {
-                            // Out of descriptors, say: later connections
-                            // may still be taken.
-                            tracing::debug!("the tools socket could not accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    },
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                }
-            }
-            drop(listener);
-            while connections.join_next().await.is_some() {}
-        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let accept = tokio::spawn(accept_all(listener, shared.clone(), stopped));
         Ok(RpcServer {
             shared,
             accept: Some(accept),
@@ -162,9 +164,22 @@ impl RpcServer {
         })
     }
 
+    /// The token every request must carry: for the run's environment
+    /// ([`super::TOKEN_ENV`]), and nowhere else.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Adds an entry of zcode-acp's own to the run's `logs`.
+    pub fn note(&self, message: String) {
+        let mut st = self.shared.lock();
+        self.shared.log(&mut st, "info", message);
+    }
+
     /// Ends the server (calls still in flight are dropped: the run is
     /// over) and returns what the run left.
     pub async fn finish(mut self) -> Outcome {
+        self.shared.lock().ended = true;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -224,6 +239,25 @@ impl Shared {
         });
     }
 
+    /// Whether `given` is the run's token (compared in constant time: how
+    /// long a refusal takes says nothing of how much of it was right).
+    fn is_token(&self, given: Option<&str>) -> bool {
+        given.is_some_and(|g| secret::same(g.as_bytes(), self.token.as_bytes()))
+    }
+
+    /// The refusal of a request without the run's token: the run's logs
+    /// and this server's log say it (once, with the count at the end).
+    fn stranger(&self) -> ToolFailure {
+        let first = !self.lock().breaches.contains_key("bad_token");
+        if first {
+            tracing::warn!("a request on a run's tools socket did not carry the run's token, and was refused: another process found the socket, or a client of the run's did not send ${}", super::TOKEN_ENV);
+        }
+        self.breach(
+            "bad_token",
+            format!("a request without this run's token was refused and its connection closed (every request carries \"token\": the value of ${})", super::TOKEN_ENV),
+        )
+    }
+
     /// A refusal: the script gets the error, the logs say it (once per
     /// kind; the count is added at the end).
     fn breach(&self, code: &'static str, message: String) -> ToolFailure {
@@ -250,30 +284,148 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
-/// Serves one connection: requests are read one line at a time and each
-/// is answered by a task of its own (a script may have several calls in
-/// flight); answers go back through one writer.
-async fn serve(stream: UnixStream, shared: Arc<Shared>) {
-    let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(MAX_QUEUED_ANSWERS);
-    let write = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
-            line.push(b'\n');
-            if writer.write_all(&line).await.is_err() {
-                break;
+/// Accepts the run's connections until `stopped`, each served by a task
+/// of its own while it holds one of the run's [`MAX_CONNECTIONS`] slots;
+/// one past them is refused, clearly, by [`refuse`].
+async fn accept_all(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    // The connections die with this task: aborting it at the end of the
+    // run drops the set, which aborts every call in flight.
+    let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => match slot(&slots).await {
+                    Some(slot) => {
+                        connections.spawn(serve(stream, shared.clone(), slot));
+                    }
+                    // Past this many refusals at once, one is just closed.
+                    None if refusals.len() < MAX_CONNECTIONS => {
+                        refusals.spawn(refuse(stream, shared.clone()));
+                    }
+                    None => {}
+                },
+                Err(e) => {
+                    // Out of descriptors, say: later connections may still
+                    // be taken.
+                    tracing::debug!("the tools socket could not accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
+        }
+    }
+    drop(listener);
+    drop(refusals);
+    while connections.join_next().await.is_some() {}
+}
+
+/// A slot for a new connection. At the limit, one the script has just
+/// closed frees its slot as soon as its end is read, which may come just
+/// after the new connection: that long is waited for.
+async fn slot(slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    tokio::time::timeout(RECONNECT_GRACE, slots.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// A connection past the limit: its first request is answered, by its
+/// id, with the refusal (a script reads why, not a reset), then it is
+/// closed.
+async fn refuse(mut stream: UnixStream, shared: Arc<Shared>) {
+    let f = shared.breach(
+        "too_many_at_once",
+        format!("this run holds {MAX_CONNECTIONS} connections to its tools server already, the most it may; close one first (the stubs keep one per thread)"),
+    );
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let first = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    let part = &chunk[..n];
+                    if head.len() < HEAD {
+                        head.extend_from_slice(&part[..part.len().min(HEAD - head.len())]);
+                    }
+                    if part.contains(&b'\n') {
+                        return true;
+                    }
+                }
             }
         }
-    });
-    let mut calls = JoinSet::new();
+    };
+    if let Ok(true) = tokio::time::timeout(REFUSAL_WAIT, first).await {
+        let mut line = closing_answer(&leading_id(&head), f);
+        line.push(b'\n');
+        let _ = stream.write_all(&line).await;
+    }
+}
+
+/// An answer on its way to the script, with the budget it holds until it
+/// is written (none for the short refusals the reading itself answers).
+struct Queued {
+    line: Vec<u8>,
+    _held: Option<OwnedSemaphorePermit>,
+}
+
+/// What the reading of a connection does next.
+enum Next {
+    Go,
+    Close,
+}
+
+/// One connection being read.
+struct Conn {
+    reader: tokio::net::unix::OwnedReadHalf,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Queued>,
+    calls: JoinSet<()>,
+    /// A request on this connection carried the token.
+    trusted: bool,
+    /// An answer could not be written (the script is gone): calls it still
+    /// asked for are not made, since nobody would read what they return.
+    deaf: Arc<AtomicBool>,
+}
+
+/// Serves one connection: requests are read one line at a time, checked
+/// for the run's token, and each is answered by a task of its own (a
+/// script may have several calls in flight); answers go back through one
+/// writer. The first request without the token ends the connection.
+async fn serve(stream: UnixStream, shared: Arc<Shared>, slot: OwnedSemaphorePermit) {
+    let (reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_ANSWERS);
+    let deaf = Arc::new(AtomicBool::new(false));
+    let write = tokio::spawn(write_answers(writer, rx, deaf.clone()));
     // A line is at most the argument ceiling plus room for the envelope.
     let max_line = shared.limits.max_bytes.saturating_add(4096);
+    let mut conn = Conn {
+        reader,
+        shared,
+        tx,
+        calls: JoinSet::new(),
+        trusted: false,
+        deaf,
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 64 * 1024];
-    let mut skipping: Option<Value> = None;
-    loop {
+    // (its id, and whether its first bytes carried the token)
+    let mut skipping: Option<(Value, bool)> = None;
+    'read: loop {
         let n = tokio::select! {
-            n = reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
-            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+            n = conn.reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
+            Some(_) = conn.calls.join_next(), if !conn.calls.is_empty() => continue,
         };
         let mut rest = &chunk[..n];
         while !rest.is_empty() {
@@ -286,50 +438,183 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                 if buf.len() > max_line {
                     // Too long to take: answered (by the id its first
                     // bytes carry) once the line ends, the rest unread.
-                    skipping = Some(leading_id(&buf));
+                    let token = leading_str(&buf, "token");
+                    let with_token = conn.shared.is_token(token.as_deref());
+                    skipping = Some((leading_id(&buf), with_token));
                     buf.clear();
                 }
             }
             let Some(used) = ended else { break };
             rest = &rest[used..];
-            if let Some(id) = skipping.take() {
-                let f = shared.breach(
-                    "too_large",
-                    format!(
-                        "a request of more than {} bytes was refused unread; pass less per call",
-                        shared.limits.max_bytes
-                    ),
-                );
-                let _ = tx.send(answer(&id, Err(f))).await;
-                continue;
+            let next = match skipping.take() {
+                Some((id, with_token)) => conn.over_long(&id, with_token).await,
+                None => conn.line(std::mem::take(&mut buf)).await,
+            };
+            if let Next::Close = next {
+                break 'read;
             }
-            let line = std::mem::take(&mut buf);
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            // Too many in flight: this connection is not read until one
-            // ends (a script that never reads its answers stalls itself).
-            while calls.len() >= MAX_TASKS_PER_CONNECTION {
-                calls.join_next().await;
-            }
-            let (shared, tx) = (shared.clone(), tx.clone());
-            calls.spawn(async move {
-                if let Some(reply) = handle(&line, &shared).await {
-                    let _ = tx.send(reply).await;
-                }
-            });
         }
     }
-    // The script closed its end: what it asked is still answered (a
-    // `result` sent just before exit), then the writer ends.
-    while calls.join_next().await.is_some() {}
-    drop(tx);
+    // The script closed its end (or sent a request without the token):
+    // the connection no longer counts toward the limit, and what it
+    // asked is still answered (a `result` sent just before exit), then
+    // the writer ends.
+    drop(slot);
+    while conn.calls.join_next().await.is_some() {}
+    drop(conn);
     let _ = write.await;
 }
 
+/// Writes the answers in turn, each giving back its budget once written.
+/// Past a failed write the rest are dropped as they come (their budget
+/// with them), and the connection is marked deaf.
+async fn write_answers(
+    mut writer: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Queued>,
+    deaf: Arc<AtomicBool>,
+) {
+    while let Some(mut q) = rx.recv().await {
+        if deaf.load(Ordering::Relaxed) {
+            continue;
+        }
+        q.line.push(b'\n');
+        if writer.write_all(&q.line).await.is_err() {
+            deaf.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Conn {
+    /// Queues a short answer the reading gives itself.
+    async fn say(&self, id: &Value, f: ToolFailure) {
+        let q = Queued {
+            line: answer(id, Err(f)),
+            _held: None,
+        };
+        let _ = self.tx.send(q).await;
+    }
+
+    /// Queues the refusal after which the connection is closed.
+    async fn say_last(&self, id: &Value, f: ToolFailure) {
+        let q = Queued {
+            line: closing_answer(id, f),
+            _held: None,
+        };
+        let _ = self.tx.send(q).await;
+    }
+
+    /// Whether a call's answer would reach nobody: the script stopped
+    /// reading this connection, closed it (what it wrote before is still
+    /// read: a `result` is kept), or its run has ended.
+    fn unheard(&self) -> bool {
+        self.deaf.load(Ordering::Relaxed) || self.shared.lock().ended || self.hung_up()
+    }
+
+    /// Whether the script closed its end of the connection entirely (not
+    /// only its writing half, as `nc -N` does before reading the answers).
+    fn hung_up(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(
+            self.reader.as_ref().as_fd(),
+            PollFlags::empty(),
+        )];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    }
+
+    /// A line too long to take, read to its end unkept.
+    async fn over_long(&mut self, id: &Value, with_token: bool) -> Next {
+        if !(self.trusted || with_token) {
+            self.say_last(id, self.shared.stranger()).await;
+            return Next::Close;
+        }
+        let f = self.shared.breach(
+            "too_large",
+            format!(
+                "a request of more than {} bytes was refused unread; pass less per call",
+                self.shared.limits.max_bytes
+            ),
+        );
+        self.say(id, f).await;
+        Next::Go
+    }
+
+    /// One whole line: checked, then answered by a task of its own.
+    async fn line(&mut self, line: Vec<u8>) -> Next {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Next::Go;
+        }
+        let msg: Value = match serde_json::from_slice(&line) {
+            Ok(v) => v,
+            // Without the token no more is said than that.
+            Err(_) if !self.trusted => {
+                self.say_last(&leading_id(&line), self.shared.stranger())
+                    .await;
+                return Next::Close;
+            }
+            Err(e) => {
+                let f = self
+                    .shared
+                    .breach("bad_request", format!("a request that is not JSON: {e}"));
+                self.say(&leading_id(&line), f).await;
+                return Next::Go;
+            }
+        };
+        if !self
+            .shared
+            .is_token(msg.get("token").and_then(Value::as_str))
+        {
+            let id = msg.get("id").cloned().unwrap_or(Value::Null);
+            self.say_last(&id, self.shared.stranger()).await;
+            return Next::Close;
+        }
+        self.trusted = true;
+        let is_call = msg.get("method").and_then(Value::as_str) == Some("call");
+        if is_call && self.unheard() {
+            return Next::Go;
+        }
+        // Too many in flight, or the run's budget for requests and answers
+        // held is spent: this connection is not read until some end (a
+        // script that never reads its answers stalls itself, and this
+        // server's memory stays bounded).
+        while self.calls.len() >= MAX_TASKS_PER_CONNECTION {
+            self.calls.join_next().await;
+        }
+        let held = self
+            .shared
+            .budget
+            .hold(line.len() + self.shared.budget.max_answer())
+            .await;
+        drop(line);
+        // The wait may have outlasted the script.
+        if is_call && self.unheard() {
+            return Next::Go;
+        }
+        let (shared, tx) = (self.shared.clone(), self.tx.clone());
+        self.calls.spawn(async move {
+            if let Some(reply) = handle(msg, &shared).await {
+                let held = shared.budget.rehold(held, reply.len()).await;
+                let _ = tx
+                    .send(Queued {
+                        line: reply,
+                        _held: Some(held),
+                    })
+                    .await;
+            }
+        });
+        Next::Go
+    }
+}
+
+/// How much of an over-long line is looked at for its id and token.
+const HEAD: usize = 256;
+
 /// The id at the start of an over-long line (the stubs write it first).
 fn leading_id(head: &[u8]) -> Value {
-    let head = &head[..head.len().min(128)];
+    let head = &head[..head.len().min(HEAD)];
     let text = String::from_utf8_lossy(head);
     text.split_once("\"id\":")
         .and_then(|(_, rest)| {
@@ -343,6 +628,26 @@ fn leading_id(head: &[u8]) -> Value {
         .map_or(Value::Null, Value::from)
 }
 
+/// The string field `key` near the start of an over-long line (the stubs
+/// write the token right after the id).
+fn leading_str(head: &[u8], key: &str) -> Option<String> {
+    let head = &head[..head.len().min(HEAD)];
+    let text = String::from_utf8_lossy(head);
+    let (_, rest) = text.split_once(&format!("\"{key}\":"))?;
+    let rest = rest.trim_start().strip_prefix('"')?;
+    let (value, _) = rest.split_once('"')?;
+    Some(value.to_owned())
+}
+
+/// A refusal after which the server closes the connection: `data.closed`
+/// tells the stubs to open another for their next call.
+fn closing_answer(id: &Value, f: ToolFailure) -> Vec<u8> {
+    let v = json!({"jsonrpc": "2.0", "id": id, "error": {
+        "code": -32000, "message": f.message, "data": {"code": f.code, "closed": true}
+    }});
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
 fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {
     let v = match outcome {
         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
@@ -353,15 +658,9 @@ fn answer(id: &Value, outcome: Result<Value, ToolFailure>) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
-/// One request; None for a notification (no id), which gets no answer.
-async fn handle(line: &[u8], shared: &Shared) -> Option<Vec<u8>> {
-    let msg: Value = match serde_json::from_slice(line) {
-        Ok(v) => v,
-        Err(e) => {
-            let f = shared.breach("bad_request", format!("a request that is not JSON: {e}"));
-            return Some(answer(&leading_id(line), Err(f)));
-        }
-    };
+/// One request, its token checked; None for a notification (no id),
+/// which gets no answer.
+async fn handle(msg: Value, shared: &Shared) -> Option<Vec<u8>> {
     let id = msg.get("id").cloned();
     let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
@@ -454,6 +753,12 @@ async fn call(shared: &Shared, params: &Value) -> Result<Value, ToolFailure> {
     }
     {
         let mut st = shared.lock();
+        if st.ended {
+            return Err(ToolFailure::new(
+                "unavailable",
+                "the run has ended; the call was not made",
+            ));
+        }
         if st.calls >= shared.limits.max_calls {
             drop(st);
             return Err(shared.breach(
@@ -524,10 +829,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_over_long_lines_id_is_read_from_its_first_bytes() {
+    fn an_over_long_lines_id_and_token_are_read_from_its_first_bytes() {
         assert_eq!(leading_id(br#"{"id":42,"jsonrpc":"2.0","#), json!(42));
         assert_eq!(leading_id(br#"{"id": 7, "#), json!(7));
         assert_eq!(leading_id(br#"{"jsonrpc":"2.0""#), Value::Null);
+        let head = br#"{"id":3,"token":"ab12","jsonrpc":"2.0","params":{"#;
+        assert_eq!(leading_str(head, "token").as_deref(), Some("ab12"));
+        assert_eq!(leading_str(br#"{"id":3,"token":"ab1"#, "token"), None);
     }
 
     #[test]

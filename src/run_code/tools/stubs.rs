@@ -8,6 +8,12 @@
 //! Tool names and descriptions come from MCP servers, so nothing of them
 //! is pasted into code as it is: names become checked identifiers, and
 //! every string is a JSON literal (valid in Python and JavaScript alike).
+//!
+//! A group (a server's tools) never becomes a name the stub's own code
+//! reads: a server may be called `dict`, `str`, `process` or `JSON`, and
+//! the stub uses those. Python keeps the groups in a private dict that the
+//! module's `__getattr__` serves; JavaScript binds each to a private
+//! `__zc_g_` name and exports it under the group's.
 
 use std::collections::BTreeMap;
 
@@ -19,8 +25,10 @@ use super::ToolSpec;
 pub const PYTHON_MODULE: &str = "zcode_tools";
 pub const NODE_PACKAGE: &str = "zcode-tools";
 
-/// Names the module defines itself, and the languages' keywords: a tool
-/// group or a tool named so gets a trailing `_`.
+/// Names the modules define themselves (every module-level name of the
+/// Python stub: a group named so would be hidden by it; the exports of
+/// the JavaScript one), and the languages' keywords: a tool group or a
+/// tool named so gets a trailing `_`.
 const TAKEN: &[&str] = &[
     "call",
     "result",
@@ -110,8 +118,13 @@ const TAKEN: &[&str] = &[
     "_ids_lock",
     "_connection",
     "_rpc",
+    "_drop",
     "_Group",
     "_SOCKET_ENV",
+    "_TOKEN",
+    "_builtins",
+    "_groups",
+    "_tool",
 ];
 
 /// `name` as an identifier of both languages: ASCII letters, digits and
@@ -131,24 +144,88 @@ pub fn identifier(name: &str) -> String {
     id
 }
 
-/// The tools grouped by what comes before their first `.`, each with the
-/// identifier it is called by. Two names that read the same as
-/// identifiers get `_2`, `_3`...
-fn grouped(specs: &[ToolSpec]) -> BTreeMap<String, Vec<(String, &ToolSpec)>> {
-    let mut groups: BTreeMap<String, Vec<(String, &ToolSpec)>> = BTreeMap::new();
+/// One server's tools, as the stubs name them.
+struct Group<'a> {
+    /// The server's name, as the session has it.
+    server: &'a str,
+    /// The identifier code reaches it by.
+    id: String,
+    /// Each tool with the identifier it is called by.
+    members: Vec<(String, &'a ToolSpec)>,
+}
+
+/// The tools grouped by what comes before their first `.` (the server),
+/// in the order of the servers' names. Two servers, or two tools of one,
+/// whose names read the same as identifiers get `_2`, `_3`...
+fn grouped(specs: &[ToolSpec]) -> Vec<Group<'_>> {
+    let mut by_server: BTreeMap<&str, Vec<&ToolSpec>> = BTreeMap::new();
     for spec in specs {
-        let (group, tool) = spec.name.split_once('.').unwrap_or(("tools", &spec.name));
-        let members = groups.entry(identifier(group)).or_default();
-        let base = identifier(tool);
-        let mut id = base.clone();
-        let mut n = 2;
-        while members.iter().any(|(taken, _)| *taken == id) {
-            id = format!("{base}_{n}");
-            n += 1;
+        let (server, _) = spec.name.split_once('.').unwrap_or(("tools", &spec.name));
+        by_server.entry(server).or_default().push(spec);
+    }
+    let mut groups: Vec<Group> = Vec::with_capacity(by_server.len());
+    for (server, tools) in by_server {
+        let id = unique(identifier(server), |id| groups.iter().any(|g| g.id == id));
+        let mut members: Vec<(String, &ToolSpec)> = Vec::with_capacity(tools.len());
+        for spec in tools {
+            let tool = spec
+                .name
+                .split_once('.')
+                .map_or(spec.name.as_str(), |(_, t)| t);
+            let tid = unique(identifier(tool), |id| members.iter().any(|(m, _)| m == id));
+            members.push((tid, spec));
         }
-        members.push((id, spec));
+        groups.push(Group {
+            server,
+            id,
+            members,
+        });
     }
     groups
+}
+
+/// `base`, or `base_2`, `base_3`... the first one not `taken`.
+fn unique(base: String, taken: impl Fn(&str) -> bool) -> String {
+    let mut id = base.clone();
+    let mut n = 2;
+    while taken(&id) {
+        id = format!("{base}_{n}");
+        n += 1;
+    }
+    id
+}
+
+/// What the stubs call differently from its own name (a server or tool
+/// name that is not an identifier of both languages, or is one the stub
+/// or the languages keep), said to the run so that code can find it.
+pub fn renames(specs: &[ToolSpec]) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in grouped(specs) {
+        if g.id != g.server {
+            out.push(format!(
+                "the MCP server {:?} is `{}` in code (its name is not an identifier the stubs can use)",
+                g.server, g.id
+            ));
+        }
+        for (id, spec) in &g.members {
+            let tool = spec
+                .name
+                .split_once('.')
+                .map_or(spec.name.as_str(), |(_, t)| t);
+            if id != tool {
+                out.push(format!(
+                    "the tool {:?} is `{}.{id}` in code",
+                    spec.name, g.id
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The private name a group is bound to in the JavaScript stubs.
+fn js_binding(group: &str) -> String {
+    format!("__zc_g_{group}")
 }
 
 fn literal(s: &str) -> String {
@@ -199,60 +276,75 @@ fn doc(spec: &ToolSpec) -> String {
 }
 
 /// `zcode_tools.py`.
-pub fn python(specs: &[ToolSpec], socket_env: &str) -> String {
-    let mut out = String::from(PYTHON_HEAD).replace("@SOCKET_ENV@", &literal(socket_env));
-    for (group, members) in grouped(specs) {
-        let mut fields = Vec::new();
-        for (id, spec) in members {
-            let f = format!("_{group}__{id}");
-            out.push_str(&format!(
-                "\ndef {f}(_args=None, /, **kwargs):\n    return call({name}, _args, **kwargs)\n{f}.__name__ = {id_lit}\n{f}.__doc__ = {doc}\n",
-                name = literal(&spec.name),
-                id_lit = literal(&id),
-                doc = literal(&doc(spec)),
-            ));
-            fields.push(format!("{}: {f}", literal(&id)));
-        }
+pub fn python(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let mut out = String::from(PYTHON_HEAD)
+        .replace("@SOCKET_ENV@", &literal(socket_env))
+        .replace("@TOKEN_ENV@", &literal(token_env));
+    for g in grouped(specs) {
+        let tools: Vec<String> = g
+            .members
+            .iter()
+            .map(|(id, spec)| {
+                format!(
+                    "    {id_lit}: _tool({name}, {id_lit}, {doc}),\n",
+                    id_lit = literal(id),
+                    name = literal(&spec.name),
+                    doc = literal(&doc(spec)),
+                )
+            })
+            .collect();
         out.push_str(&format!(
-            "{group} = _Group({name}, {{{}}})\n",
-            fields.join(", "),
-            name = literal(&group)
+            "_groups[{id}] = _Group({server}, {{\n{}}})\n",
+            tools.concat(),
+            id = literal(&g.id),
+            server = literal(g.server),
         ));
     }
+    out.push_str(PYTHON_TAIL);
     out
 }
 
 /// The package's `index.mjs` (ES module).
-pub fn node_esm(specs: &[ToolSpec], socket_env: &str) -> String {
-    let body = node_body(specs, socket_env);
-    let groups: Vec<String> = grouped(specs).into_keys().collect();
+pub fn node_esm(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let body = node_body(specs, socket_env, token_env);
+    let groups: Vec<String> = grouped(specs).into_iter().map(|g| g.id).collect();
     let mut out = format!("import __zc_net from \"node:net\";\n{body}");
     for g in &groups {
-        out.push_str(&format!("export {{ {g} }};\n"));
+        out.push_str(&format!("export {{ {} as {g} }};\n", js_binding(g)));
     }
     out.push_str("export { ToolError, call, result, log };\n");
     out.push_str(&format!(
         "export default {{ ToolError, call, result, log{} }};\n",
-        groups.iter().map(|g| format!(", {g}")).collect::<String>()
+        js_fields(&groups)
     ));
     out
 }
 
 /// The package's `index.cjs` (for `require`, from a CommonJS source).
-pub fn node_cjs(specs: &[ToolSpec], socket_env: &str) -> String {
-    let body = node_body(specs, socket_env);
-    let groups: Vec<String> = grouped(specs).into_keys().collect();
+pub fn node_cjs(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let body = node_body(specs, socket_env, token_env);
+    let groups: Vec<String> = grouped(specs).into_iter().map(|g| g.id).collect();
     format!(
         "\"use strict\";\nconst __zc_net = require(\"node:net\");\n{body}module.exports = {{ ToolError, call, result, log{} }};\n",
-        groups.iter().map(|g| format!(", {g}")).collect::<String>()
+        js_fields(&groups)
     )
 }
 
-fn node_body(specs: &[ToolSpec], socket_env: &str) -> String {
-    let mut out = String::from(NODE_BODY).replace("@SOCKET_ENV@", &literal(socket_env));
-    for (group, members) in grouped(specs) {
-        out.push_str(&format!("const {group} = Object.freeze({{\n"));
-        for (id, spec) in members {
+/// `, fs: __zc_g_fs, ...`: the groups as fields of an exported object.
+fn js_fields(groups: &[String]) -> String {
+    groups
+        .iter()
+        .map(|g| format!(", {g}: {}", js_binding(g)))
+        .collect()
+}
+
+fn node_body(specs: &[ToolSpec], socket_env: &str, token_env: &str) -> String {
+    let mut out = String::from(NODE_BODY)
+        .replace("@SOCKET_ENV@", &literal(socket_env))
+        .replace("@TOKEN_ENV@", &literal(token_env));
+    for g in grouped(specs) {
+        out.push_str(&format!("const {} = Object.freeze({{\n", js_binding(&g.id)));
+        for (id, spec) in &g.members {
             out.push_str(&format!(
                 "  {}\n  {id}: (args = {{}}) => call({}, args),\n",
                 js_comment(&doc(spec)),
@@ -279,7 +371,7 @@ fn js_comment(text: &str) -> String {
 /// The package's `index.d.ts`: each tool's arguments as a type.
 pub fn node_types(specs: &[ToolSpec]) -> String {
     let mut out = String::from(
-        "export declare class ToolError extends Error {\n  /** not_allowed, call_limit, too_large, timeout, too_many_at_once, tool_error, unavailable, bad_request */\n  code: string;\n}\n\
+        "export declare class ToolError extends Error {\n  /** not_allowed, call_limit, too_large, timeout, too_many_at_once, tool_error, unavailable, bad_request, bad_token */\n  code: string;\n}\n\
          /** Calls a tool by its full name (`server.tool`). */\n\
          export declare function call(name: string, args?: Record<string, unknown>): Promise<unknown>;\n\
          /** Sets the call's structured `result` (JSON; the last call wins). */\n\
@@ -288,22 +380,23 @@ pub fn node_types(specs: &[ToolSpec]) -> String {
          export declare function log(level: \"debug\" | \"info\" | \"warn\" | \"error\", message: string): Promise<void>;\n",
     );
     let groups = grouped(specs);
-    for (group, members) in &groups {
-        out.push_str(&format!("export declare const {group}: {{\n"));
-        for (id, spec) in members {
+    for g in &groups {
+        let binding = js_binding(&g.id);
+        out.push_str(&format!("declare const {binding}: {{\n"));
+        for (id, spec) in &g.members {
             out.push_str(&format!(
                 "  {}\n  {id}(args: {}): Promise<unknown>;\n",
                 js_comment(&doc(spec)),
                 ts_object(&spec.input_schema)
             ));
         }
-        out.push_str("};\n");
+        out.push_str(&format!("}};\nexport {{ {binding} as {} }};\n", g.id));
     }
     out.push_str(&format!(
         "declare const _default: {{ ToolError: typeof ToolError; call: typeof call; result: typeof result; log: typeof log{} }};\nexport default _default;\n",
         groups
-            .keys()
-            .map(|g| format!("; {g}: typeof {g}"))
+            .iter()
+            .map(|g| format!("; {}: typeof {}", g.id, js_binding(&g.id)))
             .collect::<String>()
     ));
     out
@@ -371,8 +464,11 @@ const PYTHON_HEAD: &str = r#""""The tools this run may call (written by zcode-ac
     zcode_tools.result({"count": len(files)})
 
 Every function raises zcode_tools.ToolError (with .code) when the call is
-refused or fails; catch it to go on.
+refused or fails; catch it to go on. Each MCP server's tools are a group,
+zcode_tools.<server>; `from zcode_tools import *` leaves out a group named
+after a Python built-in (`dict`, `str`...), which it would hide.
 """
+import builtins as _builtins
 import json as _json
 import os as _os
 import socket as _socket
@@ -384,7 +480,7 @@ __all__ = ["ToolError", "call", "result", "log"]
 
 class ToolError(Exception):
     """A refused or failed call. `code`: not_allowed, call_limit, too_large,
-    timeout, too_many_at_once, tool_error, unavailable or bad_request."""
+    timeout, too_many_at_once, tool_error, unavailable, bad_request or bad_token."""
 
     def __init__(self, code, message):
         super().__init__(f"{code}: {message}")
@@ -393,6 +489,9 @@ class ToolError(Exception):
 
 
 _SOCKET_ENV = @SOCKET_ENV@
+# Every request carries the run's token (read once: a script that clears
+# its environment keeps its tools).
+_TOKEN = _os.environ.get(@TOKEN_ENV@, "")
 _local = _threading.local()
 _ids = iter(range(1, 1 << 62))
 _ids_lock = _threading.Lock()
@@ -422,7 +521,7 @@ def _rpc(method, params):
     with _ids_lock:
         i = next(_ids)
     try:
-        line = _json.dumps({"id": i, "jsonrpc": "2.0", "method": method, "params": params},
+        line = _json.dumps({"id": i, "token": _TOKEN, "jsonrpc": "2.0", "method": method, "params": params},
                            separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise ToolError("bad_request", f"not JSON: {e}") from None
@@ -432,17 +531,31 @@ def _rpc(method, params):
         while True:
             answer = reader.readline()
             if not answer:
+                _drop()
                 raise ToolError("unavailable", "the tools server closed the connection (the run is ending)")
             m = _json.loads(answer)
             if m.get("id") == i:
                 break
     except OSError as e:
-        _local.held = None
+        _drop()
         raise ToolError("unavailable", f"the tools server connection failed: {e}") from None
     if "error" in m:
         e = m["error"]
-        raise ToolError((e.get("data") or {}).get("code", "error"), e.get("message", ""))
+        data = e.get("data") or {}
+        # The server closed this connection after it: the next call opens
+        # another.
+        if data.get("closed"):
+            _drop()
+        raise ToolError(data.get("code", "error"), e.get("message", ""))
     return m.get("result")
+
+
+def _drop():
+    held = getattr(_local, "held", None)
+    _local.held = None
+    if held is not None:
+        held[1].close()
+        held[0].close()
 
 
 def call(_name, _args=None, /, **kwargs):
@@ -469,7 +582,37 @@ class _Group(_types.SimpleNamespace):
         for k, f in _tools.items():
             setattr(self, k, f)
         self.__doc__ = f"Tools of the MCP server {_name!r}."
-        __all__.append(_name)
+
+
+def _tool(_name, _id, _doc):
+    def tool(_args=None, /, **kwargs):
+        return call(_name, _args, **kwargs)
+    tool.__name__ = tool.__qualname__ = _id
+    tool.__doc__ = _doc
+    return tool
+
+
+# The groups, by the name code reaches them by. Never module globals: a
+# server may be named after a built-in this module's own code uses.
+_groups = {}
+"#;
+
+/// The end of `zcode_tools.py`: the groups, served as the module's
+/// attributes.
+const PYTHON_TAIL: &str = r#"
+
+def __getattr__(name):
+    try:
+        return _groups[name]
+    except KeyError:
+        raise AttributeError(f"zcode_tools has no {name!r}: this run's tool groups are {sorted(_groups)} (list a tool in run_code's `tools` to have it here)") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_groups))
+
+
+__all__.extend(n for n in _groups if not hasattr(_builtins, n))
 "#;
 
 const NODE_BODY: &str = r#"// The tools this run may call (written by zcode-acp for one run_code call).
@@ -486,6 +629,8 @@ class ToolError extends Error {
   }
 }
 const __zc_SOCKET_ENV = @SOCKET_ENV@;
+// Every request carries the run's token (read once, at load).
+const __zc_TOKEN = process.env[@TOKEN_ENV@] || "";
 let __zc_socket = null;
 let __zc_buffered = "";
 let __zc_nextId = 0;
@@ -527,7 +672,7 @@ function __zc_rpc(method, params) {
   return new Promise((resolve, reject) => {
     let line;
     try {
-      line = JSON.stringify({ id: ++__zc_nextId, jsonrpc: "2.0", method, params });
+      line = JSON.stringify({ id: ++__zc_nextId, token: __zc_TOKEN, jsonrpc: "2.0", method, params });
     } catch (e) {
       return reject(new ToolError("bad_request", `not JSON: ${e.message}`));
     }
@@ -573,10 +718,130 @@ mod tests {
             spec("a.b_c", ""),
         ];
         let g = grouped(&specs);
-        let ids: Vec<&str> = g["a_b"].iter().map(|(id, _)| id.as_str()).collect();
-        assert_eq!(ids, ["x", "x_2"]);
-        let ids: Vec<&str> = g["a"].iter().map(|(id, _)| id.as_str()).collect();
-        assert_eq!(ids, ["b_c", "b_c_2"]);
+        let shape: Vec<(&str, &str, Vec<&str>)> = g
+            .iter()
+            .map(|g| {
+                let ids = g.members.iter().map(|(id, _)| id.as_str()).collect();
+                (g.server, g.id.as_str(), ids)
+            })
+            .collect();
+        // Two servers are two groups, however alike their names read.
+        assert_eq!(
+            shape,
+            [
+                ("a", "a", vec!["b_c", "b_c_2"]),
+                ("a-b", "a_b", vec!["x"]),
+                ("a_b", "a_b_2", vec!["x"]),
+            ]
+        );
+        let said = renames(&specs);
+        assert_eq!(
+            said,
+            [
+                "the tool \"a.b-c\" is `a.b_c` in code",
+                "the tool \"a.b_c\" is `a.b_c_2` in code",
+                "the MCP server \"a-b\" is `a_b` in code (its name is not an identifier the stubs can use)",
+                "the MCP server \"a_b\" is `a_b_2` in code (its name is not an identifier the stubs can use)",
+            ]
+        );
+        assert!(renames(&[spec("dict.x", ""), spec("process.y", "")]).is_empty());
+    }
+
+    /// Every name the Python stub defines at its top level, which a group
+    /// of that name would be hidden by.
+    fn python_globals() -> Vec<String> {
+        let mut names = Vec::new();
+        for line in PYTHON_HEAD.lines().chain(PYTHON_TAIL.lines()) {
+            let first = line
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next();
+            let word = |rest: &str| {
+                rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .map(str::to_owned)
+            };
+            let name = if let Some(rest) = line.strip_prefix("def ").or(line.strip_prefix("class "))
+            {
+                word(rest)
+            } else if let Some((_, alias)) = line
+                .strip_prefix("import ")
+                .and_then(|l| l.split_once(" as "))
+            {
+                word(alias)
+            } else if line.contains(" = ") && !line.starts_with(' ') && !line.starts_with('#') {
+                first.map(str::to_owned)
+            } else {
+                None
+            };
+            names.extend(name.filter(|n| !n.is_empty()));
+        }
+        names
+    }
+
+    #[test]
+    fn no_group_can_be_hidden_by_a_name_of_the_stubs_own() {
+        let globals = python_globals();
+        for expected in [
+            "_builtins",
+            "_rpc",
+            "_groups",
+            "_tool",
+            "ToolError",
+            "call",
+            "__getattr__",
+        ] {
+            assert!(
+                globals.iter().any(|g| g == expected),
+                "{expected} not found in {globals:?}"
+            );
+        }
+        for name in &globals {
+            assert_ne!(
+                &identifier(name),
+                name,
+                "a group named {name} would be hidden by the stub's own"
+            );
+        }
+    }
+
+    #[test]
+    fn groups_never_become_names_the_stubs_own_code_reads() {
+        let specs = [
+            spec("dict.x", ""),
+            spec("process.y", ""),
+            spec("JSON.z", ""),
+        ];
+        let py = python(&specs, "S", "T");
+        assert!(
+            py.contains("_groups[\"dict\"] = _Group(\"dict\", {"),
+            "{py}"
+        );
+        assert!(
+            !py.lines()
+                .any(|l| l.starts_with("dict =") || l.starts_with("def dict")),
+            "{py}"
+        );
+        let esm = node_esm(&specs, "S", "T");
+        assert!(
+            esm.contains("const __zc_g_process = Object.freeze({"),
+            "{esm}"
+        );
+        assert!(
+            esm.contains("export { __zc_g_process as process };"),
+            "{esm}"
+        );
+        assert!(
+            !esm.contains("const process") && !esm.contains("const JSON"),
+            "{esm}"
+        );
+        let cjs = node_cjs(&specs, "S", "T");
+        assert!(
+            cjs.contains("JSON: __zc_g_JSON, dict: __zc_g_dict, process: __zc_g_process }"),
+            "{cjs}"
+        );
+        let ts = node_types(&specs);
+        assert!(ts.contains("declare const __zc_g_JSON: {"), "{ts}");
+        assert!(ts.contains("export { __zc_g_JSON as JSON };"), "{ts}");
     }
 
     #[test]
@@ -585,9 +850,9 @@ mod tests {
             "fs.ls",
             "\"\"\"\nimport os; os.system('x')\n*/ process.exit(1) /*\n\u{2028}",
         );
-        let py = python(std::slice::from_ref(&hostile), "S");
+        let py = python(std::slice::from_ref(&hostile), "S", "T");
         assert!(!py.contains("\nimport os; os.system"), "{py}");
-        let js = node_esm(std::slice::from_ref(&hostile), "S");
+        let js = node_esm(std::slice::from_ref(&hostile), "S", "T");
         assert!(!js.contains("*/ process.exit"), "{js}");
         let ts = node_types(std::slice::from_ref(&hostile));
         assert!(!ts.contains("*/ process.exit"), "{ts}");
@@ -599,11 +864,9 @@ mod tests {
             spec("fs.list_files", "Lists files."),
             spec("fs.read", "Reads."),
         ];
-        let py = python(&specs, "ZCODE_TOOLS_SOCKET");
+        let py = python(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
         assert!(
-            py.contains(
-                "fs = _Group(\"fs\", {\"list_files\": _fs__list_files, \"read\": _fs__read})"
-            ),
+            py.contains("_groups[\"fs\"] = _Group(\"fs\", {\n    \"list_files\": _tool(\"fs.list_files\", \"list_files\", "),
             "{py}"
         );
         assert!(py.contains("path (string required): where"), "{py}");
@@ -614,11 +877,11 @@ mod tests {
             ),
             "{ts}"
         );
-        let esm = node_esm(&specs, "ZCODE_TOOLS_SOCKET");
-        assert!(esm.contains("export { fs };"), "{esm}");
-        let cjs = node_cjs(&specs, "ZCODE_TOOLS_SOCKET");
+        let esm = node_esm(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
+        assert!(esm.contains("export { __zc_g_fs as fs };"), "{esm}");
+        let cjs = node_cjs(&specs, "ZCODE_TOOLS_SOCKET", "ZCODE_TOOLS_TOKEN");
         assert!(
-            cjs.contains("module.exports = { ToolError, call, result, log, fs };"),
+            cjs.contains("module.exports = { ToolError, call, result, log, fs: __zc_g_fs };"),
             "{cjs}"
         );
     }
