@@ -161,7 +161,7 @@ impl Bridge {
             self.run_audit_now(&session);
         }
         let roots = self.roots_to_arm();
-        let served = self.served_sockets();
+        let served = self.served_sockets(&roots);
         let confinement = self.arm(&roots, served).await;
         match self.start_generation(confinement, roots) {
             Ok(()) => {
@@ -202,8 +202,19 @@ impl Bridge {
     /// The directory of the editor's sockets for run_code, when sessions
     /// may be offered it: reachable from the sandbox (they are bound
     /// before a re-arm, and the bridge judges every call on them).
-    fn served_sockets(&mut self) -> Vec<PathBuf> {
-        if self.cfg.code_exec.is_none() {
+    /// The sockets zcode-acp serves the generation armed for `roots`: the
+    /// directory of the editor sockets, where run_code is offered (on
+    /// everywhere, or in a project among `roots` that approved it; one
+    /// that does later re-arms, as a new root does).
+    fn served_sockets(&mut self, roots: &[PathBuf]) -> Vec<PathBuf> {
+        let Some(code_exec) = &self.cfg.code_exec else {
+            return Vec::new();
+        };
+        let offered = code_exec.everywhere.is_some()
+            || roots
+                .iter()
+                .any(|r| crate::config::project::inspect(r, &self.cfg.managed).code_exec);
+        if !offered {
             return Vec::new();
         }
         match self.servers_files.dir() {
