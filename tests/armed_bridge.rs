@@ -276,6 +276,21 @@ fn the_allow_flow_remembers_each_answer_as_chosen() {
         "{text}"
     );
     assert!(!bashrc.exists());
+    // Nor ~/.ssh, which `zcode-acp allow` refuses as well (tests/commands.rs):
+    // both ask policy::offerable.
+    let ssh = std::fs::canonicalize(ed.home()).unwrap().join(".ssh");
+    std::fs::create_dir_all(&ssh).unwrap();
+    let keys = ssh.join("authorized_keys");
+    let start = ed.seen.len();
+    let (_, text) = ed.prompt(
+        &sid,
+        &format!("/write {} ssh-ed25519 AAAA evil", keys.display()),
+    );
+    assert!(
+        text.contains("never offers") && text.contains("ssh keys") && prompts(&ed, start) == 0,
+        "{text}"
+    );
+    assert!(!keys.exists());
 }
 
 #[test]

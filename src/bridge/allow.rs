@@ -261,7 +261,7 @@ impl Bridge {
         let offerable = !decision.allowed
             && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
             && !self.permissions.refused_for_good(&real)
-            && never_granted(&real, home).is_none();
+            && crate::policy::offerable::refusal(&real, &decision, home).is_none();
         if !offerable {
             return false;
         }

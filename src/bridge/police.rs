@@ -166,30 +166,24 @@ impl Bridge {
                 None => refuse("zcode-acp could not rewrite the path of this write".into()),
             };
         }
-        let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
         let home = crate::policy::offerable::real_home();
-        let why = match decision.kind {
-            Kind::Island => {
-                "it is the sandbox's own configuration, which no grant opens".to_owned()
-            }
-            Kind::Protected if !decision.promptable => format!("it is never allowed ({rule})"),
-            _ if self.permissions.refused_for_good(&real) => {
+        let why = match crate::policy::offerable::refusal(&real, &decision, home.as_deref()) {
+            Some(never) => never,
+            None if self.permissions.refused_for_good(&real) => {
                 "you chose never to allow it".to_owned()
             }
-            _ => match crate::policy::offerable::never_granted(&real, home.as_deref()) {
-                Some(never) => format!("{rule}, and zcode-acp never offers it: {never}"),
-                None => {
-                    return match real_frame() {
-                        Some(f) => Verdict::Ask {
-                            session: request.session_id.0.to_string(),
-                            path: real,
-                            reason: format!("{} ({rule})", decision.kind),
-                            frame: f,
-                        },
-                        None => refuse("zcode-acp could not rewrite the path of this write".into()),
-                    }
-                }
-            },
+            None => {
+                let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
+                return match real_frame() {
+                    Some(f) => Verdict::Ask {
+                        session: request.session_id.0.to_string(),
+                        path: real,
+                        reason: format!("{} ({rule})", decision.kind),
+                        frame: f,
+                    },
+                    None => refuse("zcode-acp could not rewrite the path of this write".into()),
+                };
+            }
         };
         refuse(format!(
             "zcode-acp denied writing {} ({}): {why}",

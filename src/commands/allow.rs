@@ -42,14 +42,6 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
     let managed = ManagedRoot::user_default()?;
     if list == List::Allow {
         let home = crate::policy::offerable::real_home();
-        if let Some(why) = crate::policy::offerable::never_granted(&path, home.as_deref()) {
-            let hint = if crate::policy::offerable::opens_everything(&path, home.as_deref()) {
-                "open it as a workspace if you really mean it"
-            } else {
-                "the editor never offers it either; make such changes yourself, outside the agent"
-            };
-            anyhow::bail!("refusing to allow {}: {why}; {hint}", path.display());
-        }
         let input = gather(&Sources {
             platform: Platform::current(),
             workspaces: std::slice::from_ref(&root),
@@ -61,12 +53,16 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
         })?
         .input;
         let decision = Policy::build(&input).evaluate_resolved(&path, Op::Write);
-        if decision.kind == Kind::Island {
-            anyhow::bail!(
-                "refusing to allow {}: it is the sandbox's own configuration ({}), which no grant opens",
-                path.display(),
-                decision.rule.unwrap_or_default()
-            );
+        // What the editor would never offer, a terminal cannot grant.
+        if let Some(why) = crate::policy::offerable::refusal(&path, &decision, home.as_deref()) {
+            let hint = if crate::policy::offerable::opens_everything(&path, home.as_deref()) {
+                "open it as a workspace if you really mean it"
+            } else if decision.kind == Kind::Protected {
+                "remove it from the project's deny entries first, if you mean it"
+            } else {
+                "the editor never offers it either; make such changes yourself, outside the agent"
+            };
+            anyhow::bail!("refusing to allow {}: {why}; {hint}", path.display());
         }
     }
     let entry = path.to_string_lossy().into_owned();

@@ -130,7 +130,9 @@ pub fn start() -> Result<Started, LaunchError> {
         SockFlag::SOCK_CLOEXEC,
     )
     .map_err(|e| refused("socketpair", e))?;
-    let exe = std::env::current_exe().map_err(|e| refused("find zcode-acp", e))?;
+    // This very program, even when its file was replaced since it started
+    // (an upgrade): the path current_exe gives is then gone.
+    let exe = std::path::PathBuf::from("/proc/self/exe");
     let fd = theirs.as_raw_fd();
     // Read before the fork: the child may not allocate.
     let open = if close_range_cloexec_works() {

@@ -6,6 +6,23 @@
 
 use std::path::Path;
 
+use super::{Decision, Kind};
+
+/// Why a write to `path` (a real path) that the policy refused as
+/// `decision` may never be granted, if it may not: the one answer the
+/// bridge's allow flow, its refusals and the `allow` command all give.
+pub fn refusal(path: &Path, decision: &Decision, home: Option<&Path>) -> Option<String> {
+    let rule = decision.rule.as_deref().unwrap_or("no rule allows it");
+    match decision.kind {
+        Kind::Island => Some(format!(
+            "it is the sandbox's own configuration ({rule}), which no grant opens"
+        )),
+        Kind::Protected if !decision.promptable => Some(format!("it is never allowed ({rule})")),
+        _ => never_granted(path, home)
+            .map(|never| format!("{rule}, and zcode-acp never offers it: {never}")),
+    }
+}
+
 /// Shell start-up files, relative to the home directory: they run in every
 /// new shell the user opens, outside the sandbox.
 const STARTUP: &[&str] = &[
