@@ -1228,12 +1228,13 @@ fn raw_bridge(
     (child, stdin, stdout)
 }
 
-/// Opens a session whose `mcpServers` is `servers` (raw text); returns
-/// its id and the line the agent received.
+/// Opens a session whose `mcpServers` is `servers` (raw text), between
+/// members the bridge does not know (before and after it, in that order);
+/// returns its id and the line the agent received.
 fn session_with_servers(ed: &mut Editor, ws: &std::path::Path, servers: &str) -> (String, String) {
     let cwd = serde_json::to_string(ws).unwrap();
     ed.send_raw(&format!(
-        r#"{{"jsonrpc":"2.0","id":"new-1","method":"session/new","params":{{"cwd":{cwd},"mcpServers":{servers}}}}}"#
+        r#"{{"jsonrpc":"2.0","id":"new-1","method":"session/new","params":{{"_meta":{{"k": "v"}},"cwd":{cwd},"mcpServers":{servers}, "futureParam":[1.50]}}}}"#
     ));
     let r = ed.wait_for("the new session", |v| v["id"] == "new-1").value;
     let sid = r["result"]["sessionId"]
@@ -1260,8 +1261,14 @@ fn code_exec_offers_run_code_in_every_session_and_restore_keeping_the_editors_se
     ed.initialize();
     let ws = workspace(&ed, "w");
     let (sid, got) = session_with_servers(&mut ed, &ws, &format!("[ {EDITOR_SERVER} ]"));
-    // The editor's entry arrives byte for byte, and its name is kept.
+    // The editor's entry arrives byte for byte, and its name is kept; so
+    // does everything around the list (the splice touches only the list).
     assert!(got.contains(EDITOR_SERVER), "{got}");
+    assert!(
+        got.contains(r#""params":{"_meta":{"k": "v"},"cwd":"#),
+        "{got}"
+    );
+    assert!(got.ends_with(r#"], "futureParam":[1.50]}}"#), "{got}");
     let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
     let ours = |servers: &Value| -> Value {
         let list = servers.as_array().unwrap();

@@ -146,13 +146,13 @@ impl Bridge {
         }
         let current = self.generation.as_ref().map(|g| g.id);
         for held in prompt.held {
-            if held.generation == super::code_tools::TOOLS_GENERATION {
+            if held.from == super::permissions::Asker::CodeTool {
                 // A run's write: answered to its socket, whatever agent
                 // runs; nothing is written for a run that has ended.
                 if !self.code_tools.waiting(&held.backend_id) {
                     info!("the run that asked to write {entry} has ended: nothing written");
                 } else if allowed {
-                    self.forward_backend_request(held.generation, held.backend_id, held.frame);
+                    self.forward_code_tool_request(held.backend_id, held.frame);
                 } else {
                     let message = format!("the user did not allow writing {entry}");
                     self.code_tools
@@ -160,11 +160,14 @@ impl Bridge {
                 }
                 continue;
             }
-            if Some(held.generation) != current {
+            let super::permissions::Asker::Agent(generation) = held.from else {
+                continue;
+            };
+            if Some(generation) != current {
                 continue; // that agent is gone; nothing to answer
             }
             if allowed {
-                self.forward_backend_request(held.generation, held.backend_id, held.frame);
+                self.forward_backend_request(generation, held.backend_id, held.frame);
             } else {
                 let message = format!("the user did not allow writing {entry}");
                 warn!("{message}");

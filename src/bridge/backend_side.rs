@@ -40,7 +40,7 @@ impl Bridge {
                         frame,
                     } => {
                         let held = super::allow::HeldWrite {
-                            generation,
+                            from: super::permissions::Asker::Agent(generation),
                             backend_id: id,
                             frame,
                         };

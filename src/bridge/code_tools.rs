@@ -23,10 +23,6 @@ use tracing::{debug, warn};
 use super::Bridge;
 use crate::relay::{codes, Frame, RawId};
 
-/// The generation requests from these sockets are routed as: no backend
-/// generation ever gets this id, so their answers come back here.
-pub(super) const TOOLS_GENERATION: u64 = u64::MAX;
-
 /// The most read from one connection, in bytes. A session's run_code
 /// server (never a run: runs reach it only through that server) opens one
 /// connection per call, so this bounds one request: a write's content is
@@ -396,7 +392,7 @@ impl Bridge {
                 frame,
             } => {
                 let held = super::allow::HeldWrite {
-                    generation: TOOLS_GENERATION,
+                    from: super::permissions::Asker::CodeTool,
                     backend_id: id,
                     frame,
                 };
@@ -404,7 +400,14 @@ impl Bridge {
             }
         };
         debug!(method = call.method, "run_code calls the editor");
-        self.forward_backend_request(TOOLS_GENERATION, id, frame);
+        self.forward_code_tool_request(id, frame);
+    }
+
+    /// Sends a run's request to the editor; its answer comes back to the
+    /// run's socket ([`AtEditor::CodeTool`](super::AtEditor)).
+    pub(super) fn forward_code_tool_request(&mut self, id: RawId, frame: Frame) {
+        let bid = self.routes.code_tool_request(id);
+        self.to_editor(frame.with_id(&bid.to_string()));
     }
 
     /// What the editor's `initialize` said it offers: `fs.<capability>`.

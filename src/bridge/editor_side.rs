@@ -542,14 +542,12 @@ impl Bridge {
             AtEditor::NetPrompt => self.on_net_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
             AtEditor::AuditPrompt { finding } => self.on_audit_answer(*finding, &frame),
+            AtEditor::CodeTool { id } => self.code_tool_answered(&id, &frame),
             AtEditor::Backend {
                 generation,
                 id: backend_id,
                 terminal_for,
             } => {
-                if generation == super::code_tools::TOOLS_GENERATION {
-                    return self.code_tool_answered(&backend_id, &frame);
-                }
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
                     return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
                 }

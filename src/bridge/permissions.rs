@@ -18,10 +18,20 @@ use crate::relay::{Frame, RawId};
 /// looping over many paths or ports must not bury the editor in prompts.
 pub(super) const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
 
+/// Who asked for a write through the editor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asker {
+    /// The agent of this backend generation.
+    Agent(u64),
+    /// A `run_code` run, through its session's editor socket.
+    CodeTool,
+}
+
 /// A write held until the user answers.
 #[derive(Debug)]
 pub(super) struct HeldWrite {
-    pub generation: u64,
+    pub from: Asker,
+    /// The asker's id for the request.
     pub backend_id: RawId,
     /// The request, its path already the real one that was judged.
     pub frame: Frame,
@@ -188,7 +198,7 @@ mod tests {
 
     fn held(n: u64) -> HeldWrite {
         HeldWrite {
-            generation: 1,
+            from: Asker::Agent(1),
             backend_id: RawId(n.to_string()),
             frame: Frame::parse(
                 format!(

@@ -59,6 +59,9 @@ pub(super) enum Origin {
 /// A request in flight at the editor.
 #[derive(Debug)]
 pub(super) enum AtEditor {
+    /// A request a `run_code` run made through its editor socket; its
+    /// answer goes back to that socket.
+    CodeTool { id: RawId },
     Backend {
         generation: u64,
         id: RawId,
@@ -203,6 +206,14 @@ impl Routes {
             },
         );
         self.backend_ids.insert((generation, id), bid);
+        bid
+    }
+
+    /// A run's request (`run_code`'s editor socket, its call `id`) sent to
+    /// the editor under a bridge id.
+    pub fn code_tool_request(&mut self, id: RawId) -> u64 {
+        let bid = self.alloc();
+        self.at_editor.insert(bid, AtEditor::CodeTool { id });
         bid
     }
 
