@@ -1914,21 +1914,21 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
         );
     }
     assert_eq!(content(&repo.join("plain.txt")), "ok\n");
-    // The command's versions are kept, where nothing runs them.
+    // The command's versions are kept, where nothing runs them: one
+    // directory per finding, and an index saying which is what.
     let kept: Vec<PathBuf> = std::fs::read_dir(home.join(".zcode-acp/reverted"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
-    let envrc = kept[0].join(
-        repo.join(".envrc")
-            .display()
-            .to_string()
-            .trim_start_matches('/')
-            .replace('/', "%"),
-    );
-    assert_eq!(content(&envrc), "evil\n");
+    let index = content(&kept[0].join("index.txt"));
+    let line = index
+        .lines()
+        .find(|l| l.contains(&format!("{}:", repo.join(".envrc").display())))
+        .unwrap_or_else(|| panic!("{index}"));
+    let n = line.split(':').next().unwrap();
+    assert_eq!(content(&kept[0].join(n).join(".envrc")), "evil\n");
 }
 
 /// Shared caches are copy-on-write: what the sandbox writes into cargo's

@@ -12,9 +12,23 @@ use std::path::PathBuf;
 
 const GITLINK: u32 = 0o160000;
 const MODE_TYPE: u32 = 0o170000;
+/// The longest path an entry may name (git's own limit is PATH_MAX): a
+/// version-4 index builds each path on the last, and an agent could make
+/// them grow without end.
+const MAX_PATH: usize = 4096;
+/// The most gitlinks read from one index.
+pub const MAX_GITLINKS: usize = 1024;
 
-/// The paths of the gitlinks in `index` (the bytes of `.git/index`), or
-/// None where the bytes are not an index this reader knows.
+/// The paths of the gitlinks in `index` (the bytes of `.git/index`), for
+/// SHA-1 or SHA-256 names, whichever parses; None where the bytes are no
+/// index this reader knows, or pass its bounds.
+pub fn gitlinks_any_hash(index: &[u8]) -> Option<Vec<PathBuf>> {
+    gitlinks(index, 20).or_else(|| gitlinks(index, 32))
+}
+
+/// The paths of the gitlinks in `index` with names of `hash_len` bytes,
+/// or None where the bytes are not an index this reader knows (a path
+/// past [`MAX_PATH`], more than [`MAX_GITLINKS`] gitlinks).
 pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
     let mut r = Reader {
         bytes: index,
@@ -44,8 +58,12 @@ pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
             // The previous path, less its last N bytes, plus a suffix.
             let strip = r.varint()?;
             let keep = previous.len().checked_sub(usize::try_from(strip).ok()?)?;
+            let suffix = r.until_nul()?;
+            if keep + suffix.len() > MAX_PATH {
+                return None;
+            }
             let mut path = previous[..keep].to_vec();
-            path.extend_from_slice(r.until_nul()?);
+            path.extend_from_slice(suffix);
             path
         } else {
             let path = r.until_nul()?.to_vec();
@@ -56,13 +74,33 @@ pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
             r.take(padded - len)?;
             path
         };
+        if path.len() > MAX_PATH {
+            return None;
+        }
         if mode & MODE_TYPE == GITLINK {
             use std::os::unix::ffi::OsStringExt;
+            if out.len() == MAX_GITLINKS {
+                return None;
+            }
             out.push(PathBuf::from(std::ffi::OsString::from_vec(path.clone())));
         }
         previous = path;
     }
-    Some(out)
+    // Then extensions (a signature, a size, the data), then the checksum,
+    // `hash_len` bytes: what is left must be exactly that, or this was no
+    // index of names that long.
+    loop {
+        let left = r.bytes.len() - r.at;
+        if left == hash_len {
+            return Some(out);
+        }
+        if left < 8 + hash_len {
+            return None;
+        }
+        r.take(4)?;
+        let size = usize::try_from(r.u32()?).ok()?;
+        r.take(size)?;
+    }
 }
 
 struct Reader<'a> {
@@ -151,11 +189,11 @@ mod tests {
 
     #[test]
     fn gitlinks_are_read_from_every_index_version_and_hash() {
-        for (format, hash) in [("sha1", 20), ("sha256", 32)] {
+        for format in ["sha1", "sha256"] {
             for version in ["2", "3", "4"] {
                 let (_dir, bytes) = repo(format, version);
                 assert_eq!(
-                    gitlinks(&bytes, hash),
+                    gitlinks_any_hash(&bytes),
                     Some(vec![
                         PathBuf::from("node_modules/evil"),
                         PathBuf::from("vendor/lib")
@@ -164,6 +202,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A version-4 index can grow each path on the last: an agent's may not
+    /// make the reader allocate without end.
+    #[test]
+    fn an_index_past_its_bounds_is_none() {
+        let mut bytes = b"DIRC".to_vec();
+        bytes.extend_from_slice(&4u32.to_be_bytes());
+        bytes.extend_from_slice(&3u32.to_be_bytes());
+        let entry = |suffix: &[u8]| {
+            let mut e = vec![0u8; 24];
+            e.extend_from_slice(&0o160000u32.to_be_bytes());
+            e.extend_from_slice(&[0u8; 12]);
+            e.extend_from_slice(&[0u8; 20]);
+            e.extend_from_slice(&0u16.to_be_bytes());
+            e.push(0); // strip nothing from the previous path
+            e.extend_from_slice(suffix);
+            e.push(0);
+            e
+        };
+        for _ in 0..3 {
+            bytes.extend(entry(&[b'a'; 2000]));
+        }
+        let checksum = [0u8; 20];
+        // Two such entries are within bounds; three are not.
+        let mut two = bytes[..12].to_vec();
+        two[8..12].copy_from_slice(&2u32.to_be_bytes());
+        two.extend(entry(&[b'a'; 2000]));
+        two.extend(entry(&[b'a'; 2000]));
+        two.extend_from_slice(&checksum);
+        assert_eq!(gitlinks(&two, 20).map(|l| l.len()), Some(2));
+        bytes.extend_from_slice(&checksum);
+        assert_eq!(gitlinks(&bytes, 20), None);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct Baseline {
     /// Each repository's index as it was (see [`Stamp`]): only an index
     /// changed since is read for new gitlinks.
     indexes: Vec<(PathBuf, Option<Stamp>)>,
+    /// The `.git` files and symlinks there were (the pointers of linked
+    /// worktrees, submodules, repositories kept elsewhere): yours, never
+    /// removed by a revert.
+    pointers: Vec<PathBuf>,
 }
 
 /// A file's size, change time and inode: a write or a replacement changes
@@ -79,8 +83,9 @@ pub struct Finding {
     pub path: PathBuf,
     /// What it would run, in words.
     pub what: String,
-    /// Puts back what was there when armed.
-    pub revert: Action,
+    /// Puts back what was there when armed (None: nothing zcode-acp may
+    /// undo without touching what is yours; the finding is only said).
+    pub revert: Option<Action>,
     /// Puts the agent's version back (None: too large to keep a copy).
     pub keep: Option<Action>,
 }
@@ -236,20 +241,31 @@ impl Baseline {
                 _ => None,
             })
             .collect();
-        let indexes = repos_under(roots)
+        // The repositories there are, those only a gitlink leads to
+        // included (where the walk does not look): none of them is new.
+        let mut repos = repos_under(roots);
+        let linked = gitlinked_from(roots, &repos, |_| true);
+        repos.extend(linked);
+        let indexes = repos
             .iter()
             .map(|r| {
                 let index = r.git_dir.join("index");
                 (index.clone(), stamp(&index))
             })
             .collect();
+        let pointers = repos
+            .iter()
+            .map(|r| r.work_tree.join(".git"))
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir()))
+            .collect();
         Baseline {
             roots: roots.to_vec(),
             watched,
             settings,
-            repos: git_dirs(&repos_under(roots)),
+            repos: git_dirs(&repos),
             links,
             indexes,
+            pointers,
         }
     }
 
@@ -263,7 +279,7 @@ impl Baseline {
                         out.push(Finding {
                             path: path.clone(),
                             what: format!("it did not exist when the sandbox was armed, and {why}"),
-                            revert: Action::Remove(path.clone()),
+                            revert: Some(Action::Remove(path.clone())),
                             keep: snapshot(path),
                         });
                     }
@@ -284,7 +300,7 @@ impl Baseline {
                                     "it is a symlink to {target}, through which an agent run outside the sandbox would read {}",
                                     path.display()
                                 ),
-                                revert: Action::Remove(link.clone()),
+                                revert: Some(Action::Remove(link.clone())),
                                 keep: None,
                                 path: link,
                             });
@@ -302,7 +318,7 @@ impl Baseline {
         let linked = self.gitlinked_since(&now);
         for repo in now.iter().chain(&linked) {
             if !self.repos.contains(&repo.git_dir) {
-                out.extend(new_repo_finding(repo, &self.roots));
+                out.extend(new_repo_finding(repo, &self.roots, &self.pointers));
             }
         }
         out
@@ -313,26 +329,14 @@ impl Baseline {
     /// walk for repositories does not look (`node_modules` and the like),
     /// beside those of `now`.
     fn gitlinked_since(&self, now: &[Repo]) -> Vec<Repo> {
-        let under = |p: &Path| self.roots.iter().any(|root| p.starts_with(root));
-        let mut out: Vec<Repo> = Vec::new();
-        for repo in now {
-            let index = repo.git_dir.join("index");
+        gitlinked_from(&self.roots, now, |index| {
             let then = self
                 .indexes
                 .iter()
-                .find(|(p, _)| *p == index)
+                .find(|(p, _)| p == index)
                 .and_then(|(_, s)| *s);
-            if then.is_some() && then == stamp(&index) {
-                continue;
-            }
-            for linked in gitlinked(repo) {
-                let known = now.iter().chain(&out).any(|r| r.git_dir == linked.git_dir);
-                if under(&linked.work_tree) && !known {
-                    out.push(linked);
-                }
-            }
-        }
-        out
+            then.is_none() || then != stamp(index)
+        })
     }
 
     fn setting(&self, path: &Path) -> Option<&[u8]> {
@@ -361,19 +365,58 @@ impl Baseline {
     }
 }
 
+/// How deep gitlinks are followed (a linked repository's own index links
+/// more in, and `git status` follows them all).
+const MAX_GITLINK_DEPTH: usize = 4;
+
+/// The repositories the indexes of `repos` link in, beside `repos`,
+/// following each one found into its own index; an index is read only where
+/// `changed` says so (a new repository's always is).
+fn gitlinked_from(roots: &[PathBuf], repos: &[Repo], changed: impl Fn(&Path) -> bool) -> Vec<Repo> {
+    let under = |p: &Path| roots.iter().any(|root| p.starts_with(root));
+    let mut out: Vec<Repo> = Vec::new();
+    let mut look: Vec<Repo> = repos
+        .iter()
+        .filter(|r| changed(&r.git_dir.join("index")))
+        .cloned()
+        .collect();
+    for _ in 0..MAX_GITLINK_DEPTH {
+        let mut next = Vec::new();
+        for repo in &look {
+            for linked in gitlinked(repo) {
+                let known = repos
+                    .iter()
+                    .chain(&out)
+                    .chain(&next)
+                    .any(|r| r.git_dir == linked.git_dir);
+                if under(&linked.work_tree) && !known {
+                    next.push(linked);
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        out.extend(next.iter().cloned());
+        look = next;
+    }
+    out
+}
+
 /// The repositories `repo`'s index links in (read without git: the index
 /// is the agent's to write).
 fn gitlinked(repo: &Repo) -> Vec<Repo> {
-    let Ok(bytes) = read_index(&repo.git_dir.join("index")) else {
-        return Vec::new();
+    let index_path = repo.git_dir.join("index");
+    let bytes = match read_index(&index_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            tracing::warn!(index = %index_path.display(), "a git index the audit cannot read ({e}): the repositories it links in are not checked");
+            return Vec::new();
+        }
     };
-    // SHA-256 repositories say so in their config.
-    let sha256 = read(&repo.common_dir.join("config")).is_some_and(|c| {
-        let c = String::from_utf8_lossy(&c).to_ascii_lowercase();
-        c.contains("objectformat") && c.contains("sha256")
-    });
-    let Some(links) = index::gitlinks(&bytes, if sha256 { 32 } else { 20 }) else {
-        tracing::info!(index = %repo.git_dir.join("index").display(), "a git index this audit cannot read: its gitlinks are not checked");
+    let Some(links) = index::gitlinks_any_hash(&bytes) else {
+        tracing::warn!(index = %index_path.display(), "a git index the audit cannot read (not an index of git's versions 2 to 4, a split index, or past the reader's bounds): the repositories it links in are not checked");
         return Vec::new();
     };
     // Written by the agent: a path that climbs out is no gitlink git made.
@@ -448,6 +491,7 @@ fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Optio
                 Some(bytes) if now.is_some() => Action::Write(path.to_path_buf(), bytes),
                 _ => revert_whole(),
             };
+            let revert = Some(revert);
             Some(Finding {
                 path: path.to_path_buf(),
                 what: format!("the agent's settings would run: {what}"),
@@ -459,17 +503,19 @@ fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Optio
         _ => Some(Finding {
             path: path.to_path_buf(),
             what: "it changed and cannot be read to see what it would run".into(),
-            revert: revert_whole(),
+            revert: Some(revert_whole()),
             keep: Some(keep_whole()),
         }),
     }
 }
 
 /// What a repository made during the turn would run. Its git directory is
-/// reverted where it is under a root (the agent made it); one elsewhere
-/// (a `.git` file or symlink pointing at a repository of yours) is never
-/// touched: the pointer the agent made is removed instead.
-fn new_repo_finding(repo: &Repo, roots: &[PathBuf]) -> Vec<Finding> {
+/// reverted where it is under a root (the agent made it). One elsewhere (a
+/// `.git` file or symlink pointing at a repository of yours) is never
+/// touched: the `.git` pointer the agent made is removed instead, and only
+/// where it is one (new since arming, leading to exactly that directory);
+/// otherwise the finding is only said.
+fn new_repo_finding(repo: &Repo, roots: &[PathBuf], pointers_then: &[PathBuf]) -> Vec<Finding> {
     let git_dir = &repo.git_dir;
     let hooks = git::hooks(git_dir);
     let config = git_dir.join("config");
@@ -481,15 +527,19 @@ fn new_repo_finding(repo: &Repo, roots: &[PathBuf]) -> Vec<Finding> {
         if runs.is_empty() {
             return Vec::new();
         }
+        let is_pointer = std::fs::symlink_metadata(&pointer).is_ok_and(|m| !m.is_dir())
+            && crate::policy::discover::repo_at_quick(&repo.work_tree)
+                .is_some_and(|r| r.git_dir == *git_dir);
+        let made_now = is_pointer && !pointers_then.contains(&pointer);
         return vec![Finding {
             what: format!(
                 "a repository made during the turn points git at {}, which runs: {}",
                 git_dir.display(),
                 runs.join("; ")
             ),
-            revert: Action::Remove(pointer.clone()),
-            keep: snapshot(&pointer),
-            path: pointer,
+            revert: made_now.then(|| Action::Remove(pointer.clone())),
+            keep: if made_now { snapshot(&pointer) } else { None },
+            path: if made_now { pointer } else { git_dir.clone() },
         }];
     }
     let mut out = Vec::new();
@@ -499,7 +549,7 @@ fn new_repo_finding(repo: &Repo, roots: &[PathBuf]) -> Vec<Finding> {
                 "a repository made during the turn has a hook git runs: {}",
                 hook.display()
             ),
-            revert: Action::Remove(hook.clone()),
+            revert: Some(Action::Remove(hook.clone())),
             keep: snapshot(&hook),
             path: hook,
         });
@@ -514,10 +564,10 @@ fn new_repo_finding(repo: &Repo, roots: &[PathBuf]) -> Vec<Finding> {
         out.push(Finding {
             path: config.clone(),
             what: format!("a repository made during the turn names programs git runs: {what}"),
-            revert: Action::All(vec![Action::Write(
-                config.clone(),
-                strip_config(&config, &running).unwrap_or_default(),
-            )]),
+            // Only with the config git itself rewrote without those entries:
+            // never an empty file for a config git could not read.
+            revert: strip_config(&config, &running)
+                .map(|bytes| Action::Write(config.clone(), bytes)),
             keep: before.map(|b| Action::Write(config.clone(), b)),
         });
     }
@@ -609,15 +659,10 @@ impl Action {
 
 impl Action {
     /// Writes what this action would put back beneath `dir`, each path
-    /// under its own name with `/` spelled `%` (a copy kept where nothing
-    /// runs it); whether it wrote anything (a removal keeps nothing).
+    /// under its own file name (a copy kept where nothing runs it); whether
+    /// it wrote anything (a removal keeps nothing).
     pub fn save_under(&self, dir: &Path) -> std::io::Result<bool> {
-        let name = |p: &Path| {
-            p.display()
-                .to_string()
-                .trim_start_matches('/')
-                .replace('/', "%")
-        };
+        let name = |p: &Path| p.file_name().map(|n| n.to_owned()).unwrap_or_default();
         match self {
             Action::Write(path, bytes) => {
                 crate::config::atomic::write_atomic(&dir.join(name(path)), bytes, 0o600)?;
@@ -695,7 +740,7 @@ mod tests {
         let findings = base.audit();
         assert_eq!(findings.len(), 1, "{findings:?}");
         assert_eq!(findings[0].path, root.join(".vscode"));
-        findings[0].revert.apply().unwrap();
+        findings[0].revert.as_ref().unwrap().apply().unwrap();
         assert!(!root.join(".vscode").exists());
         findings[0].keep.as_ref().unwrap().apply().unwrap();
         assert_eq!(
@@ -724,7 +769,7 @@ mod tests {
         let f = base.audit();
         assert_eq!(f.len(), 1);
         assert!(f[0].what.contains("hooks"), "{}", f[0].what);
-        f[0].revert.apply().unwrap();
+        f[0].revert.as_ref().unwrap().apply().unwrap();
         let now: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
         assert!(now.get("hooks").is_none());
@@ -755,7 +800,7 @@ mod tests {
         assert_eq!(findings.len(), 1, "{findings:?}");
         assert_eq!(findings[0].path, root.join(".gemini"));
         assert!(findings[0].keep.is_none());
-        findings[0].revert.apply().unwrap();
+        findings[0].revert.as_ref().unwrap().apply().unwrap();
         assert!(std::fs::symlink_metadata(root.join(".gemini")).is_err());
         assert_eq!(
             std::fs::read_to_string(&victim).unwrap(),
@@ -813,7 +858,7 @@ mod tests {
             "{findings:?}"
         );
         for f in &findings {
-            f.revert.apply().unwrap();
+            f.revert.as_ref().unwrap().apply().unwrap();
         }
         // The pointer the agent made is gone; the directory it pointed at
         // (which could as well be a repository of yours) is not touched.
@@ -834,6 +879,79 @@ mod tests {
             .unwrap()
             .success();
         assert!(ok, "git {args:?}");
+    }
+
+    /// A git directory made outside the roots (in the common directory of
+    /// the linked worktree that is the root) is reported, and the worktree's
+    /// own `.git` file, which was there when armed, is never removed.
+    #[test]
+    fn the_pointer_of_a_repository_of_yours_is_never_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (main, home) = (t.join("main"), t.join("h"));
+        std::fs::create_dir_all(&main).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        git(&main, &["init", "-q"]);
+        git(&main, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        let root = t.join("wt");
+        git(&main, &["worktree", "add", "-q", root.to_str().unwrap()]);
+        let pointer = std::fs::read(root.join(".git")).unwrap();
+        let base = armed(&root, &home);
+        // The agent may write the worktree's common directory: a submodule's
+        // git directory, with a hook, appears there.
+        let module = main.join(".git/modules/x");
+        std::fs::create_dir_all(module.join("hooks")).unwrap();
+        std::fs::write(module.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::write(module.join("hooks/pre-commit"), "#!/bin/sh\n").unwrap();
+        let findings = base.audit();
+        let f = findings
+            .iter()
+            .find(|f| f.what.contains("pre-commit"))
+            .unwrap_or_else(|| panic!("{findings:?}"));
+        assert!(f.revert.is_none(), "{f:?}");
+        for f in &findings {
+            if let Some(r) = &f.revert {
+                r.apply().unwrap();
+            }
+        }
+        assert_eq!(std::fs::read(root.join(".git")).unwrap(), pointer);
+    }
+
+    /// A repository of yours that only a gitlink leads to (beneath
+    /// `node_modules`, where the walk does not look) is no new one when the
+    /// index changes: its hooks stay.
+    #[test]
+    fn a_repository_of_yours_behind_a_gitlink_is_not_taken_for_a_new_one() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        let (root, home) = (t.join("w"), t.join("h"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        git(&root, &["init", "-q"]);
+        git(&root, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        let lib = root.join("node_modules/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        git(&lib, &["init", "-q"]);
+        git(&lib, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        std::fs::write(lib.join(".git/hooks/pre-commit"), "#!/bin/sh\nnpm test\n").unwrap();
+        let head = String::from_utf8(
+            std::process::Command::new("git")
+                .args(["rev-parse", "HEAD"])
+                .current_dir(&lib)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let link = format!("160000,{},node_modules/lib", head.trim());
+        git(&root, &["update-index", "--add", "--cacheinfo", &link]);
+        let base = armed(&root, &home);
+        // The agent changes the index (a commit of its work).
+        std::fs::write(root.join("a.txt"), "a").unwrap();
+        git(&root, &["add", "a.txt"]);
+        let findings = base.audit();
+        assert!(findings.is_empty(), "{findings:?}");
+        assert!(lib.join(".git/hooks/pre-commit").exists());
     }
 
     /// A repository made where the walk does not look (`node_modules`),
@@ -881,7 +999,7 @@ mod tests {
             "{findings:?}"
         );
         for f in &findings {
-            f.revert.apply().unwrap();
+            f.revert.as_ref().unwrap().apply().unwrap();
         }
         assert!(!std::fs::read_to_string(evil.join(".git/config"))
             .unwrap()

@@ -66,7 +66,21 @@ impl Bridge {
 
     fn revert_and_ask(&mut self, session: &str, findings: Vec<Finding>) {
         for finding in findings {
-            let reverted = finding.revert.apply();
+            let Some(revert) = &finding.revert else {
+                // Nothing to undo that is the agent's alone: said, loudly.
+                warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox, and zcode-acp cannot undo it without touching what is yours: {}", finding.what);
+                self.announce_to(
+                    session,
+                    format!("Sandbox: look at {}", finding.path.display()),
+                    format!(
+                        "The agent left {} and {}. zcode-acp did not change it, since undoing it would touch what is yours: look at it before you run anything there.",
+                        finding.path.display(),
+                        finding.what
+                    ),
+                );
+                continue;
+            };
+            let reverted = revert.apply();
             match &reverted {
                 Ok(()) => {
                     warn!(path = %finding.path.display(), what = finding.what, "reverted what the agent left that would run outside the sandbox")

@@ -89,6 +89,30 @@ struct Audit {
     managed: ManagedRoot,
 }
 
+/// Keeps the command's version of what `f` is about in `dir` (made here),
+/// before `revert` undoes it: the copy the audit took, or, where it took
+/// none (too large to hold in memory), the thing itself, moved there. Where
+/// the command's version is gone already, nothing is kept (`Ok(None)`).
+fn keep(
+    f: &crate::audit::Finding,
+    revert: &crate::audit::Action,
+    dir: &std::path::Path,
+) -> std::io::Result<Option<PathBuf>> {
+    std::fs::create_dir(dir)?;
+    match &f.keep {
+        Some(copy) => Ok(copy.save_under(dir)?.then(|| dir.to_path_buf())),
+        None if matches!(revert, crate::audit::Action::Remove(_)) => {
+            let name = f.path.file_name().unwrap_or_default();
+            match std::fs::rename(&f.path, dir.join(name)) {
+                Ok(()) => Ok(Some(dir.to_path_buf())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+        None => Err(std::io::Error::other("no copy of it could be taken")),
+    }
+}
+
 impl Audit {
     fn before(policy: &crate::policy::Policy, managed: ManagedRoot) -> Audit {
         let roots: Vec<PathBuf> = policy
@@ -110,22 +134,39 @@ impl Audit {
             return;
         }
         let kept_in = self.kept_dir();
-        for f in findings {
-            let kept = match (&f.keep, &kept_in) {
-                (Some(keep), Ok(dir)) => match keep.save_under(dir) {
-                    Ok(true) => format!("; the command's version is kept in {}", dir.display()),
-                    Ok(false) => String::new(),
-                    Err(e) => format!("; the command's version could not be kept ({e})"),
-                },
-                (Some(_), Err(e)) => format!("; the command's version could not be kept ({e})"),
-                (None, _) => "; the command's version was too large to keep".into(),
-            };
-            match f.revert.apply() {
-                Ok(()) => eprintln!(
-                    "zcode-acp: reverted {}: {}{kept}",
+        let mut index = String::new();
+        for (i, f) in findings.into_iter().enumerate() {
+            let Some(revert) = &f.revert else {
+                eprintln!(
+                    "zcode-acp: {} was left by the command and {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
                     f.path.display(),
                     f.what
-                ),
+                );
+                continue;
+            };
+            // The command's version is kept before anything is undone; where
+            // it cannot be, nothing is.
+            let kept = kept_in.as_ref().map_err(|e| e.to_string()).and_then(|dir| {
+                keep(&f, revert, &dir.join(i.to_string())).map_err(|e| e.to_string())
+            });
+            let kept = match kept {
+                Ok(kept) => kept,
+                Err(e) => {
+                    eprintln!(
+                        "zcode-acp: {} was left by the command and {}; it was not reverted, since the command's version could not be kept ({e}): look at it before you run anything there",
+                        f.path.display(),
+                        f.what
+                    );
+                    continue;
+                }
+            };
+            index.push_str(&format!("{i}: {}: {}\n", f.path.display(), f.what));
+            let kept = match kept {
+                Some(at) => format!("; the command's version is kept in {}", at.display()),
+                None => String::new(),
+            };
+            match revert.apply() {
+                Ok(()) => eprintln!("zcode-acp: reverted {}: {}{kept}", f.path.display(), f.what),
                 Err(e) => eprintln!(
                     "zcode-acp: could not revert {} ({e}): {}; look at it before you run anything there",
                     f.path.display(),
@@ -133,9 +174,17 @@ impl Audit {
                 ),
             }
         }
+        if let (Ok(dir), false) = (&kept_in, index.is_empty()) {
+            let _ = crate::config::atomic::write_atomic(
+                &dir.join("index.txt"),
+                index.as_bytes(),
+                0o600,
+            );
+        }
     }
 
-    /// A fresh directory for this run's kept copies.
+    /// A fresh directory for this run's kept copies (one per finding,
+    /// numbered, with `index.txt` saying which is what).
     fn kept_dir(&self) -> std::io::Result<PathBuf> {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
