@@ -324,8 +324,13 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let state =
+    let mut state =
         zcode_acp::policy::backends::state_settings(&user, args.backend_profile.as_deref())?;
+    if config_problem.is_some() {
+        // The unreadable file may have held an egress list: the sandbox
+        // reaches no network until it is fixed, not the defaults' internet.
+        state.network = zcode_acp::policy::network::NetworkPolicy::closed();
+    }
     let managed = config::managed::ManagedRoot::user_default()?;
     // The config may have asked for the sandbox: unreadable, it is armed as
     // if it had (fail closed), and the user is told why.
@@ -339,7 +344,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         _ => config::sandbox_requested_globally(&user),
     };
     let startup_note = config_problem.as_ref().filter(|_| cannot_start.is_none() && !args.no_sandbox).map(|problem| {
-        format!("The sandbox is armed because {problem}; until it is fixed, zcode-acp arms it as if it were enabled.")
+        format!("The sandbox is armed because {problem}; until it is fixed, zcode-acp arms it as if it were enabled, and the sandbox reaches no network (the file may have held a network table).")
     }).or_else(|| {
         zcode_acp::policy::backends::network_problem(&user).map(|p| {
             let mut p = p;

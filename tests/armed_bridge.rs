@@ -884,6 +884,11 @@ fn a_malformed_user_config_arms_the_bridge_and_says_why() {
             && text.contains("arms it as if it were enabled"),
         "{text}"
     );
+    // It may have held an egress list: no network, not the internet.
+    assert!(
+        text.contains("reaches no network") && text.contains("no public egress"),
+        "{text}"
+    );
 }
 
 /// A user network table that cannot be read may have been an egress

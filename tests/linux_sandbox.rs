@@ -1784,6 +1784,30 @@ fn protected_links(p: &Places, user: Option<&TestUser>) {
     std::os::unix::fs::symlink("shared-vscode", repo.join(".vscode")).unwrap();
     std::fs::write(repo.join("envrc.shared"), "export A=1\n").unwrap();
     std::os::unix::fs::symlink("envrc.shared", repo.join(".envrc")).unwrap();
+    // A chain: `.lefthook.yml -> conf/current`, where `conf/current ->
+    // ../rel2/lefthook.yml`; and a link to nothing: `.mcp.json ->
+    // shared/mcp.json`, which does not exist yet.
+    std::fs::create_dir_all(repo.join("conf")).unwrap();
+    std::fs::create_dir_all(repo.join("rel2")).unwrap();
+    std::fs::write(repo.join("rel2/lefthook.yml"), "pre-commit: {}\n").unwrap();
+    std::os::unix::fs::symlink("../rel2/lefthook.yml", repo.join("conf/current")).unwrap();
+    std::os::unix::fs::symlink("conf/current", repo.join(".lefthook.yml")).unwrap();
+    std::fs::create_dir_all(repo.join("shared")).unwrap();
+    std::os::unix::fs::symlink("shared/mcp.json", repo.join(".mcp.json")).unwrap();
+    // A repository whose `.git` is a symlink to its git directory.
+    let other = p.ws.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    git(
+        &[
+            "init",
+            "-q",
+            "--separate-git-dir",
+            p.ws.join("other.git").to_str().unwrap(),
+        ],
+        &other,
+    );
+    std::fs::remove_file(other.join(".git")).unwrap();
+    std::os::unix::fs::symlink("../other.git", other.join(".git")).unwrap();
     let wt = p.ws.join("wt");
     git(&["worktree", "add", "-q", wt.to_str().unwrap()], &repo);
     let gitfile = content(&wt.join(".git"));
@@ -1800,6 +1824,9 @@ fn protected_links(p: &Places, user: Option<&TestUser>) {
          echo evil > shared-vscode/tasks.json; \
          rm .envrc; echo evil > .envrc; mv .envrc e2; echo evil > envrc.shared; \
          echo 'gitdir: {ws}/evil' > {w}/.git; rm {w}/.git; \
+         rm conf/current; ln -s ../evil conf/current; echo evil > rel2/lefthook.yml; \
+         echo '{{}}' > shared/mcp.json; \
+         echo evil > {ws}/other.git/hooks/pre-commit; rm {ws}/other/.git; \
          echo ok > plain.txt; echo done",
         a = repo.display(),
         ws = p.ws.display(),
@@ -1833,6 +1860,26 @@ fn protected_links(p: &Places, user: Option<&TestUser>) {
     );
     assert_eq!(content(&repo.join("envrc.shared")), "export A=1\n");
     assert_eq!(content(&wt.join(".git")), gitfile);
+    // The chain holds, link by link, and where it leads stays as it was.
+    assert_eq!(
+        link("conf/current").as_deref().ok(),
+        Some("../rel2/lefthook.yml")
+    );
+    assert_eq!(content(&repo.join("rel2/lefthook.yml")), "pre-commit: {}\n");
+    // Where the link to nothing leads cannot be kept from being made on
+    // Linux; `run` reverts it when the command ends (the audit).
+    assert!(
+        !repo.join("shared/mcp.json").exists(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The `.git` symlink of a repository is a pointer like a gitdir file,
+    // and its git directory's hooks are protected.
+    assert_eq!(
+        std::fs::read_link(p.ws.join("other/.git")).ok(),
+        Some(PathBuf::from("../other.git"))
+    );
+    assert!(!p.ws.join("other.git/hooks/pre-commit").exists());
     assert_eq!(
         content(&repo.join("plain.txt")),
         "ok\n",
@@ -1929,6 +1976,59 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
         .unwrap_or_else(|| panic!("{index}"));
     let n = line.split(':').next().unwrap();
     assert_eq!(content(&kept[0].join(n).join(".envrc")), "evil\n");
+}
+
+/// `zcode-acp run` waits as a shell does: the command gets SIGPIPE's
+/// default back (a pipeline ends quietly when its reader does), a SIGTERM
+/// sent to `run` reaches the command (which ends with it, and `run` says
+/// so in its exit code), and what the command left is still audited.
+#[test]
+fn run_passes_signals_on_and_audits_after_them() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let argv = run_sh(None, "none", &p.ws, "yes | head -n 1");
+    let (out, _) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "y\n", "{stderr}");
+    assert!(
+        !stderr.contains("Broken pipe") && !stderr.contains("yes:"),
+        "{stderr}"
+    );
+
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let started = p.ws.join("started");
+    let script = format!(
+        "echo evil > .envrc; touch {}; exec sleep 60",
+        started.display()
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--backend-profile", "none", "--workspace"])
+        .arg(&p.ws)
+        .args(["--", "sh", "-c", &script])
+        .current_dir(&p.ws)
+        .env("HOME", &home)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    // In a mount namespace of the test's own, as every sandbox test runs.
+    common::in_outer_mount_ns_masking(&mut cmd, None);
+    let run = KillOnDrop(cmd.spawn().unwrap());
+    common::wait_until("the command started", || started.exists());
+    // SAFETY: kill(2) on the pid of the child this test started.
+    unsafe { libc::kill(run.0.id() as i32, libc::SIGTERM) };
+    let mut run = run;
+    let status = common::exit_within(
+        &mut run.0,
+        std::time::Duration::from_secs(20),
+        "run did not end after SIGTERM",
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!p.ws.join(".envrc").exists(), "{stderr}");
+    assert!(stderr.contains("reverted"), "{stderr}");
 }
 
 /// Shared caches are copy-on-write: what the sandbox writes into cargo's

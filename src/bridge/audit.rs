@@ -48,6 +48,9 @@ impl Bridge {
             return;
         };
         let findings = base.audit();
+        // One still running off the loop would bring the same findings
+        // again: dropped.
+        self.audit_epoch += 1;
         self.revert_and_ask(session, findings);
     }
 

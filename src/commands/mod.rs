@@ -87,3 +87,5 @@ pub mod exec_env;
 pub mod profile;
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 pub mod run;
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub mod shield;

@@ -60,7 +60,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         true,
     )?;
     eprintln!("note: backend profile: {}", backend.describe());
-    let policy = Policy::build_resolving_links(&mut input, crate::policy::build::symlink_target);
+    let policy = Policy::build_resolving_links(&mut input, crate::policy::build::link_chain);
     for (root, eff) in &projects {
         for why in &eff.ignored {
             eprintln!("note: {}: {why}", root.display());

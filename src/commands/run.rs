@@ -205,11 +205,11 @@ fn command(args: &RunArgs) -> Command {
     }
 }
 
-/// Runs the command sandboxed, in this process (the launcher arms it
-/// directly: there is nothing to re-execute); returns its exit code. Must
-/// be called before any thread is started.
+/// Runs the command sandboxed; returns its exit code. Must be called
+/// before any thread is started: the launcher unshares namespaces.
 #[cfg(target_os = "linux")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    use nix::unistd::{fork, ForkResult};
     let enforcer = crate::linux::enforce::LinuxEnforcer::probe().map_err(cannot_arm)?;
     let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
     let Confinement::Armed(armed) = &confinement else {
@@ -217,45 +217,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     };
     let spec = enforcer.spec(armed, &command(&args));
     let audit = Audit::before(&armed.policy, managed);
+    if crate::linux::exec::threads() != Some(1) {
+        return Err(cannot_arm(
+            "zcode-acp run has more than one thread, so it cannot fork the sandbox's launcher (a bug in zcode-acp: please report it)",
+        ));
+    }
+    let shield = super::shield::Shield::raise()?;
     // The launcher enters the sandbox's namespaces itself, so it runs in a
     // child: this process stays outside, to audit what the command left.
-    let code = in_child(|| crate::linux::exec::run(&spec).map_err(cannot_arm))?;
-    audit.after();
-    Ok(code)
-}
-
-/// Runs `launch` in a forked child and waits for it, as `system()` does:
-/// Ctrl-C and Ctrl-\ reach the child from the terminal, and are ignored
-/// here; SIGTERM and SIGHUP sent to this process are passed on to it.
-/// The child's exit code, or 128 + the signal that ended it. Must be
-/// called single-threaded (the child goes on to unshare namespaces).
-#[cfg(target_os = "linux")]
-fn in_child(launch: impl FnOnce() -> anyhow::Result<i32>) -> anyhow::Result<i32> {
-    use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    use nix::unistd::{fork, ForkResult};
-    let mut waited = SigSet::empty();
-    for s in [
-        Signal::SIGCHLD,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-    ] {
-        waited.add(s);
-    }
-    // Blocked before the fork, so none sent meanwhile is lost or acted on
-    // by default; the child gets the mask it had back.
-    let old = waited.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
-    // SAFETY: single-threaded (documented precondition), so the child may
-    // run anything.
+    // SAFETY: single-threaded (checked above), so the child may run anything.
     let child = match unsafe { fork() }? {
         ForkResult::Child => {
-            let _ = old.thread_set_mask();
-            let code = match launch() {
+            let _ = shield.old.thread_set_mask();
+            let code = match crate::linux::exec::run(&spec) {
                 Ok(code) => code,
                 Err(e) => {
-                    eprintln!("zcode-acp: {e:#}");
+                    eprintln!("zcode-acp: {:#}", cannot_arm(e));
                     126
                 }
             };
@@ -263,21 +240,9 @@ fn in_child(launch: impl FnOnce() -> anyhow::Result<i32>) -> anyhow::Result<i32>
         }
         ForkResult::Parent { child } => child,
     };
-    let code = loop {
-        match waited.wait()? {
-            Signal::SIGCHLD => match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(_, code)) => break code,
-                Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
-                Ok(_) => {}
-                Err(e) => return Err(anyhow::anyhow!("cannot wait for the sandbox: {e}")),
-            },
-            sig @ (Signal::SIGTERM | Signal::SIGHUP) => {
-                let _ = kill(child, sig);
-            }
-            _ => {} // SIGINT, SIGQUIT: the terminal sent them to the child too
-        }
-    };
-    old.thread_set_mask()?;
+    let code = shield.wait(child)?;
+    audit.after();
+    drop(shield);
     Ok(code)
 }
 
@@ -286,7 +251,7 @@ fn in_child(launch: impl FnOnce() -> anyhow::Result<i32>) -> anyhow::Result<i32>
 /// that ended it, as a shell would.
 #[cfg(target_os = "macos")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    use std::os::unix::process::ExitStatusExt;
+    use std::os::unix::process::CommandExt;
     let enforcer = crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?;
     let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::Spawned)?;
     let argv = confinement
@@ -295,16 +260,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let audit = confinement
         .policy()
         .map(|policy| Audit::before(policy, managed));
-    let status = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .status()
+    let shield = super::shield::Shield::raise()?;
+    let old = shield.old;
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    // SAFETY: only the signal mask is set back in the child, with a call
+    // that is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || old.thread_set_mask().map_err(std::io::Error::from));
+    }
+    let child = cmd
+        .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", argv[0]))?;
+    let code = shield.wait(nix::unistd::Pid::from_raw(child.id() as i32))?;
     drop(confinement);
     if let Some(audit) = audit {
         audit.after();
     }
-    Ok(status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1))
+    drop(shield);
+    Ok(code)
 }

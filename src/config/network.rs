@@ -214,6 +214,8 @@ impl NetworkTable {
         let lan = self.lan != Some(Lan::Allow) || other.lan == Some(Lan::Allow);
         let egress = match (&self.egress, &other.egress) {
             (None, _) => true,
+            // An empty list adds nothing to any table.
+            (Some(Egress::Hosts(mine)), _) if mine.is_empty() => true,
             (_, Some(Egress::Allow)) => true,
             (Some(Egress::Hosts(mine)), Some(Egress::Hosts(theirs))) => {
                 mine.iter().all(|h| theirs.contains(h))

@@ -237,7 +237,7 @@ impl Sandbox {
             input.managed_root =
                 crate::policy::resolve_real(&managed.path).unwrap_or_else(|_| managed.path.clone());
             let policy =
-                Policy::build_resolving_links(&mut input, crate::policy::build::symlink_target);
+                Policy::build_resolving_links(&mut input, crate::policy::build::link_chain);
             enforcer.prepare(&policy, dir.as_ref())?;
             Ok::<_, ArmError>(Armed {
                 roots: input.roots.len(),

@@ -988,7 +988,7 @@ fn die(what: &str, e: impl std::fmt::Display) -> ! {
 }
 
 /// The number of threads of this process.
-fn threads() -> Option<u32> {
+pub(crate) fn threads() -> Option<u32> {
     std::fs::read_to_string("/proc/self/status")
         .ok()?
         .lines()
@@ -1169,6 +1169,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     let mut forwarded = SigSet::empty();
     forwarded.add(Signal::SIGTERM);
     forwarded.add(Signal::SIGINT);
+    forwarded.add(Signal::SIGQUIT);
     forwarded.add(Signal::SIGHUP);
     forwarded.add(Signal::SIGCHLD);
 
@@ -1520,6 +1521,16 @@ fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) -> ! {
 fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
     if let Err(e) = forwarded.thread_unblock() {
         die("unblock signals", e);
+    }
+    // Rust ignores SIGPIPE in its own processes, and an ignored signal
+    // stays ignored across exec: the command (a `yes | head`) gets the
+    // default back, as anything a shell starts does.
+    // SAFETY: a disposition set to the default, in the single-threaded
+    // process about to exec.
+    if let Err(e) =
+        unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
+    {
+        die("reset SIGPIPE", e);
     }
     if let Err(e) = tty_stops().thread_unblock() {
         die("unblock signals", e);

@@ -34,8 +34,8 @@ pub struct Repo {
     /// `core.hooksPath` from the repository's effective config at arming
     /// (husky points it into the work tree), made absolute.
     pub hooks_path: Option<PathBuf>,
-    /// The work tree's `.git` is a `gitdir:` file (a linked worktree, a
-    /// submodule), not the git directory itself.
+    /// The work tree's `.git` is a pointer (a `gitdir:` file of a linked
+    /// worktree or submodule, or a symlink), not the git directory itself.
     pub gitfile: bool,
 }
 
@@ -64,6 +64,17 @@ pub struct Writable {
     pub layered: bool,
 }
 
+/// How a path leads elsewhere through symlinks: each symlink met on the way
+/// (the path itself among them when it is one), and where it ends, which
+/// may not exist yet (a link to nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkChain {
+    pub hops: Vec<PathBuf>,
+    pub target: PathBuf,
+    /// It ends at a directory (a `.git` symlink's git directory).
+    pub target_is_dir: bool,
+}
+
 /// Everything a policy is built from. All paths are real.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyInput {
@@ -82,9 +93,9 @@ pub struct PolicyInput {
     pub managed_root: PathBuf,
     /// Which destinations the sandbox may reach (`policy::network`).
     pub network: super::network::NetworkPolicy,
-    /// Protected paths that were symlinks when the sandbox was armed, and
-    /// the real paths they lead to ([`Policy::build_resolving_links`]).
-    pub links: Vec<(PathBuf, PathBuf)>,
+    /// Protected paths that led elsewhere through symlinks when the sandbox
+    /// was armed, and how ([`Policy::build_resolving_links`]).
+    pub links: Vec<(PathBuf, LinkChain)>,
 }
 
 fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
@@ -304,9 +315,9 @@ impl Policy {
                     }
                     protect_entries(dir, IN_GIT_DIR, &mut protected, &mut subjects);
                 }
-                // A `gitdir:` file says where the repository is: pointed at
-                // a directory the agent made, git would obey that one's
-                // config and hooks.
+                // A `.git` pointer (a `gitdir:` file, a symlink) says where
+                // the repository is: pointed at a directory the agent made,
+                // git would obey that one's config and hooks.
                 let gitfile = repo.work_tree.join(".git");
                 if repo.gitfile && !subjects.contains(&gitfile) {
                     protected.push(protect(
@@ -320,7 +331,11 @@ impl Policy {
                     // husky 9 points git at `.husky/_`, whose stubs run the
                     // scripts beside it, in `.husky`: that is protected.
                     let hooks = match (hooks.file_name(), hooks.parent()) {
-                        (Some(name), Some(parent)) if name == "_" => parent.to_path_buf(),
+                        (Some(name), Some(parent))
+                            if name == "_" && parent.file_name().is_some_and(|n| n == ".husky") =>
+                        {
+                            parent.to_path_buf()
+                        }
                         _ => hooks.clone(),
                     };
                     let hooks = &hooks;
@@ -349,27 +364,47 @@ impl Policy {
                 subjects.push(p.clone());
             }
         }
-        // A protected symlink protects where it leads: a write through
-        // `.git/hooks -> ../tools/hooks` lands in `tools/hooks`, a path no
-        // rule above names.
-        for (link, target) in &input.links {
-            if subjects.contains(target) {
-                continue;
-            }
+        // A protected path that leads elsewhere through symlinks protects
+        // where it leads (a write through `.git/hooks -> ../tools/hooks`
+        // lands in `tools/hooks`, a path no rule above names), and every
+        // symlink on the way, each of which could be repointed.
+        for (subject, chain) in &input.links {
             let Some(rule) = protected
                 .iter()
-                .find(|r| r.matcher.path() == Some(link.as_path()))
+                .find(|r| r.matcher.path() == Some(subject.as_path()))
+                .cloned()
             else {
                 continue;
             };
-            let mut r = rule.clone();
-            r.matcher = match &rule.matcher {
-                Matcher::Subpath(_) => Matcher::Subpath(target.clone()),
-                _ => Matcher::Literal(target.clone()),
-            };
-            r.why = format!("where the symlink {} leads: {}", link.display(), rule.why);
-            protected.push(r);
-            subjects.push(target.clone());
+            // A name protected as one file that leads to a directory (a
+            // `.git` symlink): the link is held, and what the directory
+            // holds has rules of its own (its hooks, its config).
+            let file_to_dir = matches!(rule.matcher, Matcher::Literal(_)) && chain.target_is_dir;
+            if !file_to_dir && !subjects.contains(&chain.target) {
+                let mut r = rule.clone();
+                r.matcher = match &rule.matcher {
+                    Matcher::Subpath(_) => Matcher::Subpath(chain.target.clone()),
+                    _ => Matcher::Literal(chain.target.clone()),
+                };
+                r.why = format!("where {} leads: {}", subject.display(), rule.why);
+                protected.push(r);
+                subjects.push(chain.target.clone());
+            }
+            let writable = |p: &Path| open_dirs.iter().any(|d| p.starts_with(d));
+            for hop in chain.hops.iter().filter(|h| *h != subject && writable(h)) {
+                if subjects.contains(hop) {
+                    continue;
+                }
+                protected.push(protect(
+                    Matcher::Literal(hop.clone()),
+                    format!(
+                        "a symlink on the way to the protected {}: repointed, it would lead the protection elsewhere",
+                        subject.display()
+                    ),
+                    rule.promptable,
+                ));
+                subjects.push(hop.clone());
+            }
         }
         // Pin every directory between an open root and a protected path, so
         // the path cannot be moved away from its rule.
@@ -406,16 +441,9 @@ impl Policy {
             .flat_map(|r| r.project.allow.iter())
             .chain(&input.once_allows);
         let mut reopened: Vec<Rule> = Vec::new();
-        // A grant through a protected symlink opens where it leads too.
-        let through_links: Vec<PathBuf> = grants
-            .clone()
-            .filter_map(|g| {
-                input.links.iter().find_map(|(link, target)| {
-                    g.strip_prefix(link).ok().map(|rest| target.join(rest))
-                })
-            })
-            .collect();
-        for g in grants.chain(&through_links) {
+        // Grants are real paths: one made through a protected symlink names
+        // where it leads, whose rule it opens.
+        for g in grants {
             if let Some(subject) = subjects.iter().find(|s| g.starts_with(s)) {
                 let mut r = allow(
                     Matcher::Subpath(g.clone()),
@@ -475,12 +503,13 @@ impl Policy {
 }
 
 impl Policy {
-    /// Builds the policy for `input`, with the protected paths that are
-    /// symlinks protecting where they lead too: `real` gives a path's real
-    /// path when it is a symlink that leads somewhere (None otherwise).
+    /// Builds the policy for `input`, with the protected paths that lead
+    /// elsewhere through symlinks protecting where they lead and every link
+    /// on the way too: `chain` says how a path leads elsewhere (None: it
+    /// does not; [`link_chain`] on the real disk).
     pub fn build_resolving_links(
         input: &mut PolicyInput,
-        real: impl Fn(&Path) -> Option<PathBuf>,
+        chain: impl Fn(&Path) -> Option<LinkChain>,
     ) -> Policy {
         let first = Policy::build(input);
         input.links = first
@@ -488,7 +517,7 @@ impl Policy {
             .iter()
             .filter(|r| r.kind == Kind::Protected && r.ops == Ops::All)
             .filter_map(|r| r.matcher.path())
-            .filter_map(|p| real(p).filter(|t| t != p).map(|t| (p.to_path_buf(), t)))
+            .filter_map(|p| chain(p).map(|c| (p.to_path_buf(), c)))
             .collect();
         if input.links.is_empty() {
             return first;
@@ -497,13 +526,54 @@ impl Policy {
     }
 }
 
-/// The real path of `p` when it is a symlink that leads somewhere.
-pub fn symlink_target(p: &Path) -> Option<PathBuf> {
-    let meta = std::fs::symlink_metadata(p).ok()?;
-    if !meta.file_type().is_symlink() {
-        return None;
+/// How `p` leads elsewhere through symlinks, if it does: resolved one
+/// component and one link at a time, as the kernel does, so every link on
+/// the way is seen (and a last one that leads nowhere still says where).
+pub fn link_chain(p: &Path) -> Option<LinkChain> {
+    use std::path::Component;
+    let mut pending: std::collections::VecDeque<std::ffi::OsString> =
+        std::collections::VecDeque::new();
+    let push_front = |pending: &mut std::collections::VecDeque<std::ffi::OsString>, path: &Path| {
+        for c in path.components().rev() {
+            match c {
+                Component::Normal(n) => pending.push_front(n.to_owned()),
+                Component::ParentDir => pending.push_front("..".into()),
+                _ => {}
+            }
+        }
+    };
+    push_front(&mut pending, p);
+    let mut at = PathBuf::from("/");
+    let mut hops = Vec::new();
+    // As the kernel does, at most 40 links.
+    let mut links_left = 40;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&name);
+        match std::fs::read_link(&next) {
+            Ok(target) => {
+                links_left -= 1;
+                if links_left == 0 {
+                    return None;
+                }
+                hops.push(next);
+                if target.is_absolute() {
+                    at = PathBuf::from("/");
+                }
+                push_front(&mut pending, &target);
+            }
+            Err(_) => at = next,
+        }
     }
-    super::resolve_real(p).ok().filter(|t| t.exists())
+    let target_is_dir = at.is_dir();
+    (!hops.is_empty()).then_some(LinkChain {
+        hops,
+        target: at,
+        target_is_dir,
+    })
 }
 
 fn shape_matcher(p: &Path, shape: Shape) -> Matcher {
@@ -587,33 +657,61 @@ mod tests {
     fn protected_symlinks_protect_where_they_lead() {
         let mut input = sample();
         input.roots[0].repos[0].gitfile = true;
-        let real = |p: &Path| {
-            (p == Path::new("/home/u/proj/.git/hooks"))
-                .then(|| PathBuf::from("/home/u/proj/tools/hooks"))
+        // .git/hooks -> ../tools/hooks, where tools -> shared/tools.
+        let chain = |p: &Path| {
+            (p == Path::new("/home/u/proj/.git/hooks")).then(|| LinkChain {
+                hops: vec![
+                    "/home/u/proj/.git/hooks".into(),
+                    "/home/u/proj/tools".into(),
+                ],
+                target: "/home/u/proj/shared/tools/hooks".into(),
+                target_is_dir: true,
+            })
         };
-        let p = Policy::build_resolving_links(&mut input, real);
+        let p = Policy::build_resolving_links(&mut input, chain);
         let k = |path: &str, op: Op| decide(&p, path, op).kind;
         assert_eq!(
-            k("/home/u/proj/tools/hooks/pre-commit", Op::Write),
+            k("/home/u/proj/shared/tools/hooks/pre-commit", Op::Write),
             Kind::Protected
         );
-        assert_eq!(k("/home/u/proj/tools", Op::Remove), Kind::Protected);
-        assert_eq!(k("/home/u/proj/tools/other.sh", Op::Write), Kind::Allow);
+        // The directories on the way are pinned, the link between is held.
+        assert_eq!(k("/home/u/proj/shared", Op::Remove), Kind::Protected);
+        assert_eq!(k("/home/u/proj/tools", Op::Write), Kind::Protected);
+        assert_eq!(
+            k("/home/u/proj/shared/tools/other.sh", Op::Write),
+            Kind::Allow
+        );
         assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Protected);
-        // A grant for the link opens where it leads too.
-        input.once_allows = vec!["/home/u/proj/.git/hooks/pre-push".into()];
+        // A grant (a real path: made through the link, it names where the
+        // link leads) opens what it names.
+        input.once_allows = vec!["/home/u/proj/shared/tools/hooks/pre-push".into()];
         let granted = Policy::build(&input);
         assert_eq!(
-            decide(&granted, "/home/u/proj/tools/hooks/pre-push", Op::Write).kind,
+            decide(
+                &granted,
+                "/home/u/proj/shared/tools/hooks/pre-push",
+                Op::Write
+            )
+            .kind,
             Kind::Allow
         );
         assert_eq!(
-            decide(&granted, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
+            decide(
+                &granted,
+                "/home/u/proj/shared/tools/hooks/pre-commit",
+                Op::Write
+            )
+            .kind,
             Kind::Protected
         );
         let without = Policy::build(&sample());
         assert_eq!(
-            decide(&without, "/home/u/proj/tools/hooks/pre-commit", Op::Write).kind,
+            decide(
+                &without,
+                "/home/u/proj/shared/tools/hooks/pre-commit",
+                Op::Write
+            )
+            .kind,
             Kind::Allow
         );
     }

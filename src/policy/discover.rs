@@ -322,6 +322,10 @@ fn repo_at(dir: &Path, hooks: bool) -> Option<Repo> {
     };
     let git_dir = if meta.is_dir() {
         dot_git
+    } else if meta.file_type().is_symlink() && std::fs::metadata(&dot_git).is_ok_and(|m| m.is_dir())
+    {
+        // Git follows a `.git` symlink to its directory (made real below).
+        dot_git
     } else if meta.is_file() {
         // A worktree or submodule: `gitdir: <path>`.
         let text = read(&dot_git)?;
@@ -346,7 +350,7 @@ fn repo_at(dir: &Path, hooks: bool) -> Option<Repo> {
         git_dir,
         common_dir,
         hooks_path,
-        gitfile: meta.is_file(),
+        gitfile: !meta.is_dir(),
     })
 }
 

@@ -882,6 +882,8 @@ impl TestUser {
         for d in ["home", "ws", "outside"] {
             std::fs::create_dir_all(u.base.join(d)).unwrap();
         }
+        // A user's home is theirs.
+        u.own(&u.base.join("home"));
         u
     }
 
