@@ -526,11 +526,17 @@ impl Policy {
     }
 }
 
-/// How `p` leads elsewhere through symlinks, if it does: resolved one
-/// component and one link at a time, as the kernel does, so every link on
-/// the way is seen (and a last one that leads nowhere still says where).
+/// How `p` (a real directory and a last name, as every protected path is)
+/// leads elsewhere through symlinks, if it does: resolved one component and
+/// one link at a time, as the kernel does, so every link on the way is seen
+/// (and a last one that leads nowhere still says where).
 pub fn link_chain(p: &Path) -> Option<LinkChain> {
     use std::path::Component;
+    // The protected paths are built on real paths: only their last name
+    // can be a link, so one look tells most of them apart.
+    if !std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()) {
+        return None;
+    }
     let mut pending: std::collections::VecDeque<std::ffi::OsString> =
         std::collections::VecDeque::new();
     let push_front = |pending: &mut std::collections::VecDeque<std::ffi::OsString>, path: &Path| {
