@@ -97,7 +97,11 @@ pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
         if left < 8 + hash_len {
             return None;
         }
-        r.take(4)?;
+        // A split index keeps most entries in a shared file ("link"):
+        // what is here is not all, so none of it is taken for all.
+        if r.take(4)? == b"link" {
+            return None;
+        }
         let size = usize::try_from(r.u32()?).ok()?;
         r.take(size)?;
     }
@@ -235,6 +239,16 @@ mod tests {
         assert_eq!(gitlinks(&two, 20).map(|l| l.len()), Some(2));
         bytes.extend_from_slice(&checksum);
         assert_eq!(gitlinks(&bytes, 20), None);
+    }
+
+    /// A split index holds only part of the entries: it is no index this
+    /// reader takes (the audit says so), not one without gitlinks.
+    #[test]
+    fn a_split_index_is_none() {
+        let (dir, _) = repo("sha1", "2");
+        git(dir.path(), &["update-index", "--split-index"]);
+        let bytes = std::fs::read(dir.path().join(".git/index")).unwrap();
+        assert_eq!(gitlinks_any_hash(&bytes), None);
     }
 
     #[test]
