@@ -198,7 +198,7 @@ impl Bridge {
     pub(super) fn may_show_denial(&self, frame: &Frame) -> bool {
         static TOOL_CALL: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new("tool_call"));
-        self.sandbox.arms()
+        self.armed()
             && frame
                 .params_bytes()
                 .is_some_and(|raw| TOOL_CALL.find(raw).is_some())
@@ -239,7 +239,7 @@ impl Bridge {
     /// A write the sandbox refused, read from the system log: offered on
     /// the session whose turn is running (the latest, when several are).
     pub(super) fn on_refused_in_log(&mut self, v: crate::seatbelt::violations::Violation) {
-        if !self.sandbox.arms() {
+        if !self.armed() {
             return;
         }
         let Some(session) = self.routes.latest_turn().map(str::to_owned) else {
@@ -318,7 +318,7 @@ impl Bridge {
     /// allow entry, `enabled: false`, `strictGit: false`): until accepted it
     /// is ignored. Put it to the user once per project and bridge.
     pub(super) fn confirm_hand_edits(&mut self, session: &str) {
-        if !self.sandbox.arms() {
+        if !self.armed() {
             return;
         }
         let Some(roots) = self

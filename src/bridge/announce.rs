@@ -57,7 +57,7 @@ impl Bridge {
             return;
         }
         self.announced_first = true;
-        let mut text = if self.sandbox.arms() {
+        let mut text = if self.armed() {
             let mut text = format!(
                 "The agent runs in a writes-only sandbox: it can write in the workspace roots ({}), temp and cache \
                  directories and its own state; writes elsewhere are denied.",

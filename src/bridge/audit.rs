@@ -15,9 +15,6 @@ impl Bridge {
         self.audit = None;
         // An audit of the last baseline still running is stale from now.
         self.audit_epoch += 1;
-        if !self.sandbox.arms() {
-            return;
-        }
         let Some(policy) = self.confinement.policy() else {
             return;
         };

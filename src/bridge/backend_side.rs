@@ -113,7 +113,7 @@ impl Bridge {
                                 track::apply_success(track.clone(), &frame, &mut self.sessions);
                             match track {
                                 track::Track::Initialize { params } => {
-                                    let hidden = if self.sandbox.arms() {
+                                    let hidden = if self.armed() {
                                         police::hide_mcp_over_acp(&frame, editor_id.as_str())
                                     } else {
                                         Ok(None)

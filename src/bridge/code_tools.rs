@@ -342,7 +342,7 @@ impl Bridge {
         // Unarmed, nothing judges a write: code, whose runs are confined
         // to the workspace, gets no way around that through the editor.
         if !self.editor_offers_fs(capability)
-            || (call.method == "fs/write_text_file" && !self.sandbox.arms())
+            || (call.method == "fs/write_text_file" && !self.armed())
         {
             let _ = call.reply.send(Err((
                 codes::INVALID_REQUEST,

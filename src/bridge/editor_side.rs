@@ -403,7 +403,7 @@ impl Bridge {
     /// Writes only where the bridge arms a sandbox: unarmed, nothing would
     /// judge them.
     pub(super) fn editor_fs(&self) -> Option<String> {
-        let armed = self.sandbox.arms();
+        let armed = self.armed();
         let can: Vec<&str> = [
             ("readTextFile", "read_text_file"),
             ("writeTextFile", "write_text_file"),

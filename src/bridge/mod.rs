@@ -201,6 +201,14 @@ pub struct Bridge {
 }
 
 impl Bridge {
+    /// Whether the running generation is confined: what judges its writes,
+    /// its terminals and its prompts. Not `sandbox.arms()`, which says
+    /// whether generations started from now on are: the two differ from a
+    /// project turning the sandbox on until its generation has started.
+    fn armed(&self) -> bool {
+        self.confinement.policy().is_some()
+    }
+
     /// Runs the bridge on this process's stdin/stdout until the editor
     /// leaves or a signal ends it.
     pub async fn run(cfg: BridgeConfig, sandbox: Sandbox) -> anyhow::Result<()> {

@@ -34,7 +34,7 @@ pub(super) enum Verdict {
 
 impl Bridge {
     pub(super) fn police_backend_request(&self, method: &str, frame: &Frame) -> Verdict {
-        if !self.sandbox.arms() {
+        if !self.armed() {
             return Verdict::Pass;
         }
         match method {

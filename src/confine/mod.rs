@@ -175,8 +175,9 @@ impl Sandbox {
         }
     }
 
-    /// Whether commands started now are confined (and so a session that
-    /// brings a root they do not cover needs a new arming).
+    /// Whether commands started from now on are confined (and so a session
+    /// that brings a root they do not cover needs a new arming). What runs
+    /// already is judged by its own [`Confinement`], not by this.
     pub fn arms(&self) -> bool {
         matches!(self, Sandbox::Ready(_))
     }
