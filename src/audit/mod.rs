@@ -29,7 +29,7 @@ pub mod settings;
 use std::path::{Path, PathBuf};
 
 use crate::policy::build::Repo;
-use crate::policy::{Kind, Matcher, Ops, Policy};
+use crate::policy::{Band, Matcher, Ops, Policy};
 use settings::Format;
 
 /// Files larger than this are not kept for "keep": reverted, and said so.
@@ -152,7 +152,7 @@ pub fn watch_list(policy: &Policy, settings: Vec<(PathBuf, Format)>) -> Vec<Watc
     for rule in policy
         .rules
         .iter()
-        .filter(|r| r.kind == Kind::Protected && r.ops == Ops::All)
+        .filter(|r| r.kind == Band::Protected && r.ops == Ops::All)
     {
         if let Matcher::Subpath(p) | Matcher::Literal(p) = &rule.matcher {
             if std::fs::symlink_metadata(p).is_err() {

@@ -262,7 +262,7 @@ impl Bridge {
             return false;
         };
         let offerable = !decision.allowed
-            && (decision.kind == crate::policy::Kind::Outside || decision.promptable)
+            && (decision.kind == crate::policy::Band::Outside || decision.promptable)
             && !self.permissions.refused_for_good(&real)
             && crate::policy::offerable::refusal(&real, &decision, home).is_none();
         if !offerable {
@@ -272,7 +272,7 @@ impl Bridge {
             Some(dir)
                 if never_granted(dir, home).is_none()
                     && policy.evaluate_resolved(dir, crate::policy::Op::Write).kind
-                        != crate::policy::Kind::Island
+                        != crate::policy::Band::Island
                     && dir.is_dir() =>
             {
                 dir.to_path_buf()

@@ -21,19 +21,19 @@ impl Bridge {
         match frame.kind.clone() {
             FrameKind::Request { id, method } => {
                 let frame = match self.police_backend_request(&method, &frame) {
-                    police::Verdict::Pass => frame,
-                    police::Verdict::Rewrite(bytes) => match Frame::parse(bytes) {
+                    police::Policed::Pass => frame,
+                    police::Policed::Rewrite(bytes) => match Frame::parse(bytes) {
                         Ok(f) => f,
                         Err(_) => return warn!("a rewritten frame did not parse; dropped"),
                     },
-                    police::Verdict::Refuse { code, message } => {
+                    police::Policed::Refuse { code, message } => {
                         warn!(method, "{message}");
                         if let Some(g) = &self.generation {
                             g.send(error_response(&id, code, &message, None));
                         }
                         return;
                     }
-                    police::Verdict::Ask {
+                    police::Policed::Ask {
                         session,
                         path,
                         reason,

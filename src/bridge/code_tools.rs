@@ -31,14 +31,14 @@ use crate::relay::{codes, Frame, RawId};
 const MAX_REQUEST: u64 = 8 << 20;
 
 /// What an answer is: the editor's result, or an error's code and message.
-pub(super) type Answer = Result<Value, (i64, String)>;
+pub(super) type ToolReply = Result<Value, (i64, String)>;
 
 /// A call from a session's run_code server.
 pub(super) struct EditorCall {
     pub session: String,
     pub method: &'static str,
     pub params: serde_json::Map<String, Value>,
-    pub reply: oneshot::Sender<Answer>,
+    pub reply: oneshot::Sender<ToolReply>,
 }
 
 /// The environment variable, in the run_code server's entry, holding its
@@ -85,7 +85,7 @@ pub(super) struct CodeTools {
     /// bridge id.
     awaiting: HashMap<u64, usize>,
     /// Calls at the editor or held for the user's answer, by their id.
-    pending: HashMap<String, oneshot::Sender<Answer>>,
+    pending: HashMap<String, oneshot::Sender<ToolReply>>,
     next_id: u64,
 }
 
@@ -230,7 +230,7 @@ impl CodeTools {
     }
 
     /// Answers the call `id` (its entry goes).
-    pub fn answer(&mut self, id: &RawId, answer: Answer) {
+    pub fn answer(&mut self, id: &RawId, answer: ToolReply) {
         if let Some(reply) = self.pending.remove(id.as_str()) {
             let _ = reply.send(answer);
         }
@@ -368,8 +368,8 @@ impl Bridge {
             .pending
             .insert(id.as_str().to_owned(), call.reply);
         let frame = match self.police_backend_request(call.method, &frame) {
-            super::police::Verdict::Pass => frame,
-            super::police::Verdict::Rewrite(bytes) => match Frame::parse(bytes) {
+            super::police::Policed::Pass => frame,
+            super::police::Policed::Rewrite(bytes) => match Frame::parse(bytes) {
                 Ok(f) => f,
                 Err(_) => {
                     return self.code_tools.answer(
@@ -381,11 +381,11 @@ impl Bridge {
                     )
                 }
             },
-            super::police::Verdict::Refuse { code, message } => {
+            super::police::Policed::Refuse { code, message } => {
                 warn!("run_code's {}: {message}", call.method);
                 return self.code_tools.answer(&id, Err((code, message)));
             }
-            super::police::Verdict::Ask {
+            super::police::Policed::Ask {
                 session,
                 path,
                 reason,

@@ -180,7 +180,11 @@ impl NetPermissions {
     }
 
     /// The user answered prompt `bid` (`None`: dismissed or cancelled).
-    pub fn answered(&mut self, bid: u64, choice: Option<prompts::Answer>) -> Option<NetAnswered> {
+    pub fn answered(
+        &mut self,
+        bid: u64,
+        choice: Option<prompts::PromptOption>,
+    ) -> Option<NetAnswered> {
         let prompt = self.open.remove(&bid)?;
         let dest = Dest::of(&prompt.ask);
         self.by_dest.remove(&dest);

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::prompts::{self, Answer};
+use super::prompts::{self, PromptOption};
 use crate::config::project::List;
 use crate::relay::{Frame, RawId};
 
@@ -71,7 +71,7 @@ impl std::fmt::Display for NotOffered {
 #[derive(Debug)]
 pub(super) struct Answered {
     pub prompt: Prompt,
-    pub choice: Option<Answer>,
+    pub choice: Option<PromptOption>,
     /// The held writes may go ahead.
     pub allowed: bool,
     /// Record the path in the project's sandbox.json.
@@ -148,7 +148,7 @@ impl Permissions {
     /// The user answered prompt `bid` with `choice` (`None`: dismissed,
     /// cancelled or unreadable, which allows nothing). `None` when no such
     /// prompt is open.
-    pub fn answered(&mut self, bid: u64, choice: Option<Answer>) -> Option<Answered> {
+    pub fn answered(&mut self, bid: u64, choice: Option<PromptOption>) -> Option<Answered> {
         let prompt = self.open.remove(&bid)?;
         self.by_path.remove(&prompt.path);
         let (allowed, record) = match choice {

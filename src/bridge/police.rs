@@ -10,11 +10,11 @@ use crate::relay::splice;
 use agent_client_protocol_schema::v1 as acp;
 
 use super::Bridge;
-use crate::policy::{Kind, Op};
+use crate::policy::{Band, Op};
 use crate::relay::codes;
 use crate::relay::Frame;
 
-pub(super) enum Verdict {
+pub(super) enum Policed {
     /// Forward as is.
     Pass,
     /// Forward these bytes instead (same id as the original).
@@ -33,18 +33,18 @@ pub(super) enum Verdict {
 }
 
 impl Bridge {
-    pub(super) fn police_backend_request(&self, method: &str, frame: &Frame) -> Verdict {
+    pub(super) fn police_backend_request(&self, method: &str, frame: &Frame) -> Policed {
         if !self.armed() {
-            return Verdict::Pass;
+            return Policed::Pass;
         }
         match method {
             "fs/write_text_file" => self.police_write(frame),
             "terminal/create" => self.police_terminal(frame),
-            m if m.starts_with("mcp/") => Verdict::Refuse {
+            m if m.starts_with("mcp/") => Policed::Refuse {
                 code: codes::NOT_WHILE_ARMED,
                 message: format!("zcode-acp refused {m}: MCP over ACP runs tools in the editor, outside the sandbox"),
             },
-            _ => Verdict::Pass,
+            _ => Policed::Pass,
         }
     }
 
@@ -55,8 +55,8 @@ impl Bridge {
     /// only inside, after arming: the editor applies a terminal's `env` to the
     /// process it starts, so `LD_PRELOAD`, `PATH` or `ZCODE_ACP_*` there would
     /// otherwise run agent code in the unconfined helper.
-    fn police_terminal(&self, frame: &Frame) -> Verdict {
-        let refuse = |message: String| Verdict::Refuse {
+    fn police_terminal(&self, frame: &Frame) -> Policed {
+        let refuse = |message: String| Policed::Refuse {
             code: codes::NOT_WHILE_ARMED,
             message,
         };
@@ -109,15 +109,15 @@ impl Bridge {
             }
         };
         match rewrite_terminal(frame, &wrapped) {
-            Ok(bytes) => Verdict::Rewrite(bytes),
+            Ok(bytes) => Policed::Rewrite(bytes),
             Err(e) => refuse(format!(
                 "zcode-acp could not rewrite this terminal/create: {e}"
             )),
         }
     }
 
-    fn police_write(&self, frame: &Frame) -> Verdict {
-        let refuse = |message: String| Verdict::Refuse {
+    fn police_write(&self, frame: &Frame) -> Policed {
+        let refuse = |message: String| Policed::Refuse {
             code: codes::WRITE_DENIED,
             message,
         };
@@ -151,7 +151,7 @@ impl Bridge {
                 rewrite_path(frame, &real).and_then(|b| Frame::parse(b).ok())
             }
         };
-        let granted = decision.kind != Kind::Island
+        let granted = decision.kind != Band::Island
             && !self.permissions.refused_for_good(&real)
             && self.permissions.granted(&real);
         if decision.allowed || granted {
@@ -159,10 +159,10 @@ impl Bridge {
             // path that was judged, not the one the agent named. (A symlink
             // swapped in between the check and the write is the residual race.)
             if real == request.path {
-                return Verdict::Pass;
+                return Policed::Pass;
             }
             return match real_frame() {
-                Some(f) => Verdict::Rewrite(f.bytes),
+                Some(f) => Policed::Rewrite(f.bytes),
                 None => refuse("zcode-acp could not rewrite the path of this write".into()),
             };
         }
@@ -175,7 +175,7 @@ impl Bridge {
             None => {
                 let rule = decision.rule.unwrap_or_else(|| "no rule allows it".into());
                 return match real_frame() {
-                    Some(f) => Verdict::Ask {
+                    Some(f) => Policed::Ask {
                         session: request.session_id.0.to_string(),
                         path: real,
                         reason: format!("{} ({rule})", decision.kind),

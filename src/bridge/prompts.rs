@@ -11,58 +11,63 @@ use crate::relay::Frame;
 
 /// One option of a prompt: its id on the wire, its label, its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Answer {
+pub(super) struct PromptOption {
     pub id: &'static str,
     pub name: &'static str,
     pub kind: acp::PermissionOptionKind,
 }
 
-const fn answer(id: &'static str, name: &'static str, kind: acp::PermissionOptionKind) -> Answer {
-    Answer { id, name, kind }
+const fn answer(
+    id: &'static str,
+    name: &'static str,
+    kind: acp::PermissionOptionKind,
+) -> PromptOption {
+    PromptOption { id, name, kind }
 }
 
 /// The allow flow's four answers.
-pub(super) const ALLOW_ONCE: Answer = answer(
+pub(super) const ALLOW_ONCE: PromptOption = answer(
     "allow-once",
     "Allow once",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const ALLOW_ALWAYS: Answer = answer(
+pub(super) const ALLOW_ALWAYS: PromptOption = answer(
     "allow-always",
     "Always allow",
     acp::PermissionOptionKind::AllowAlways,
 );
-pub(super) const REJECT_ONCE: Answer = answer(
+pub(super) const REJECT_ONCE: PromptOption = answer(
     "reject-once",
     "Don't allow",
     acp::PermissionOptionKind::RejectOnce,
 );
-pub(super) const REJECT_ALWAYS: Answer = answer(
+pub(super) const REJECT_ALWAYS: PromptOption = answer(
     "reject-always",
     "Never allow",
     acp::PermissionOptionKind::RejectAlways,
 );
-pub(super) const ALLOW_FLOW: &[Answer] = &[ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS];
+pub(super) const ALLOW_FLOW: &[PromptOption] =
+    &[ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS];
 
 /// Hand edits of sandbox.json.
-pub(super) const ACCEPT_CONFIG: Answer = answer(
+pub(super) const ACCEPT_CONFIG: PromptOption = answer(
     "accept-config",
     "Accept the changes",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const IGNORE_CONFIG: Answer = answer(
+pub(super) const IGNORE_CONFIG: PromptOption = answer(
     "ignore-config",
     "Keep ignoring them",
     acp::PermissionOptionKind::RejectOnce,
 );
 
 /// What the post-turn audit reverted.
-pub(super) const KEEP: Answer = answer(
+pub(super) const KEEP: PromptOption = answer(
     "keep",
     "Keep the agent's version",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const REVERT: Answer = answer(
+pub(super) const REVERT: PromptOption = answer(
     "revert",
     "Keep it reverted",
     acp::PermissionOptionKind::RejectOnce,
@@ -75,7 +80,7 @@ pub(super) fn permission_request(
     title: String,
     path: &Path,
     text: String,
-    answers: &[Answer],
+    answers: &[PromptOption],
 ) -> String {
     let fields = acp::ToolCallUpdateFields::new()
         .title(title)
@@ -107,7 +112,7 @@ fn request_with(
     session: &str,
     tool_call_id: String,
     fields: acp::ToolCallUpdateFields,
-    answers: &[Answer],
+    answers: &[PromptOption],
 ) -> String {
     let options = answers
         .iter()
@@ -139,7 +144,7 @@ pub(super) fn announcement(
 
 /// Which of `answers` the user chose; `None` when the prompt was
 /// cancelled, the answer is malformed, or it names no option offered.
-pub(super) fn chosen(frame: &Frame, answers: &[Answer]) -> Option<Answer> {
+pub(super) fn chosen(frame: &Frame, answers: &[PromptOption]) -> Option<PromptOption> {
     match frame
         .payload_as::<acp::RequestPermissionResponse>()
         .ok()?

@@ -54,7 +54,7 @@ pub(super) enum Flow {
 #[derive(Debug)]
 pub(super) struct Setup {
     awaiting: u64,
-    step: Step,
+    step: SetUpStep,
     /// Live sessions still to restore, in order.
     sessions: VecDeque<Session>,
     /// Set when the replayed login was refused: no session can be restored.
@@ -62,7 +62,7 @@ pub(super) struct Setup {
 }
 
 #[derive(Debug)]
-enum Step {
+enum SetUpStep {
     Initialize,
     Authenticate,
     /// `method` is being tried; `rest` are the methods left to try.
@@ -86,7 +86,7 @@ impl Setup {
     /// whatever ends the step.
     pub(super) fn loading(&self) -> Option<&str> {
         match &self.step {
-            Step::Restore {
+            SetUpStep::Restore {
                 session,
                 method: "session/load",
                 ..
@@ -384,14 +384,20 @@ impl Bridge {
             // The editor has not initialized yet; it will do so itself.
             return self.finish_setup();
         };
-        self.await_step("initialize", &init, Step::Initialize, VecDeque::new(), None);
+        self.await_step(
+            "initialize",
+            &init,
+            SetUpStep::Initialize,
+            VecDeque::new(),
+            None,
+        );
     }
 
     fn await_step(
         &mut self,
         method: &str,
         params: &str,
-        step: Step,
+        step: SetUpStep,
         sessions: VecDeque<Session>,
         login_problem: Option<String>,
     ) {
@@ -421,7 +427,7 @@ impl Bridge {
             ..
         } = setup;
         match step {
-            Step::Initialize => match outcome {
+            SetUpStep::Initialize => match outcome {
                 CallOutcome::Ok(result) => {
                     self.life.initialized();
                     let caps = super::track::restore_caps(&result);
@@ -433,7 +439,7 @@ impl Bridge {
                         Some(auth) => self.await_step(
                             "authenticate",
                             &auth,
-                            Step::Authenticate,
+                            SetUpStep::Authenticate,
                             sessions,
                             None,
                         ),
@@ -444,7 +450,7 @@ impl Bridge {
                     "the agent refused the replayed initialize: {message}"
                 )),
             },
-            Step::Authenticate => {
+            SetUpStep::Authenticate => {
                 if let CallOutcome::Rejected { message, .. } = outcome {
                     login_problem = Some(format!(
                         "the restarted agent refused the editor's saved login ({message}); log in again from the editor"
@@ -452,7 +458,7 @@ impl Bridge {
                 }
                 self.begin_restore(login_problem)
             }
-            Step::Restore {
+            SetUpStep::Restore {
                 session,
                 method,
                 rest,
@@ -478,7 +484,7 @@ impl Bridge {
                     }
                 }
             }
-            Step::Reapply {
+            SetUpStep::Reapply {
                 session,
                 restored_by,
                 calls,
@@ -577,7 +583,7 @@ impl Bridge {
             crate::relay::splice::set(params.to_string().as_bytes(), &["mcpServers"], &servers)
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_else(|_| params.to_string());
-        let step = Step::Restore {
+        let step = SetUpStep::Restore {
             session,
             method,
             rest: methods,
@@ -602,7 +608,7 @@ impl Bridge {
             );
             return self.next_session(sessions, login_problem);
         };
-        let step = Step::Reapply {
+        let step = SetUpStep::Reapply {
             session,
             restored_by,
             calls,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::config::managed::ManagedRoot;
 use crate::config::project::{self, List};
 use crate::policy::discover::{gather, Sources};
-use crate::policy::{resolve_real, Kind, Op, Platform, Policy};
+use crate::policy::{resolve_real, Band, Op, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
@@ -57,7 +57,7 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
         if let Some(why) = crate::policy::offerable::refusal(&path, &decision, home.as_deref()) {
             let hint = if crate::policy::offerable::opens_everything(&path, home.as_deref()) {
                 "open it as a workspace if you really mean it"
-            } else if decision.kind == Kind::Protected {
+            } else if decision.kind == Band::Protected {
                 "remove it from the project's deny entries first, if you mean it"
             } else {
                 "the editor never offers it either; make such changes yourself, outside the agent"

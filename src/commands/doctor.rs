@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::config::managed::ManagedRoot;
 use crate::linux::exec::{choose_level, namespaces_available};
 use crate::linux::plan::{self, RealFs, UserFacts};
-use crate::policy::{Kind, Matcher, Ops, Platform, Policy};
+use crate::policy::{Band, Matcher, Ops, Platform, Policy};
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
@@ -127,9 +127,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     }
     let policy = Policy::build(&input);
     for (kind, title) in [
-        (Kind::Allow, "writable"),
-        (Kind::Protected, "protected (the user may grant)"),
-        (Kind::Island, "islands (never writable)"),
+        (Band::Allow, "writable"),
+        (Band::Protected, "protected (the user may grant)"),
+        (Band::Island, "islands (never writable)"),
     ] {
         println!("\n{title}:");
         for rule in policy.rules_of(kind) {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{is_zcode_config_path, sockets, Kind, Matcher, Ops, Policy};
+use crate::policy::{is_zcode_config_path, sockets, Band, Matcher, Ops, Policy};
 
 /// What the planner may ask about the filesystem.
 pub trait Fs {
@@ -286,12 +286,12 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
     let private_tmp_holds = |p: &Path| {
         PRIVATE_TMP.iter().any(|t| p.starts_with(t))
             && policy.rules.iter().any(|r| {
-                r.kind == Kind::Allow
+                r.kind == Band::Allow
                     && matches!(&r.matcher, Matcher::Subpath(s) if PRIVATE_TMP.iter().any(|t| s == Path::new(t)) && p.starts_with(s))
             })
     };
 
-    for rule in policy.rules.iter().filter(|r| r.kind == Kind::Allow) {
+    for rule in policy.rules.iter().filter(|r| r.kind == Band::Allow) {
         // An allow rule a later rule takes back entirely (a project's deny
         // entry holding a device) grants nothing: a read-only mount would
         // not stop a device write, Landlock must not allow it.
@@ -371,7 +371,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
                 names.sort();
                 for name in names.into_iter().filter(|n| n.starts_with(prefix.as_str())) {
                     let p = dir.join(&name);
-                    if policy.evaluate_resolved(&p, crate::policy::Op::Write).kind != Kind::Allow {
+                    if policy.evaluate_resolved(&p, crate::policy::Op::Write).kind != Band::Allow {
                         continue; // an island (the managed root) takes it back
                     }
                     // An empty directory (a lock left over from before) is
@@ -416,7 +416,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
         }
     }
 
-    for rule in policy.rules.iter().filter(|r| r.kind != Kind::Allow) {
+    for rule in policy.rules.iter().filter(|r| r.kind != Band::Allow) {
         match (&rule.matcher, rule.ops) {
             // Exactly this name, a symlink: the link itself is held (where
             // it leads has a rule of its own, see `build_resolving_links`).
@@ -439,7 +439,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
                 }
                 if fs.exists(p) {
                     push_unique(&mut plan.readonly, step(p, &rule.why));
-                } else if rule.kind == Kind::Protected {
+                } else if rule.kind == Band::Protected {
                     plan.gaps.push(step(
                         p,
                         "protected, but it does not exist when the sandbox is armed: a write can create it",
@@ -515,7 +515,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
     // `.zcode` entry is an island by its name only, what is in it is not:
     // its mount root follows the grant, and its `acp` is read-only again.)
     let island =
-        |p: &Path| policy.evaluate_resolved(p, crate::policy::Op::Write).kind == Kind::Island;
+        |p: &Path| policy.evaluate_resolved(p, crate::policy::Op::Write).kind == Band::Island;
     let island_tree = |p: &Path| island(p) && island(&p.join("any"));
     plan.reopen.retain(|r| !island_tree(&r.path));
     // Nor does any allow rule bind one writable (a workspace opened inside

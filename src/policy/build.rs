@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::protected::{Entry, Shape, IN_GIT_DIR, IN_WORK_TREE};
-use super::{Kind, Matcher, Ops, Policy, Rule};
+use super::{Band, Matcher, Ops, Policy, Rule};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Platform {
@@ -100,7 +100,7 @@ pub struct PolicyInput {
 
 fn allow(matcher: Matcher, why: impl Into<String>) -> Rule {
     Rule {
-        kind: Kind::Allow,
+        kind: Band::Allow,
         matcher,
         ops: Ops::All,
         why: why.into(),
@@ -132,7 +132,7 @@ fn protect_entries(
 
 fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
     Rule {
-        kind: Kind::Protected,
+        kind: Band::Protected,
         matcher,
         ops: Ops::All,
         why: why.into(),
@@ -146,7 +146,7 @@ fn protect(matcher: Matcher, why: impl Into<String>, promptable: bool) -> Rule {
 
 fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
     Rule {
-        kind: Kind::Island,
+        kind: Band::Island,
         matcher,
         ops: Ops::All,
         why: why.into(),
@@ -158,7 +158,7 @@ fn island(matcher: Matcher, why: impl Into<String>) -> Rule {
     }
 }
 
-fn pin(kind: Kind, dir: &Path, why: impl Into<String>) -> Rule {
+fn pin(kind: Band, dir: &Path, why: impl Into<String>) -> Rule {
     Rule {
         kind,
         matcher: Matcher::Literal(dir.to_path_buf()),
@@ -418,7 +418,7 @@ impl Policy {
                 for dir in dirs_between(root, subject) {
                     if !pinned.contains(&dir) {
                         protected.push(pin(
-                            Kind::Protected,
+                            Band::Protected,
                             &dir,
                             format!(
                                 "holds the protected {}: cannot be renamed or removed",
@@ -475,7 +475,7 @@ impl Policy {
         for root in &input.roots {
             if !pinned.contains(&root.path) {
                 islands.push(pin(
-                    Kind::Island,
+                    Band::Island,
                     &root.path,
                     "a workspace root cannot be renamed or removed: the islands inside it would move with it",
                 ));
@@ -515,7 +515,7 @@ impl Policy {
         input.links = first
             .rules
             .iter()
-            .filter(|r| r.kind == Kind::Protected && r.ops == Ops::All)
+            .filter(|r| r.kind == Band::Protected && r.ops == Ops::All)
             .filter_map(|r| r.matcher.path())
             .filter_map(|p| chain(p).map(|c| (p.to_path_buf(), c)))
             .collect();
@@ -678,16 +678,16 @@ mod tests {
         let k = |path: &str, op: Op| decide(&p, path, op).kind;
         assert_eq!(
             k("/home/u/proj/shared/tools/hooks/pre-commit", Op::Write),
-            Kind::Protected
+            Band::Protected
         );
         // The directories on the way are pinned, the link between is held.
-        assert_eq!(k("/home/u/proj/shared", Op::Remove), Kind::Protected);
-        assert_eq!(k("/home/u/proj/tools", Op::Write), Kind::Protected);
+        assert_eq!(k("/home/u/proj/shared", Op::Remove), Band::Protected);
+        assert_eq!(k("/home/u/proj/tools", Op::Write), Band::Protected);
         assert_eq!(
             k("/home/u/proj/shared/tools/other.sh", Op::Write),
-            Kind::Allow
+            Band::Allow
         );
-        assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Protected);
+        assert_eq!(k("/home/u/proj/.git", Op::Write), Band::Protected);
         // A grant (a real path: made through the link, it names where the
         // link leads) opens what it names.
         input.once_allows = vec!["/home/u/proj/shared/tools/hooks/pre-push".into()];
@@ -699,7 +699,7 @@ mod tests {
                 Op::Write
             )
             .kind,
-            Kind::Allow
+            Band::Allow
         );
         assert_eq!(
             decide(
@@ -708,7 +708,7 @@ mod tests {
                 Op::Write
             )
             .kind,
-            Kind::Protected
+            Band::Protected
         );
         let without = Policy::build(&sample());
         assert_eq!(
@@ -718,7 +718,7 @@ mod tests {
                 Op::Write
             )
             .kind,
-            Kind::Allow
+            Band::Allow
         );
     }
 
@@ -737,65 +737,65 @@ mod tests {
             "/home/u/proj/.pre-commit-config.yaml",
             "/home/u/proj/lefthook.yml",
         ] {
-            assert_eq!(k(path), Kind::Protected, "{path}");
+            assert_eq!(k(path), Band::Protected, "{path}");
         }
-        assert_eq!(k("/home/u/proj/.husky-notes.md"), Kind::Allow);
+        assert_eq!(k("/home/u/proj/.husky-notes.md"), Band::Allow);
     }
 
     #[test]
     fn the_sample_policy_decides_as_documented() {
         let p = Policy::build(&sample());
         let k = |path: &str, op: Op| decide(&p, path, op).kind;
-        assert_eq!(k("/home/u/proj/src/main.rs", Op::Write), Kind::Allow);
-        assert_eq!(k("/home/u/proj/.git/objects/ab/cd", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/proj/src/main.rs", Op::Write), Band::Allow);
+        assert_eq!(k("/home/u/proj/.git/objects/ab/cd", Op::Write), Band::Allow);
         assert_eq!(
             k("/home/u/proj/.git/hooks/pre-commit", Op::Write),
-            Kind::Protected
+            Band::Protected
         );
-        assert_eq!(k("/home/u/proj/.git/config", Op::Write), Kind::Protected);
+        assert_eq!(k("/home/u/proj/.git/config", Op::Write), Band::Protected);
         assert_eq!(
             k("/home/u/proj/.git/modules/lib/hooks/x", Op::Write),
-            Kind::Protected
+            Band::Protected
         );
         assert_eq!(
             k("/home/u/proj/vendor/lib/.envrc", Op::Write),
-            Kind::Protected
+            Band::Protected
         );
         assert_eq!(
             k("/home/u/proj/.vscode/tasks.json", Op::Write),
-            Kind::Protected
+            Band::Protected
         );
         assert!(!decide(&p, "/home/u/proj/secrets/k", Op::Write).promptable);
         assert!(decide(&p, "/home/u/proj/.envrc", Op::Write).promptable);
         // Pins: .git cannot be moved away from its protected hooks.
-        assert_eq!(k("/home/u/proj/.git", Op::Remove), Kind::Protected);
-        assert_eq!(k("/home/u/proj/.git", Op::Write), Kind::Allow);
-        assert_eq!(k("/home/u/proj", Op::Remove), Kind::Protected);
+        assert_eq!(k("/home/u/proj/.git", Op::Remove), Band::Protected);
+        assert_eq!(k("/home/u/proj/.git", Op::Write), Band::Allow);
+        assert_eq!(k("/home/u/proj", Op::Remove), Band::Protected);
         // Islands.
         assert_eq!(
             k("/home/u/proj/.zcode/acp/sandbox.json", Op::Write),
-            Kind::Island
+            Band::Island
         );
-        assert_eq!(k("/home/u/proj/.zcode", Op::Write), Kind::Island);
-        assert_eq!(k("/home/u/proj/.zcode/notes", Op::Write), Kind::Allow);
+        assert_eq!(k("/home/u/proj/.zcode", Op::Write), Band::Island);
+        assert_eq!(k("/home/u/proj/.zcode/notes", Op::Write), Band::Allow);
         assert_eq!(
             k("/tmp/other/.zcode/acp/sandbox.json", Op::Write),
-            Kind::Island
+            Band::Island
         );
-        assert_eq!(k("/data/shared/x/.zcode/acp", Op::Write), Kind::Island);
-        assert_eq!(k("/home/u/.zcode-acp/ledger/x", Op::Write), Kind::Island);
-        assert_eq!(k("/home/u/.zcode-shell-agent/s/t", Op::Write), Kind::Allow);
+        assert_eq!(k("/data/shared/x/.zcode/acp", Op::Write), Band::Island);
+        assert_eq!(k("/home/u/.zcode-acp/ledger/x", Op::Write), Band::Island);
+        assert_eq!(k("/home/u/.zcode-shell-agent/s/t", Op::Write), Band::Allow);
         // `~/.zcode` matches the granted prefix, but a .zcode there could
         // hold the config of a later session rooted at the home directory.
-        assert_eq!(k("/home/u/.zcode", Op::Write), Kind::Island);
+        assert_eq!(k("/home/u/.zcode", Op::Write), Band::Island);
         assert_eq!(
             k("/home/u/.zcode/acp/sandbox.json", Op::Write),
-            Kind::Island
+            Band::Island
         );
         // Outside.
-        assert_eq!(k("/home/u/.bashrc", Op::Write), Kind::Outside);
-        assert_eq!(k("/dev/null", Op::Write), Kind::Allow);
-        assert_eq!(k("/dev/sda", Op::Write), Kind::Outside);
+        assert_eq!(k("/home/u/.bashrc", Op::Write), Band::Outside);
+        assert_eq!(k("/dev/null", Op::Write), Band::Allow);
+        assert_eq!(k("/dev/sda", Op::Write), Band::Outside);
     }
 
     #[test]
@@ -808,18 +808,18 @@ mod tests {
         // ...a grant for the whole workspace does not open its protected paths...
         assert_eq!(
             decide(&p, "/home/u/proj/.git/config", Op::Write).kind,
-            Kind::Protected
+            Band::Protected
         );
         assert_eq!(
             decide(&p, "/home/u/proj/.envrc", Op::Write).kind,
-            Kind::Protected
+            Band::Protected
         );
         // ...and no grant opens an island.
         input.once_allows = vec!["/home/u/proj/.zcode/acp".into()];
         let p = Policy::build(&input);
         assert_eq!(
             decide(&p, "/home/u/proj/.zcode/acp/sandbox.json", Op::Write).kind,
-            Kind::Island
+            Band::Island
         );
     }
 
@@ -830,7 +830,7 @@ mod tests {
         let p = Policy::build(&input);
         assert_eq!(
             decide(&p, "/home/u/proj/.git/objects/x", Op::Write).kind,
-            Kind::Protected
+            Band::Protected
         );
         assert!(decide(&p, "/home/u/proj/.git/objects/x", Op::Write).promptable);
     }
@@ -856,19 +856,19 @@ mod tests {
         let p = Policy::build(&input);
         assert_eq!(
             decide(&p, "/home/u/main/.git/worktrees/proj/HEAD", Op::Write).kind,
-            Kind::Allow
+            Band::Allow
         );
         assert_eq!(
             decide(&p, "/home/u/main/.git/objects/x", Op::Write).kind,
-            Kind::Allow
+            Band::Allow
         );
         assert_eq!(
             decide(&p, "/home/u/main/.git/hooks/post-checkout", Op::Write).kind,
-            Kind::Protected
+            Band::Protected
         );
         assert_eq!(
             decide(&p, "/home/u/main/src/x", Op::Write).kind,
-            Kind::Outside
+            Band::Outside
         );
     }
 }

@@ -38,7 +38,7 @@ pub enum Op {
 /// Which band decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum Band {
     Allow,
     Protected,
     Island,
@@ -46,13 +46,13 @@ pub enum Kind {
     Outside,
 }
 
-impl std::fmt::Display for Kind {
+impl std::fmt::Display for Band {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Kind::Allow => "allow",
-            Kind::Protected => "protected",
-            Kind::Island => "island",
-            Kind::Outside => "outside",
+            Band::Allow => "allow",
+            Band::Protected => "protected",
+            Band::Island => "island",
+            Band::Outside => "outside",
         })
     }
 }
@@ -123,7 +123,7 @@ pub enum Ops {
 /// One rule of the policy.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
-    pub kind: Kind,
+    pub kind: Band,
     pub matcher: Matcher,
     pub ops: Ops,
     /// Why the rule is there, in words a user understands.
@@ -152,7 +152,7 @@ impl Rule {
     }
 
     pub fn allows(&self) -> bool {
-        self.kind == Kind::Allow
+        self.kind == Band::Allow
     }
 }
 
@@ -160,7 +160,7 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
-    pub kind: Kind,
+    pub kind: Band,
     /// The deciding rule's reason, if a rule decided.
     pub rule: Option<String>,
     /// Whether a protected denial may be put to the user.
@@ -188,12 +188,12 @@ impl Policy {
                 allowed: rule.allows(),
                 kind: rule.kind,
                 rule: Some(rule.why.clone()),
-                promptable: rule.kind == Kind::Protected && rule.promptable,
+                promptable: rule.kind == Band::Protected && rule.promptable,
                 dangerous: rule.dangerous,
             },
             None => Decision {
                 allowed: false,
-                kind: Kind::Outside,
+                kind: Band::Outside,
                 rule: None,
                 promptable: true,
                 dangerous: false,
@@ -208,7 +208,7 @@ impl Policy {
         Ok((real, decision))
     }
 
-    pub fn rules_of(&self, kind: Kind) -> impl Iterator<Item = &Rule> {
+    pub fn rules_of(&self, kind: Band) -> impl Iterator<Item = &Rule> {
         self.rules.iter().filter(move |r| r.kind == kind)
     }
 }
@@ -217,7 +217,7 @@ impl Policy {
 mod tests {
     use super::*;
 
-    fn rule(kind: Kind, matcher: Matcher, ops: Ops) -> Rule {
+    fn rule(kind: Band, matcher: Matcher, ops: Ops) -> Rule {
         Rule {
             kind,
             matcher,
@@ -236,33 +236,33 @@ mod tests {
         let p = Policy {
             network: Default::default(),
             rules: vec![
-                rule(Kind::Allow, Matcher::Subpath("/w".into()), Ops::All),
+                rule(Band::Allow, Matcher::Subpath("/w".into()), Ops::All),
                 rule(
-                    Kind::Protected,
+                    Band::Protected,
                     Matcher::Subpath("/w/.git/hooks".into()),
                     Ops::All,
                 ),
                 rule(
-                    Kind::Island,
+                    Band::Island,
                     Matcher::Literal("/w/.git".into()),
                     Ops::RemoveOnly,
                 ),
             ],
         };
         let d = |path: &str, op| p.evaluate_resolved(Path::new(path), op);
-        assert_eq!(d("/w/src/a.rs", Op::Write).kind, Kind::Allow);
+        assert_eq!(d("/w/src/a.rs", Op::Write).kind, Band::Allow);
         assert!(d("/w/src/a.rs", Op::Write).allowed);
         assert_eq!(
             d("/w/.git/hooks/pre-commit", Op::Write).kind,
-            Kind::Protected
+            Band::Protected
         );
-        assert_eq!(d("/w/.git/hooks", Op::Remove).kind, Kind::Protected);
+        assert_eq!(d("/w/.git/hooks", Op::Remove).kind, Band::Protected);
         // An ancestor pin stops renames, not writes.
         assert!(d("/w/.git", Op::Write).allowed);
         assert!(!d("/w/.git", Op::Remove).allowed);
-        assert_eq!(d("/x", Op::Write).kind, Kind::Outside);
+        assert_eq!(d("/x", Op::Write).kind, Band::Outside);
         // Component-wise, not string prefixes.
-        assert_eq!(d("/wx/a", Op::Write).kind, Kind::Outside);
+        assert_eq!(d("/wx/a", Op::Write).kind, Band::Outside);
     }
 
     #[test]

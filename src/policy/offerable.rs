@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::{Decision, Kind};
+use super::{Band, Decision};
 
 /// Why a write to `path` (a real path) that the policy refused as
 /// `decision` may never be granted, if it may not: the one answer the
@@ -14,10 +14,10 @@ use super::{Decision, Kind};
 pub fn refusal(path: &Path, decision: &Decision, home: Option<&Path>) -> Option<String> {
     let rule = decision.rule.as_deref().unwrap_or("no rule allows it");
     match decision.kind {
-        Kind::Island => Some(format!(
+        Band::Island => Some(format!(
             "it is the sandbox's own configuration ({rule}), which no grant opens"
         )),
-        Kind::Protected if !decision.promptable => Some(format!("it is never allowed ({rule})")),
+        Band::Protected if !decision.promptable => Some(format!("it is never allowed ({rule})")),
         _ => never_granted(path, home)
             .map(|never| format!("{rule}, and zcode-acp never offers it: {never}")),
     }

@@ -329,7 +329,7 @@ pub fn collect_outputs(call: &CallDir, file_cap: u64, total_cap: u64) -> Vec<Out
         Ok(out) => walk(&out, "", &mut found, 0),
         Err(e) => found.push(Found {
             rel: "(the output directory)".into(),
-            kind: Kind::Other(format!("was replaced or removed by the run ({e})")),
+            kind: EntryKind::Other(format!("was replaced or removed by the run ({e})")),
             dir: None,
             name: OsString::new(),
         }),
@@ -337,7 +337,10 @@ pub fn collect_outputs(call: &CallDir, file_cap: u64, total_cap: u64) -> Vec<Out
     found.sort_by(|a, b| a.rel.cmp(&b.rel));
     let mut total = 0u64;
     let mut out = Vec::with_capacity(found.len());
-    for f in found.into_iter().filter(|f| !matches!(f.kind, Kind::Dir)) {
+    for f in found
+        .into_iter()
+        .filter(|f| !matches!(f.kind, EntryKind::Dir))
+    {
         let mut entry = Output {
             mime_type: mime_for(&f.rel).to_owned(),
             path: f.rel,
@@ -348,7 +351,7 @@ pub fn collect_outputs(call: &CallDir, file_cap: u64, total_cap: u64) -> Vec<Out
             data: None,
         };
         match f.kind {
-            Kind::File(bytes) => {
+            EntryKind::File(bytes) => {
                 entry.bytes = bytes;
                 if bytes > file_cap {
                     entry.skipped = Some(format!(
@@ -382,8 +385,8 @@ pub fn collect_outputs(call: &CallDir, file_cap: u64, total_cap: u64) -> Vec<Out
                     }
                 }
             }
-            Kind::Other(why) => entry.skipped = Some(why),
-            Kind::Dir => continue,
+            EntryKind::Other(why) => entry.skipped = Some(why),
+            EntryKind::Dir => continue,
         }
         out.push(entry);
     }
@@ -392,13 +395,13 @@ pub fn collect_outputs(call: &CallDir, file_cap: u64, total_cap: u64) -> Vec<Out
 
 struct Found {
     rel: String,
-    kind: Kind,
+    kind: EntryKind,
     /// The directory holding it, and its name there.
     dir: Option<std::rc::Rc<OwnedFd>>,
     name: OsString,
 }
 
-enum Kind {
+enum EntryKind {
     File(u64),
     /// Listed only to bound the walk; not in the result.
     Dir,
@@ -413,7 +416,7 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
         Err(e) => {
             found.push(Found {
                 rel: format!("{prefix}(a directory)"),
-                kind: Kind::Other(format!("cannot be listed: {e}")),
+                kind: EntryKind::Other(format!("cannot be listed: {e}")),
                 dir: None,
                 name: OsString::new(),
             });
@@ -425,7 +428,7 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
         if found.len() >= MAX_OUTPUT_ENTRIES {
             found.push(Found {
                 rel: format!("{prefix}..."),
-                kind: Kind::Other(format!(
+                kind: EntryKind::Other(format!(
                     "more entries than the {MAX_OUTPUT_ENTRIES} listed; the rest are not read"
                 )),
                 dir: None,
@@ -437,7 +440,7 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
         match kind {
             libc::S_IFDIR if depth >= 16 => found.push(Found {
                 rel,
-                kind: Kind::Other("nested too deep".into()),
+                kind: EntryKind::Other("nested too deep".into()),
                 dir: None,
                 name,
             }),
@@ -446,7 +449,7 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
                     // A directory counts toward the listing's bound too.
                     found.push(Found {
                         rel: format!("{rel}/"),
-                        kind: Kind::Dir,
+                        kind: EntryKind::Dir,
                         dir: None,
                         name: OsString::new(),
                     });
@@ -454,7 +457,7 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
                 }
                 Err(e) => found.push(Found {
                     rel,
-                    kind: Kind::Other(format!("a directory that cannot be read: {e}")),
+                    kind: EntryKind::Other(format!("a directory that cannot be read: {e}")),
                     dir: None,
                     name,
                 }),
@@ -466,20 +469,20 @@ fn walk(dir: &OwnedFd, prefix: &str, found: &mut Vec<Found>, depth: usize) {
                         .unwrap_or(0);
                 found.push(Found {
                     rel,
-                    kind: Kind::File(size),
+                    kind: EntryKind::File(size),
                     dir: shared.clone(),
                     name,
                 })
             }
             libc::S_IFLNK => found.push(Found {
                 rel,
-                kind: Kind::Other("a symbolic link, not a regular file".into()),
+                kind: EntryKind::Other("a symbolic link, not a regular file".into()),
                 dir: None,
                 name,
             }),
             _ => found.push(Found {
                 rel,
-                kind: Kind::Other("a special file, not a regular file".into()),
+                kind: EntryKind::Other("a special file, not a regular file".into()),
                 dir: None,
                 name,
             }),

@@ -228,7 +228,7 @@ impl Scan {
 
 /// What to do with a piece of the input.
 #[derive(Debug, PartialEq)]
-pub enum Step {
+pub enum Piece {
     /// Pass these bytes to the SDK.
     Pass(Vec<u8>),
     /// An over-long line ended: answer it.
@@ -255,7 +255,7 @@ impl LineGuard {
         }
     }
 
-    pub fn feed(&mut self, mut chunk: &[u8]) -> Vec<Step> {
+    pub fn feed(&mut self, mut chunk: &[u8]) -> Vec<Piece> {
         let mut steps = Vec::new();
         while !chunk.is_empty() {
             let (line, ended) = match memchr::memchr(b'\n', chunk) {
@@ -274,12 +274,12 @@ impl LineGuard {
                 pass.push(b'\n');
             }
             if !pass.is_empty() {
-                steps.push(Step::Pass(pass));
+                steps.push(Piece::Pass(pass));
             }
             if ended {
                 let scan = std::mem::take(&mut self.scan);
                 if over {
-                    steps.push(Step::Refuse(scan.found(self.len)));
+                    steps.push(Piece::Refuse(scan.found(self.len)));
                 }
                 self.len = 0;
             }
@@ -328,12 +328,12 @@ async fn pass_input<F>(
         };
         for step in guard.feed(&chunk[..n]) {
             match step {
-                Step::Pass(bytes) => {
+                Piece::Pass(bytes) => {
                     if sdk.write_all(&bytes).await.is_err() {
                         return;
                     }
                 }
-                Step::Refuse(over) => {
+                Piece::Refuse(over) => {
                     tracing::warn!(
                         bytes = over.bytes,
                         "a request longer than {MAX_LINE} bytes was refused unread"
@@ -443,13 +443,13 @@ mod tests {
     fn a_line_past_the_bound_is_cut_where_the_sdk_drops_it_and_refused_once_it_ends() {
         let mut g = LineGuard::new(20);
         let short = b"{\"id\":1}\n";
-        assert_eq!(g.feed(short), vec![Step::Pass(short.to_vec())]);
+        assert_eq!(g.feed(short), vec![Piece::Pass(short.to_vec())]);
         // Exactly the bound, newline included: passed whole.
         let exact = format!("{{\"id\":2,\"x\":\"{}\"}}\n", "a".repeat(4));
         assert_eq!(exact.len(), 20);
         assert_eq!(
             g.feed(exact.as_bytes()),
-            vec![Step::Pass(exact.as_bytes().to_vec())]
+            vec![Piece::Pass(exact.as_bytes().to_vec())]
         );
         // One more: 20 bytes pass, then its newline (21 > 20, dropped by
         // a reader bounded at 20), then the refusal.
@@ -459,8 +459,8 @@ mod tests {
         for piece in long.as_bytes().chunks(4) {
             for step in g.feed(piece) {
                 match step {
-                    Step::Pass(b) => passed.extend(b),
-                    Step::Refuse(o) => refused.push(o),
+                    Piece::Pass(b) => passed.extend(b),
+                    Piece::Refuse(o) => refused.push(o),
                 }
             }
         }
@@ -471,6 +471,6 @@ mod tests {
         assert_eq!(refused[0].id, Some(json!(3)));
         assert_eq!(refused[0].bytes, long.len());
         // And the next line is its own again.
-        assert_eq!(g.feed(short), vec![Step::Pass(short.to_vec())]);
+        assert_eq!(g.feed(short), vec![Piece::Pass(short.to_vec())]);
     }
 }

@@ -12,7 +12,7 @@ pub mod violations;
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::policy::{Kind, Matcher, Ops, Policy, Rule};
+use crate::policy::{Band, Matcher, Ops, Policy, Rule};
 use quote::QuoteError;
 
 /// The fixed head of every profile.
@@ -91,7 +91,7 @@ fn emit_allow(
     let excluded: Vec<String> = denials
         .iter()
         .filter(|d| {
-            (!islands_only || d.kind == Kind::Island) && may_overlap(&d.matcher, &rule.matcher)
+            (!islands_only || d.kind == Band::Island) && may_overlap(&d.matcher, &rule.matcher)
         })
         .map(|d| filter(&d.matcher).map(|f| format!("(require-not {f})")))
         .collect::<Result<_, _>>()?;
@@ -140,15 +140,15 @@ pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String
     }
     for (kind, title) in [
         (
-            Kind::Protected,
+            Band::Protected,
             "protected: denied; the user may grant them in the editor",
         ),
         (
-            Kind::Island,
+            Band::Island,
             "islands: never writable, and no grant opens them",
         ),
     ] {
-        if kind == Kind::Island {
+        if kind == Band::Island {
             // The user's grants for protected paths come after the protected
             // band (they open what they name) and before the islands.
             let reopened: Vec<&Rule> = policy.rules.iter().filter(|r| r.reopens).collect();
