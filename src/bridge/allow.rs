@@ -96,7 +96,7 @@ impl Bridge {
                     &session,
                     list,
                     &entry,
-                    Err("the session's workspace is gone".into()),
+                    Err(super::disk::DiskError::WorkspaceGone),
                 ),
             }
         }
@@ -110,7 +110,7 @@ impl Bridge {
         session: &str,
         list: List,
         entry: &str,
-        result: Result<(), String>,
+        result: Result<(), super::disk::DiskError>,
     ) {
         if let (Err(why), List::Allow) = (result, list) {
             let text = format!(
@@ -368,7 +368,11 @@ impl Bridge {
     }
 
     /// A hand edit's approval is on disk (or could not be written).
-    pub(super) fn after_approval(&mut self, root: PathBuf, result: Result<(), String>) {
+    pub(super) fn after_approval(
+        &mut self,
+        root: PathBuf,
+        result: Result<(), super::disk::DiskError>,
+    ) {
         match result {
             // Re-arm so direct writes see the accepted entries too.
             Ok(()) => self.request_restart(&format!(

@@ -29,11 +29,11 @@ pub(super) enum DiskDone {
         session: String,
         list: List,
         entry: String,
-        result: Result<(), String>,
+        result: Result<(), DiskError>,
     },
     Approved {
         root: PathBuf,
-        result: Result<(), String>,
+        result: Result<(), DiskError>,
     },
     /// A project's template and ledger, on its first session.
     Prepared { root: PathBuf },
@@ -50,13 +50,13 @@ pub(super) enum DiskDone {
         what: String,
         /// It opened a host loopback port (mirrored from the next arming).
         mirrored: bool,
-        result: Result<(), String>,
+        result: Result<(), DiskError>,
     },
 }
 
 impl std::fmt::Display for DiskDone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let outcome = |r: &Result<(), String>| match r {
+        let outcome = |r: &Result<(), DiskError>| match r {
             Ok(()) => "done".to_owned(),
             Err(e) => format!("failed: {e}"),
         };
@@ -78,11 +78,29 @@ impl std::fmt::Display for DiskDone {
     }
 }
 
+/// Why a write to a project's files did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DiskError {
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    /// The session's workspace cannot be found any more (moved or
+    /// removed): there is no sandbox.json to write.
+    #[error("the session's workspace is gone")]
+    WorkspaceGone,
+    /// What was allowed cannot be written as a network table entry.
+    #[error("{0}")]
+    NotATableEntry(String),
+    /// The work panicked: reported like work that failed, so nothing
+    /// waits on it forever.
+    #[error("zcode-acp failed while writing it (a bug: please report it)")]
+    Panicked,
+}
+
 /// Runs `work`, turning a panic into an error the loop hears about.
-fn guarded<T>(work: impl FnOnce() -> Result<T, WriteError>) -> Result<T, String> {
+fn guarded<T>(work: impl FnOnce() -> Result<T, WriteError>) -> Result<T, DiskError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("zcode-acp failed while writing it (a bug: please report it)".into()),
+        Ok(result) => Ok(result?),
+        Err(_) => Err(DiskError::Panicked),
     }
 }
 

@@ -398,12 +398,17 @@ impl Bridge {
                 self.disk
                     .record_network(&self.cfg.managed, root, table, prompt.session, what)
             }
-            (Err(why), _) => self.after_network_record(&prompt.session, &what, false, Err(why)),
+            (Err(why), _) => self.after_network_record(
+                &prompt.session,
+                &what,
+                false,
+                Err(super::disk::DiskError::NotATableEntry(why)),
+            ),
             (_, None) => self.after_network_record(
                 &prompt.session,
                 &what,
                 false,
-                Err("the session's workspace is gone".into()),
+                Err(super::disk::DiskError::WorkspaceGone),
             ),
         }
     }
@@ -415,7 +420,7 @@ impl Bridge {
         session: &str,
         what: &str,
         mirrored: bool,
-        result: Result<(), String>,
+        result: Result<(), super::disk::DiskError>,
     ) {
         if result.is_ok() && mirrored {
             // A host port is reached directly (not only through the proxy)

@@ -106,22 +106,21 @@ impl Join {
 
     /// Opens the namespaces, checking each is the one named. Nothing is
     /// changed yet: a failure leaves the caller free to build its own.
-    pub fn open(&self) -> Result<Opened, String> {
+    pub fn open(&self) -> Result<Opened, NotJoinable> {
         if stat_of(self.pid) != Some((self.parent, self.started)) {
-            return Err(format!(
-                "process {} is no longer the generation's helper (the generation has ended)",
-                self.pid
-            ));
+            return Err(NotJoinable::HelperGone(self.pid));
         }
         let mut fds = Vec::new();
         for (kind, flag, named) in self.kinds() {
             let path = format!("/proc/{}/ns/{kind}", self.pid);
-            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-            let ino = file.metadata().map_err(|e| format!("{path}: {e}"))?.ino();
+            let unreadable = |source| NotJoinable::Unreadable {
+                path: path.clone(),
+                source,
+            };
+            let file = std::fs::File::open(&path).map_err(unreadable)?;
+            let ino = file.metadata().map_err(unreadable)?.ino();
             if ino != named {
-                return Err(format!(
-                    "{path} is not the generation's namespace (the generation has ended)"
-                ));
+                return Err(NotJoinable::OtherNamespace(path));
             }
             fds.push((kind, OwnedFd::from(file), flag));
         }
@@ -131,10 +130,7 @@ impl Join {
         if let Some(slot) = &self.slot {
             let base = slot.parent().unwrap_or(std::path::Path::new("/"));
             if super::layers::held_by(self.pid, base).as_ref() != Some(slot) {
-                return Err(format!(
-                    "process {} no longer holds its caches' slot (the generation has ended)",
-                    self.pid
-                ));
+                return Err(NotJoinable::SlotReleased(self.pid));
             }
         }
         Ok(Opened {
@@ -142,6 +138,23 @@ impl Join {
             root: PathBuf::from(format!("/proc/{}/root", self.pid)),
         })
     }
+}
+
+/// Why a generation's namespaces cannot be joined (the caller then arms
+/// a set of its own).
+#[derive(Debug, thiserror::Error)]
+pub enum NotJoinable {
+    #[error("process {0} is no longer the generation's helper (the generation has ended)")]
+    HelperGone(i32),
+    #[error("{path}: {source}")]
+    Unreadable {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0} is not the generation's namespace (the generation has ended)")]
+    OtherNamespace(String),
+    #[error("process {0} no longer holds its caches' slot (the generation has ended)")]
+    SlotReleased(i32),
 }
 
 /// The generation's namespaces, open and checked.
@@ -297,7 +310,7 @@ mod tests {
         ];
         for join in refused {
             let err = join.open().err().expect("a changed name is refused");
-            assert!(err.contains("generation has ended"), "{err}");
+            assert!(err.to_string().contains("generation has ended"), "{err}");
         }
         child.kill().unwrap();
         child.wait().unwrap();
