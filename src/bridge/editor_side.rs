@@ -78,37 +78,22 @@ impl Bridge {
             let id = id.clone();
             return self.on_editor_response(id, frame);
         }
-        match self.life.phase() {
-            Phase::GaveUp { message, .. } => {
-                let message = message.clone();
-                if let FrameKind::Request { id, .. } = &frame.kind {
-                    if self.life.request_arrived(std::time::Instant::now()) {
-                        tracing::info!(
-                            "starting the agent again: the cool-down after its crashes is over"
-                        );
-                        return self.hold(frame);
-                    }
-                    self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message);
-                }
-            }
-            Phase::ShuttingDown { .. } => {
-                if let FrameKind::Request { id, .. } = &frame.kind {
-                    self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
-                }
-            }
-            Phase::Running => self.dispatch(frame),
-            Phase::Draining if is_cancellation(&frame) => self.dispatch(frame),
-            Phase::Draining | Phase::Starting { .. } | Phase::SettingUp => {
-                if frame.method() == Some("$/cancel_request") && self.cancel_queued(&frame) {
-                    return;
-                }
-                debug!(
-                    method = frame.method(),
-                    "queued an editor message until the backend restart completes"
-                );
-                self.hold(frame);
-            }
+        // Whether it goes on now is the lifecycle's to say (`Bridge::admit`).
+        self.admit(frame)
+    }
+
+    /// Holds an editor message until the backend is back, unless it is a
+    /// `$/cancel_request` of a request held already: that one is answered
+    /// as cancelled instead.
+    pub(super) fn hold_for_backend(&mut self, frame: Frame) {
+        if frame.method() == Some("$/cancel_request") && self.cancel_queued(&frame) {
+            return;
         }
+        debug!(
+            method = frame.method(),
+            "queued an editor message until the backend restart completes"
+        );
+        self.hold(frame);
     }
 
     /// Holds an editor frame until the backend is back. Past the queue's
@@ -163,7 +148,7 @@ impl Bridge {
         true
     }
 
-    fn dispatch(&mut self, frame: Frame) {
+    pub(super) fn dispatch(&mut self, frame: Frame) {
         let Some(generation) = self.generation.as_ref().map(|g| g.id) else {
             // No backend right now (it just died): hold the frame for the
             // next generation.
@@ -579,7 +564,7 @@ impl Bridge {
 
 /// Notifications that must reach a busy backend even while a restart waits
 /// for it to finish: they are how the user stops the turn being waited on.
-fn is_cancellation(frame: &Frame) -> bool {
+pub(super) fn is_cancellation(frame: &Frame) -> bool {
     matches!(frame.method(), Some("session/cancel" | "$/cancel_request"))
 }
 

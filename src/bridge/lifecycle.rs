@@ -80,6 +80,29 @@ pub(super) enum AfterCrash {
     Ignored,
 }
 
+/// What becomes of a message from the editor (a request or a
+/// notification; answers are routed in every phase) in the phase the
+/// bridge is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// It goes through routing to the backend now.
+    Dispatch,
+    /// It waits for the backend to be back (routing holds it).
+    Hold,
+    /// No backend will come for it: a request is answered with this, a
+    /// notification dropped.
+    Refuse(Closed),
+}
+
+/// Why no backend will take an editor message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Closed {
+    /// The bridge gave up on the agent (the message says why, and when
+    /// it starts again).
+    GaveUp(String),
+    ShuttingDown,
+}
+
 #[derive(Debug)]
 pub(super) struct Lifecycle {
     phase: Phase,
@@ -123,10 +146,35 @@ impl Lifecycle {
         self.initialized = true;
     }
 
+    /// A message from the editor (`request`: one awaiting an answer;
+    /// `cancellation`: one cancelling a turn or a request) arrives at
+    /// `now`. While a restart drains, cancellations still reach the
+    /// backend, which is finishing the work they cancel; while the bridge
+    /// has given up, a request after the cool-down starts the agent again
+    /// and waits for it.
+    pub fn admit(&mut self, request: bool, cancellation: bool, now: Instant) -> Admission {
+        match &self.phase {
+            Phase::Running => Admission::Dispatch,
+            Phase::Draining if cancellation => Admission::Dispatch,
+            Phase::Draining | Phase::Starting { .. } | Phase::SettingUp => Admission::Hold,
+            Phase::ShuttingDown { .. } => Admission::Refuse(Closed::ShuttingDown),
+            Phase::GaveUp { message, .. } => {
+                let message = message.clone();
+                if request && self.request_arrived(now) {
+                    tracing::info!(
+                        "starting the agent again: the cool-down after its crashes is over"
+                    );
+                    return Admission::Hold;
+                }
+                Admission::Refuse(Closed::GaveUp(message))
+            }
+        }
+    }
+
     /// An editor request arrived while the bridge had given up: after the
     /// cool-down it starts the agent again (true: hold the request for
     /// it), with a clean slate of crashes.
-    pub fn request_arrived(&mut self, now: Instant) -> bool {
+    fn request_arrived(&mut self, now: Instant) -> bool {
         match &self.phase {
             Phase::GaveUp {
                 retry_after: Some(at),
@@ -499,6 +547,67 @@ mod tests {
         l.started();
         assert_eq!(l.set_up(), (Cause::Asked("re-arm".into()), None));
         assert_eq!(l.phase(), &Phase::Running);
+    }
+
+    #[test]
+    fn each_phase_admits_the_editors_messages_its_own_way() {
+        let t0 = Instant::now();
+        let mut l = life(t0);
+        // Starting, then setting up: everything waits.
+        assert_eq!(l.admit(true, false, t0), Admission::Hold);
+        assert_eq!(l.admit(false, true, t0), Admission::Hold);
+        l.started();
+        assert_eq!(l.admit(true, false, t0), Admission::Hold);
+        l.set_up();
+        assert_eq!(l.admit(true, false, t0), Admission::Dispatch);
+        assert_eq!(l.admit(false, false, t0), Admission::Dispatch);
+        // Draining: only cancellations pass, to the backend finishing the
+        // work they cancel.
+        l.restart_asked("re-arm");
+        assert_eq!(l.admit(false, true, t0), Admission::Dispatch);
+        assert_eq!(l.admit(true, true, t0), Admission::Dispatch);
+        assert_eq!(l.admit(true, false, t0), Admission::Hold);
+        assert_eq!(l.admit(false, false, t0), Admission::Hold);
+        l.drained(t0);
+        assert_eq!(l.admit(false, true, t0), Admission::Hold);
+        // Ending: refused, whatever the message.
+        let mut ending = life(t0);
+        ending.started();
+        ending.set_up();
+        ending.shut_down(t0 + Duration::from_secs(2));
+        for (request, cancellation) in [(true, false), (false, true), (false, false)] {
+            assert_eq!(
+                ending.admit(request, cancellation, t0),
+                Admission::Refuse(Closed::ShuttingDown)
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_after_the_cool_down_starts_the_agent_again_a_notification_does_not() {
+        let t0 = Instant::now();
+        let mut l = Lifecycle::new(t0, 3, Duration::from_secs(30), COOLDOWN);
+        l.started();
+        let AfterCrash::GiveUp(message) = l.crashed(t0, "exit status: 1", &[]) else {
+            panic!("an agent that never answered initialize is given up on");
+        };
+        let refused = Admission::Refuse(Closed::GaveUp(message.clone()));
+        // Within the cool-down: refused with the give-up's message.
+        assert_eq!(l.admit(true, false, t0 + Duration::from_secs(1)), refused);
+        let later = t0 + COOLDOWN;
+        // A notification never starts it.
+        assert_eq!(l.admit(false, false, later), refused);
+        assert!(matches!(l.phase(), Phase::GaveUp { .. }));
+        // A request does, and waits for it.
+        assert_eq!(l.admit(true, false, later), Admission::Hold);
+        assert_eq!(l.phase(), &Phase::Starting { at: later });
+        // Refused for good: never.
+        let mut failed = life(t0);
+        failed.fail("the sandbox cannot be armed".into());
+        assert_eq!(
+            failed.admit(true, false, t0 + COOLDOWN * 10),
+            Admission::Refuse(Closed::GaveUp("the sandbox cannot be armed".into()))
+        );
     }
 
     #[test]

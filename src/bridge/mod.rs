@@ -43,7 +43,7 @@ use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
 use crate::relay::envelope::error_response;
 use crate::relay::writer::{FrameWriter, WriteFailed};
-use crate::relay::RawId;
+use crate::relay::{Frame, FrameKind, RawId};
 use crate::session::SessionTable;
 use track::RestoreCaps;
 
@@ -460,6 +460,31 @@ impl Bridge {
 
     /// Asks for a restart at the next quiescent point. Editor requests that
     /// arrive from now on are queued until the new generation is ready.
+    /// The gate before routing: a message from the editor (not an answer)
+    /// goes through routing now, waits for the backend, or is refused, as
+    /// the lifecycle's phase says. Routing itself never asks.
+    fn admit(&mut self, frame: Frame) {
+        let request = matches!(frame.kind, FrameKind::Request { .. });
+        let cancellation = editor_side::is_cancellation(&frame);
+        match self.life.admit(request, cancellation, Instant::now()) {
+            lifecycle::Admission::Dispatch => self.dispatch(frame),
+            lifecycle::Admission::Hold => self.hold_for_backend(frame),
+            lifecycle::Admission::Refuse(closed) => {
+                let FrameKind::Request { id, .. } = &frame.kind else {
+                    return;
+                };
+                match closed {
+                    lifecycle::Closed::GaveUp(message) => {
+                        self.answer_error(id, codes::BACKEND_UNAVAILABLE, &message)
+                    }
+                    lifecycle::Closed::ShuttingDown => {
+                        self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down")
+                    }
+                }
+            }
+        }
+    }
+
     pub fn request_restart(&mut self, reason: &str) {
         let running = self.life.phase() == &lifecycle::Phase::Running;
         if !self.life.restart_asked(reason) {

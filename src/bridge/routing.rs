@@ -7,11 +7,11 @@
 //! life; the bridge asks it and carries out what it answers. Tests drive it
 //! directly.
 //!
-//! `session/new`, from the editor to the backend and back:
-//! 1. `editor_side::on_editor_frame`: a request; the lifecycle's phase
-//!    (read, never changed here) says whether it goes on now or is held
-//!    here (`hold`) until the backend is back;
-//! 2. `editor_side::dispatch`: `track::editor_request` reads what the
+//! `session/new`, from the editor to the backend and back. Before it, the
+//! loop's gate (`Bridge::admit`) has asked the lifecycle whether editor
+//! messages go on now; while the backend restarts they are held here
+//! (`hold`) and enter at step 1 once it is back (`release_queue`):
+//! 1. `editor_side::dispatch`: `track::editor_request` reads what the
 //!    request will change (a session with its roots); roots the armed
 //!    generation does not cover ask for a re-arm, and the request is held
 //!    for the new generation (`lifecycle`); unarmed, the bridge reads
@@ -20,17 +20,18 @@
 //!    spliced into `params.mcpServers` (`editor_side::with_code_server`,
 //!    `run_code::inject`); `Routes::editor_request` gives it a bridge id,
 //!    spliced in, and the frame goes to the backend;
-//! 3. `backend_side::on_backend_bytes`: the response's id is a bridge id;
+//! 2. `backend_side::on_backend_bytes`: the response's id is a bridge id;
 //!    `Routes::backend_answered` says it was the editor's request and its
 //!    id; `track::apply_success` records the session in the session table;
 //!    the frame goes to the editor with the editor's id spliced back in,
 //!    byte for byte otherwise; the session's editor socket, if one was made
 //!    for it, is bound to it (`code_tools::opened`);
-//! 4. only then, the session's first announcement and any question about
+//! 3. only then, the session's first announcement and any question about
 //!    hand edits of its sandbox.json (the permission side) follow it.
 //!
-//! Nothing on that way asks the permission side anything, and the
-//! lifecycle is only read (step 1) or asked for a re-arm (step 2).
+//! Nothing on that way asks the permission side or the lifecycle
+//! anything; only a root the armed generation does not cover turns it
+//! aside, into a re-arm (step 1).
 
 use std::collections::{HashMap, VecDeque};
 
