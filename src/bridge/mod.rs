@@ -458,8 +458,6 @@ impl Bridge {
         }
     }
 
-    /// Asks for a restart at the next quiescent point. Editor requests that
-    /// arrive from now on are queued until the new generation is ready.
     /// The gate before routing: a message from the editor (not an answer)
     /// goes through routing now, waits for the backend, or is refused, as
     /// the lifecycle's phase says. Routing itself never asks.
@@ -485,6 +483,8 @@ impl Bridge {
         }
     }
 
+    /// Asks for a restart at the next quiescent point. Editor requests that
+    /// arrive from now on are queued until the new generation is ready.
     pub fn request_restart(&mut self, reason: &str) {
         let running = self.life.phase() == &lifecycle::Phase::Running;
         if !self.life.restart_asked(reason) {

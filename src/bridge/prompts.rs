@@ -17,7 +17,7 @@ pub(super) struct PromptOption {
     pub kind: acp::PermissionOptionKind,
 }
 
-const fn answer(
+const fn option(
     id: &'static str,
     name: &'static str,
     kind: acp::PermissionOptionKind,
@@ -26,22 +26,22 @@ const fn answer(
 }
 
 /// The allow flow's four answers.
-pub(super) const ALLOW_ONCE: PromptOption = answer(
+pub(super) const ALLOW_ONCE: PromptOption = option(
     "allow-once",
     "Allow once",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const ALLOW_ALWAYS: PromptOption = answer(
+pub(super) const ALLOW_ALWAYS: PromptOption = option(
     "allow-always",
     "Always allow",
     acp::PermissionOptionKind::AllowAlways,
 );
-pub(super) const REJECT_ONCE: PromptOption = answer(
+pub(super) const REJECT_ONCE: PromptOption = option(
     "reject-once",
     "Don't allow",
     acp::PermissionOptionKind::RejectOnce,
 );
-pub(super) const REJECT_ALWAYS: PromptOption = answer(
+pub(super) const REJECT_ALWAYS: PromptOption = option(
     "reject-always",
     "Never allow",
     acp::PermissionOptionKind::RejectAlways,
@@ -50,24 +50,24 @@ pub(super) const ALLOW_FLOW: &[PromptOption] =
     &[ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS];
 
 /// Hand edits of sandbox.json.
-pub(super) const ACCEPT_CONFIG: PromptOption = answer(
+pub(super) const ACCEPT_CONFIG: PromptOption = option(
     "accept-config",
     "Accept the changes",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const IGNORE_CONFIG: PromptOption = answer(
+pub(super) const IGNORE_CONFIG: PromptOption = option(
     "ignore-config",
     "Keep ignoring them",
     acp::PermissionOptionKind::RejectOnce,
 );
 
 /// What the post-turn audit reverted.
-pub(super) const KEEP: PromptOption = answer(
+pub(super) const KEEP: PromptOption = option(
     "keep",
     "Keep the agent's version",
     acp::PermissionOptionKind::AllowOnce,
 );
-pub(super) const REVERT: PromptOption = answer(
+pub(super) const REVERT: PromptOption = option(
     "revert",
     "Keep it reverted",
     acp::PermissionOptionKind::RejectOnce,
