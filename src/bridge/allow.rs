@@ -318,7 +318,11 @@ impl Bridge {
     /// allow entry, `enabled: false`, `strictGit: false`): until accepted it
     /// is ignored. Put it to the user once per project and bridge.
     pub(super) fn confirm_hand_edits(&mut self, session: &str) {
-        if !self.armed() {
+        // Asked whenever generations are armed from now on, not only when
+        // the running one is: a session opened while a project turns the
+        // sandbox on is restored into the armed generation, under its
+        // project's config.
+        if !self.sandbox.arms() {
             return;
         }
         let Some(roots) = self

@@ -30,8 +30,11 @@
 //!    hand edits of its sandbox.json (the permission side) follow it.
 //!
 //! Nothing on that way asks the permission side or the lifecycle
-//! anything; only a root the armed generation does not cover turns it
-//! aside, into a re-arm (step 1).
+//! anything. Two turns aside from it in step 1 ask the lifecycle for a
+//! re-arm (`Bridge::request_restart`) and hold the request for the new
+//! generation: a root the armed generation does not cover, and a project
+//! that turns the sandbox on. The permission side comes after the answer
+//! has gone (step 3).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -175,9 +175,10 @@ impl Sandbox {
         }
     }
 
-    /// Whether commands started from now on are confined (and so a session
-    /// that brings a root they do not cover needs a new arming). What runs
-    /// already is judged by its own [`Confinement`], not by this.
+    /// Whether generations started from now on are confined (and so a
+    /// session that brings a root they do not cover needs a new arming).
+    /// What runs already, and what it starts, is judged by its own
+    /// [`Confinement`], not by this.
     pub fn arms(&self) -> bool {
         matches!(self, Sandbox::Ready(_))
     }
