@@ -58,12 +58,8 @@ pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
             // The previous path, less its last N bytes, plus a suffix.
             let strip = r.varint()?;
             let keep = previous.len().checked_sub(usize::try_from(strip).ok()?)?;
-            let suffix = r.until_nul()?;
-            if keep + suffix.len() > MAX_PATH {
-                return None;
-            }
             let mut path = previous[..keep].to_vec();
-            path.extend_from_slice(suffix);
+            path.extend_from_slice(r.until_nul()?);
             path
         } else {
             let path = r.until_nul()?.to_vec();
@@ -74,6 +70,8 @@ pub fn gitlinks(index: &[u8], hash_len: usize) -> Option<Vec<PathBuf>> {
             r.take(padded - len)?;
             path
         };
+        // The previous path is at most this long, so no path grows past
+        // it by more than what the index itself holds.
         if path.len() > MAX_PATH {
             return None;
         }

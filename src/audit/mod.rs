@@ -881,6 +881,13 @@ mod tests {
         assert!(ok, "git {args:?}");
     }
 
+    /// A repository at `dir` (made if missing) with one empty commit.
+    fn committed_repo(dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        git(dir, &["init", "-q"]);
+        git(dir, &["commit", "-q", "--allow-empty", "-m", "x"]);
+    }
+
     /// A git directory made outside the roots (in the common directory of
     /// the linked worktree that is the root) is reported, and the worktree's
     /// own `.git` file, which was there when armed, is never removed.
@@ -889,10 +896,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let t = std::fs::canonicalize(t.path()).unwrap();
         let (main, home) = (t.join("main"), t.join("h"));
-        std::fs::create_dir_all(&main).unwrap();
         std::fs::create_dir_all(&home).unwrap();
-        git(&main, &["init", "-q"]);
-        git(&main, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        committed_repo(&main);
         let root = t.join("wt");
         git(&main, &["worktree", "add", "-q", root.to_str().unwrap()]);
         let pointer = std::fs::read(root.join(".git")).unwrap();
@@ -925,14 +930,10 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let t = std::fs::canonicalize(t.path()).unwrap();
         let (root, home) = (t.join("w"), t.join("h"));
-        std::fs::create_dir_all(&root).unwrap();
         std::fs::create_dir_all(&home).unwrap();
-        git(&root, &["init", "-q"]);
-        git(&root, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        committed_repo(&root);
         let lib = root.join("node_modules/lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        git(&lib, &["init", "-q"]);
-        git(&lib, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        committed_repo(&lib);
         std::fs::write(lib.join(".git/hooks/pre-commit"), "#!/bin/sh\nnpm test\n").unwrap();
         let head = String::from_utf8(
             std::process::Command::new("git")
@@ -962,16 +963,12 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let t = std::fs::canonicalize(t.path()).unwrap();
         let (root, home) = (t.join("w"), t.join("h"));
-        std::fs::create_dir_all(&root).unwrap();
         std::fs::create_dir_all(&home).unwrap();
-        git(&root, &["init", "-q"]);
-        git(&root, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        committed_repo(&root);
         let base = armed(&root, &home);
         assert!(base.audit().is_empty());
         let evil = root.join("node_modules/evil");
-        std::fs::create_dir_all(&evil).unwrap();
-        git(&evil, &["init", "-q"]);
-        git(&evil, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        committed_repo(&evil);
         git(&evil, &["config", "core.fsmonitor", "touch /nonexistent/x"]);
         // Not yet linked: the walk skips node_modules, and nothing links it.
         assert!(base.audit().is_empty());

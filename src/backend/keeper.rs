@@ -49,16 +49,15 @@ pub fn run(bridge: i32, argv: &[String]) -> i32 {
         );
     }
     // Every signal the keeper acts on is taken from a mask, in order.
-    let mut waited = SigSet::empty();
-    for s in [
+    let waited: SigSet = [
         Signal::SIGCHLD,
         Signal::SIGUSR1,
         Signal::SIGTERM,
         Signal::SIGINT,
         Signal::SIGHUP,
-    ] {
-        waited.add(s);
-    }
+    ]
+    .into_iter()
+    .collect();
     let mut old = SigSet::empty();
     if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&waited), Some(&mut old)) {
         eprintln!("zcode-acp keeper: cannot block signals ({e})");

@@ -25,16 +25,15 @@ impl Shield {
         unsafe {
             nix::sys::signal::signal(Signal::SIGCHLD, nix::sys::signal::SigHandler::SigDfl)?;
         }
-        let mut held = SigSet::empty();
-        for s in [
+        let held: SigSet = [
             Signal::SIGCHLD,
             Signal::SIGINT,
             Signal::SIGQUIT,
             Signal::SIGTERM,
             Signal::SIGHUP,
-        ] {
-            held.add(s);
-        }
+        ]
+        .into_iter()
+        .collect();
         let old = held.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
         Ok(Shield { old, held })
     }

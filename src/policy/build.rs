@@ -691,35 +691,16 @@ mod tests {
         // A grant (a real path: made through the link, it names where the
         // link leads) opens what it names.
         input.once_allows = vec!["/home/u/proj/shared/tools/hooks/pre-push".into()];
+        let write = |p: &Policy, path: &str| decide(p, path, Op::Write).kind;
+        let (push, commit) = (
+            "/home/u/proj/shared/tools/hooks/pre-push",
+            "/home/u/proj/shared/tools/hooks/pre-commit",
+        );
         let granted = Policy::build(&input);
-        assert_eq!(
-            decide(
-                &granted,
-                "/home/u/proj/shared/tools/hooks/pre-push",
-                Op::Write
-            )
-            .kind,
-            Band::Allow
-        );
-        assert_eq!(
-            decide(
-                &granted,
-                "/home/u/proj/shared/tools/hooks/pre-commit",
-                Op::Write
-            )
-            .kind,
-            Band::Protected
-        );
+        assert_eq!(write(&granted, push), Band::Allow);
+        assert_eq!(write(&granted, commit), Band::Protected);
         let without = Policy::build(&sample());
-        assert_eq!(
-            decide(
-                &without,
-                "/home/u/proj/shared/tools/hooks/pre-commit",
-                Op::Write
-            )
-            .kind,
-            Band::Allow
-        );
+        assert_eq!(write(&without, commit), Band::Allow);
     }
 
     /// Tools that run what a work-tree file lists on the user's next commit
