@@ -1044,6 +1044,13 @@ fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
     // A re-armed agent (its sandbox made anew, covering the sockets bound
     // before it) still reaches the editor from code.
     common::sighup(ed.pid());
+    // The next turn must reach the new generation: sent before the bridge
+    // took the signal, it would run in the old sandbox and prove nothing.
+    ed.wait_for("the re-arm", |v| {
+        v["params"]["update"]["title"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("(restarted)"))
+    });
     // And code that finds the bridge's sockets on disk cannot use them:
     // every call must carry the token only the run_code server holds.
     let source = format!(
