@@ -529,7 +529,7 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
         .collect();
     let (bare, via) = (median(bare), median(timed));
     format!(
-        "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each) | {:.1} ms | {:.1} ms | {:.2}x |\n\
+        "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each; goal: 2x at most) | {:.1} ms | {:.1} ms | {:.2}x |\n\
          | {tool_calls} MCP tool calls (`fs.echo` of the bench's own stdio server): {tool_calls} `run_code` calls of one call each vs one `run_code` call whose python loop makes them all (goal: 0.1x at most, 10x faster) | {:.1} ms | {:.1} ms | {:.3}x |",
         bare.as_secs_f64() * 1e3,
         via.as_secs_f64() * 1e3,

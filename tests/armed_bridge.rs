@@ -470,11 +470,16 @@ fn an_editor_terminal_runs_in_its_agents_sandbox_and_ends_whole() {
     let (_, text) = ed.prompt(
         &sid,
         &format!(
-            "/terminal test -S {} && echo within-reach || echo covered",
+            // Quoted apart, so only the command's output (never a refusal
+            // quoting the command) holds the words.
+            "/terminal test -S {} && echo with''in-reach || echo cov''ered",
             sock.display()
         ),
     );
-    assert!(text.contains("covered"), "{text}");
+    assert!(
+        text.contains("covered") && !text.contains("within-reach"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -697,11 +702,15 @@ fn a_malformed_project_config_arms_the_bridge() {
             }
             _ => std::os::unix::fs::symlink("/dev/zero", &file).unwrap(),
         }
+        // Never held past 10 s on the file: opening the session and the
+        // turn each get that long (a deadline, not a speed).
+        let deadline = std::mem::replace(&mut ed.timeout, Duration::from_secs(10));
         let sid = ed.new_session(&ws);
         let (_, text) = ed.prompt(
             &sid,
             &format!("echo x > {}/x.txt; echo rc=$?", outside.display()),
         );
+        ed.timeout = deadline;
         assert!(text.contains("rc=2"), "{kind}: {text}");
         assert!(!outside.join("x.txt").exists(), "{kind}");
         let meta = std::fs::symlink_metadata(&file).unwrap();
@@ -788,6 +797,14 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
     }
     let (mut ed, ws, sid, outside) = armed_editor();
     let tasks = ws.join(".vscode/tasks.json");
+    // The editor sees a turn end only after its audit: what would run is
+    // already reverted on disk and put to the user by then.
+    let asked_before_the_end = |ed: &Editor, start: usize| {
+        ed.seen[start..]
+            .iter()
+            .any(|l| l.raw.contains("zcode-acp-audit-"))
+    };
+    let start = ed.seen.len();
     let (r, _) = ed.prompt(
         &sid,
         &format!(
@@ -796,7 +813,11 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
         ),
     );
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
-    // Reverted before the user is even asked.
+    assert!(!tasks.exists(), "the planted tasks file outlived its turn");
+    assert!(
+        asked_before_the_end(&ed, start),
+        "the turn ended before the audit's question"
+    );
     let req = answer_audit(&mut ed, &ws.join(".vscode"), "revert");
     assert!(!tasks.exists(), "the planted tasks file is still there");
     assert!(req["params"]["toolCall"]["content"][0]["content"]["text"]
@@ -804,7 +825,9 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
         .unwrap()
         .contains("VS Code"));
 
-    // A nested repository with an fsmonitor; kept on purpose this time.
+    // A nested repository with an fsmonitor: reverted by the turn's end,
+    // then kept on purpose.
+    let start = ed.seen.len();
     let (r, _) = ed.prompt(
         &sid,
         &format!(
@@ -814,6 +837,14 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
     );
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     let config = ws.join("sub/.git/config");
+    assert!(
+        std::fs::read_to_string(&config).map_or(true, |c| !c.contains("fsmonitor")),
+        "the nested repository's fsmonitor outlived its turn"
+    );
+    assert!(
+        asked_before_the_end(&ed, start),
+        "the turn ended before the audit's question"
+    );
     answer_audit(&mut ed, &config, "keep");
     common::wait_until("the agent's version is back", || {
         std::fs::read_to_string(&config).is_ok_and(|c| c.contains("fsmonitor"))

@@ -410,6 +410,25 @@ fn bad_input_gets_a_message_a_user_can_act_on() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // And for deny.
+    std::fs::create_dir_all(h.ws.join("secrets")).unwrap();
+    let out = ok(Command::new(BIN)
+        .args(["deny", "secrets", "--workspace", h.ws.to_str().unwrap()])
+        .current_dir("/")
+        .env("HOME", h.dir.path())
+        .env("XDG_CONFIG_HOME", h.dir.path().join("config"))
+        .output()
+        .unwrap());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&h.ws.join("secrets").display().to_string()),
+        "{said}"
+    );
+    let config = std::fs::read_to_string(h.ws.join(".zcode/acp/sandbox.json")).unwrap();
+    assert!(
+        config.contains(&h.ws.join("secrets").display().to_string()),
+        "{config}"
+    );
     // A malformed sandbox.json: said once that nothing changed, and why.
     std::fs::write(h.ws.join(".zcode/acp/sandbox.json"), "{\"enabled\": tru").unwrap();
     let out = record(&h, "allow", &h.ws.join("other"));

@@ -771,7 +771,8 @@ fn gpg_agent_outside(p: &Places, user: Option<&TestUser>) {
     let fpr = before[0].split(':').nth(9).unwrap().to_owned();
     let h = home.display();
     let script = format!(
-        "gpg --homedir {h} --batch --pinentry-mode loopback --passphrase '' --quick-gen-key inside@zcode-acp.test default default never 2>/dev/null && echo ESCAPE made-key; \
+        "gpg --version >/dev/null && echo gpg-runs; \
+         gpg --homedir {h} --batch --pinentry-mode loopback --passphrase '' --quick-gen-key inside@zcode-acp.test default default never 2>/dev/null && echo ESCAPE made-key; \
          gpg --homedir {h} --batch --yes --delete-secret-keys {fpr} 2>/dev/null && echo ESCAPE deleted-key; echo done"
     );
     let argv = run_sh(user, "none", &p.ws, &script);
@@ -783,8 +784,10 @@ fn gpg_agent_outside(p: &Places, user: Option<&TestUser>) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let after = keys();
     drop(agent);
+    // Control inside: gpg itself runs there (its refusals are the
+    // agent's, not a missing tool's).
     assert!(
-        stdout.contains("done") && !stdout.contains("ESCAPE"),
+        stdout.contains("gpg-runs") && stdout.contains("done") && !stdout.contains("ESCAPE"),
         "{stdout}"
     );
     assert_eq!(after, before, "the keys outside changed: {stdout}");
@@ -835,7 +838,7 @@ fn tmux_server_outside(p: &Places, user: Option<&TestUser>, own_socket: bool) {
     assert!((server.0)(&["list-sessions"]).is_ok_and(|s| s.success()));
     let target = p.outside.join("via-tmux");
     let script = format!(
-        "tmux {sel} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
+        "tmux -V >/dev/null && echo tmux-runs; tmux {sel} new-window 'touch {t}' 2>/dev/null && echo ESCAPE tmux; echo done",
         sel = select.join(" "),
         t = target.display()
     );
@@ -859,8 +862,9 @@ fn tmux_server_outside(p: &Places, user: Option<&TestUser>, own_socket: bool) {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     drop(server);
+    // Control inside: tmux itself runs there.
     assert!(
-        stdout.contains("done") && !stdout.contains("ESCAPE"),
+        stdout.contains("tmux-runs") && stdout.contains("done") && !stdout.contains("ESCAPE"),
         "{stdout}"
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -1652,7 +1656,19 @@ fn git_indirections_cannot_be_planted() {
     if !require_kernel_features() {
         return;
     }
-    let p = places();
+    git_indirections(&places(), None);
+}
+
+#[test]
+fn git_indirections_cannot_be_planted_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    git_indirections(&user.places(), Some(&user));
+}
+
+fn git_indirections(p: &Places, user: Option<&TestUser>) {
     let git = |args: &[&str], dir: &Path| {
         let ok = Command::new("git")
             .args(["-c", "user.email=t@e", "-c", "user.name=t"])
@@ -1707,8 +1723,11 @@ fn git_indirections_cannot_be_planted() {
         w = wt_git.display(),
         f = feature_git.display(),
     );
-    let argv = run_sh(None, "none", &p.ws, &script);
-    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    if let Some(u) = user {
+        u.own(&p.ws);
+    }
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
     assert!(
         unchanged,
         "the sandbox's mounts leaked into the outer namespace"

@@ -449,7 +449,23 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
     let mut ed = run.start(w);
     let sid = ed.new_session(&w.ws);
     let writes = Writes::new(w, tag);
+    let start = ed.seen.len();
     let t = turn(&mut ed, &sid, writes.steps(), "allow-once");
+    let through_editor: Vec<String> = ed.seen[start..]
+        .iter()
+        .filter(|l| l.value["method"] == "fs/write_text_file")
+        .map(|l| l.value["params"]["path"].to_string())
+        .collect();
+    // An editor that does not offer its writes is never asked to make one.
+    // (Offered, the pinned codex and Claude still write with their own
+    // tools, so both variants check those; the editor's writes are judged in
+    // code_run_by_codex_writes_through_the_editor_judged_like_the_agent.)
+    assert!(
+        run.editor_writes || through_editor.is_empty(),
+        "{:?}/{:?} {tag}: the editor was asked to write though it offers no writes: {through_editor:?}",
+        run.agent,
+        run.launch
+    );
     assert_eq!(
         t.response["result"]["stopReason"], "end_turn",
         "{}",
@@ -871,7 +887,11 @@ fn codex_calls_run_code_through_the_bridge() {
     let w = World::new();
     let mut run = Run::new(Agent::Codex, Launch::NodeScript);
     run.bridge_args = vec!["--code-exec".into()];
-    // A key in the bridge's (and so the agent's) environment.
+    // A key in the bridge's (and so the agent's) environment. Codex hands
+    // its MCP servers a few variables of its own choosing, so this shows
+    // the whole chain keeps it out, not which link does: run_code's own
+    // filter (an allowlist, with a key that does pass) is shown by
+    // tests/run_code.rs, the_code_gets_an_allowlisted_environment...
     run.extra_env = vec![("ZCODE_TEST_SECRET".into(), "s3cr3t-value".into())];
     let mut ed = run.start(&w);
     let sid = ed.new_session(&w.ws);

@@ -296,12 +296,32 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
         .as_str()
         .unwrap()
         .contains("batch"));
-    // Not JSON-RPC 2.0, with a readable id: answered, never forwarded. (A
-    // frame without `jsonrpc` is taken, as ACP's own libraries take it.)
+    // Without a version (as Zed wrote frames until September 2025): taken,
+    // and the agent gets it as JSON-RPC 2.0, nothing else changed.
     ed.send_raw(r#"{"id":7,"method":"_test/echo","params":{"x":"no-version"}}"#);
     assert_eq!(ed.response(&json!(7))["result"]["echo"]["x"], "no-version");
+    let got = read_log(&ed, "received.log");
+    let got = got.iter().find(|l| l.contains("no-version")).unwrap();
+    assert!(
+        got.starts_with(r#"{"jsonrpc":"2.0","id":"#)
+            && got.ends_with(r#","method":"_test/echo","params":{"x":"no-version"}}"#),
+        "{got}"
+    );
+    // Another version, with a readable id: answered, never forwarded.
     ed.send_raw(r#"{"jsonrpc":"1.0","id":"v1","method":"_test/echo","params":{"x":"v1"}}"#);
     assert_eq!(error_code(&ed.response(&json!("v1"))), -32600);
+    // An id past 256 bytes: refused, answered to a null id.
+    let long = "i".repeat(300);
+    ed.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"{long}","method":"_test/echo","params":{{"x":"long-id"}}}}"#
+    ));
+    let r = ed.wait_for("the long id's refusal", |v| {
+        v["id"].is_null()
+            && v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.contains("batch"))
+    });
+    assert_eq!(error_code(&r.value), -32600);
     // Ids that are neither strings nor integers, and nesting past the bound:
     // never forwarded; a request whose id JSON-RPC does not allow (an
     // object, an array, a boolean, one too deep to read) is answered to a
@@ -368,6 +388,7 @@ fn only_strict_json_rpc_crosses_the_bridge_and_every_refusal_is_answered() {
     let received = read_log(&ed, "received.log").join("\n");
     for never in [
         "batch",
+        "long-id",
         "\"v1\"",
         "object-id",
         "fraction-id",

@@ -1,7 +1,8 @@
 //! The post-turn audit in the bridge (see `crate::audit`): a baseline when
 //! an armed generation starts, a look when a turn ends and before a
 //! re-arm. Every finding is reverted at once, shown as a tool call of the
-//! bridge's own, and put to the user, who may keep it.
+//! bridge's own, and put to the user, who may keep it; the turn's end
+//! reaches the editor after that.
 
 use tracing::{info, warn};
 
@@ -21,12 +22,30 @@ impl Bridge {
         self.audit = Some(audit::baseline(policy, &self.armed_roots));
     }
 
+    /// A turn ended with `answer`: it reaches the editor once the audit
+    /// of what the turn left has reverted its findings (at once when the
+    /// generation is not armed).
+    pub(super) fn end_turn_after_audit(&mut self, session: &str, answer: Vec<u8>) {
+        if self.audit.is_none() {
+            self.to_editor(answer);
+            return;
+        }
+        if self.auditing.is_some() {
+            self.turn_ends_next.push(answer);
+        } else {
+            self.turn_ends.push(answer);
+        }
+        self.run_audit(session);
+    }
+
     /// Looks, off the loop, for what the agent left that would run; what it
     /// finds is reverted and put to the user on `session` when it is done
     /// ([`Bridge::after_audit`]). One runs at a time: one asked for
     /// meanwhile runs after it.
     pub(super) fn run_audit(&mut self, session: &str) {
         let Some(base) = &self.audit else {
+            // No audit will come for what waits on one.
+            self.release_turn_ends();
             return;
         };
         if self.auditing.is_some() {
@@ -39,28 +58,43 @@ impl Bridge {
     }
 
     /// The same, at once, on the loop: before a re-arm and at shutdown,
-    /// where what follows must not start before it is done.
+    /// where what follows must not start before it is done. It covers
+    /// every turn that ended before it, so their answers go out.
     pub(super) fn run_audit_now(&mut self, session: &str) {
-        let Some(base) = &self.audit else {
-            return;
-        };
-        let findings = base.audit();
-        // One still running off the loop would bring the same findings
-        // again: dropped.
-        self.audit_epoch += 1;
-        self.revert_and_ask(session, findings);
+        if let Some(base) = &self.audit {
+            let findings = base.audit();
+            // One still running off the loop would bring the same findings
+            // again: dropped.
+            self.audit_epoch += 1;
+            self.revert_and_ask(session, findings);
+        }
+        self.release_turn_ends();
     }
 
     /// An audit finished: its findings are reverted and put to the user,
     /// unless the generation it was armed for is gone (the audit before the
-    /// re-arm covered it).
+    /// re-arm covered it); either way the turns it looked after end now.
     pub(super) fn after_audit(&mut self, epoch: u64, session: &str, findings: Vec<Finding>) {
         self.auditing = None;
         if epoch == self.audit_epoch {
             self.revert_and_ask(session, findings);
         }
-        if let Some(next) = self.audit_again.take() {
-            self.run_audit(&next);
+        for answer in std::mem::take(&mut self.turn_ends) {
+            self.to_editor(answer);
+        }
+        self.turn_ends = std::mem::take(&mut self.turn_ends_next);
+        match self.audit_again.take() {
+            Some(next) => self.run_audit(&next),
+            None => self.release_turn_ends(),
+        }
+    }
+
+    /// Every turn's answer still held goes out.
+    pub(super) fn release_turn_ends(&mut self) {
+        let held = std::mem::take(&mut self.turn_ends);
+        let next = std::mem::take(&mut self.turn_ends_next);
+        for answer in held.into_iter().chain(next) {
+            self.to_editor(answer);
         }
     }
 

@@ -147,11 +147,13 @@ impl Bridge {
                                 _ => {}
                             }
                         }
-                        self.to_editor(edited.unwrap_or_else(|| frame.with_id(editor_id.as_str())));
-                        // The turn ended: what the agent left that would run
-                        // outside is reverted and put to the user now.
-                        if let Some(session) = turn_of {
-                            self.run_audit(&session);
+                        let answer = edited.unwrap_or_else(|| frame.with_id(editor_id.as_str()));
+                        match turn_of {
+                            // The turn ended: what the agent left that would
+                            // run outside is reverted, and put to the user,
+                            // before the editor sees it end.
+                            Some(session) => self.end_turn_after_audit(&session, answer),
+                            None => self.to_editor(answer),
                         }
                         self.code_tools.opened(bid, opened.as_deref());
                         if let Some(session) = opened {

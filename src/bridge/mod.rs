@@ -194,6 +194,12 @@ pub struct Bridge {
     /// one asked for meanwhile, run when it is done.
     auditing: Option<String>,
     audit_again: Option<String>,
+    /// Turns' answers held until the audit that looks after them has
+    /// reverted what it found: the one running, and the one asked for
+    /// meanwhile. The editor sees a turn end only once its reverts are on
+    /// disk.
+    turn_ends: Vec<Vec<u8>>,
+    turn_ends_next: Vec<Vec<u8>>,
     /// The files handing sessions' MCP servers to their run_code server.
     servers_files: crate::run_code::inject::ServersFiles,
     /// The sockets that give run_code the editor's files.
@@ -271,6 +277,8 @@ impl Bridge {
             audit_epoch: 0,
             auditing: None,
             audit_again: None,
+            turn_ends: Vec::new(),
+            turn_ends_next: Vec::new(),
             servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
             code_tools: code_tools::CodeTools::new(),
         };
@@ -633,8 +641,10 @@ impl Bridge {
         // Nothing of the agent runs any more: what it planted since the
         // last turn ended is reverted (and logged) before the bridge goes.
         let first = self.sessions.live().next().map(|s| s.id.clone());
-        if let Some(session) = first {
-            self.run_audit_now(&session);
+        match first {
+            Some(session) => self.run_audit_now(&session),
+            // Nobody to put a finding to; what waits on an audit goes out.
+            None => self.release_turn_ends(),
         }
         // Its `log` child would otherwise outlive the bridge.
         self.violations = None;

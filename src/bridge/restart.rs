@@ -157,8 +157,10 @@ impl Bridge {
         }
         // Before a re-arm: the audit of what the last generation left.
         let first = self.sessions.live().next().map(|s| s.id.clone());
-        if let Some(session) = first {
-            self.run_audit_now(&session);
+        match first {
+            Some(session) => self.run_audit_now(&session),
+            // Nobody to put a finding to; what waits on an audit goes out.
+            None => self.release_turn_ends(),
         }
         let roots = self.roots_to_arm();
         let served = self.served_sockets(&roots);

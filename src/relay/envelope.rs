@@ -6,8 +6,9 @@
 //! span the old one occupied, so every other byte, unknown fields, `_meta`,
 //! key order and whitespace included, reaches the other side unchanged.
 //!
-//! Strict at the edge: a frame is a JSON object whose `jsonrpc`, when
-//! present, is `"2.0"`;
+//! Strict at the edge: what crosses the bridge is a JSON object whose
+//! `jsonrpc` is `"2.0"` (a frame without one, as Zed wrote them until
+//! September 2025, gets the field spliced in; another version is refused);
 //! an id is a string or an integer (null only in an error answer to an
 //! unreadable request), of bounded size; nesting is bounded; an array (a
 //! batch, which ACP does not use) is refused. What the bridge cannot route
@@ -123,15 +124,31 @@ impl Frame {
     /// Parses the envelope of one frame. Duplicate keys are rejected: a frame
     /// whose two `id`s are read differently by the two peers could be used to
     /// smuggle a response past the remapping.
+    ///
+    /// A frame without `jsonrpc` that is otherwise sound gets
+    /// `"jsonrpc":"2.0",` spliced in right after its opening brace (it has
+    /// an id or a method, so a member follows): nothing else moves.
     pub fn parse(bytes: Vec<u8>) -> Result<Frame, (Vec<u8>, FrameError)> {
+        let frame = |bytes: Vec<u8>, parts: Parts| Frame {
+            bytes,
+            kind: parts.kind,
+            id_span: parts.id_span,
+            params_span: parts.params_span,
+            payload_span: parts.payload_span,
+        };
         match parse_envelope(&bytes) {
-            Ok(parts) => Ok(Frame {
-                bytes,
-                kind: parts.kind,
-                id_span: parts.id_span,
-                params_span: parts.params_span,
-                payload_span: parts.payload_span,
-            }),
+            Ok(parts) if !parts.unversioned => Ok(frame(bytes, parts)),
+            Ok(_) => {
+                let brace = skip_ws(&bytes, 0) + 1;
+                let mut versioned = Vec::with_capacity(bytes.len() + VERSION_MEMBER.len());
+                versioned.extend_from_slice(&bytes[..brace]);
+                versioned.extend_from_slice(VERSION_MEMBER);
+                versioned.extend_from_slice(&bytes[brace..]);
+                match parse_envelope(&versioned) {
+                    Ok(parts) => Ok(frame(versioned, parts)),
+                    Err(e) => Err((bytes, e)),
+                }
+            }
             Err(e) => Err((bytes, e)),
         }
     }
@@ -204,7 +221,12 @@ impl Frame {
     }
 }
 
+/// What a frame without `jsonrpc` is given.
+const VERSION_MEMBER: &[u8] = br#""jsonrpc":"2.0","#;
+
 struct Parts {
+    /// It had no `jsonrpc` member.
+    unversioned: bool,
     kind: FrameKind,
     id_span: Option<Range<usize>>,
     params_span: Option<Range<usize>>,
@@ -235,18 +257,22 @@ fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
             "nested more than {MAX_DEPTH} levels deep"
         )));
     }
-    // Missing is accepted, as ACP's own libraries accept it (editors and
-    // agents that predate the field's use still omit it); present, it must
-    // say 2.0.
-    if let Some(v) = env.jsonrpc {
-        if serde_json::from_str::<Cow<'_, str>>(v.get())
-            .ok()
-            .as_deref()
-            != Some("2.0")
+    // Present, it must say 2.0. Missing, the frame is taken and given it
+    // (see `Frame::parse`): Zed omitted it until September 2025 (zed#37128),
+    // and ACP's own libraries still read such frames; the other side, which
+    // may be strict, never sees one without it.
+    let unversioned = match env.jsonrpc {
+        None => true,
+        Some(v)
+            if serde_json::from_str::<Cow<'_, str>>(v.get())
+                .ok()
+                .as_deref()
+                == Some("2.0") =>
         {
-            return Err(FrameError::Invalid("`jsonrpc` must be \"2.0\"".into()));
+            false
         }
-    }
+        Some(_) => return Err(FrameError::Invalid("`jsonrpc` must be \"2.0\"".into())),
+    };
     if let Some(id) = env.id {
         let null_error = id.get() == "null" && env.error.is_some() && env.method.is_none();
         if !null_error {
@@ -285,6 +311,7 @@ fn parse_envelope(bytes: &[u8]) -> Result<Parts, FrameError> {
         }
     };
     Ok(Parts {
+        unversioned,
         kind,
         id_span,
         params_span,
@@ -580,7 +607,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"x"}"#,
             r#""str""#,
             r#"7"#,
-            // jsonrpc wrong (missing is accepted).
+            // jsonrpc wrong.
+            r#"{"jsonrpc":null,"id":1,"method":"x"}"#,
             r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#,
             r#"{"jsonrpc":2.0,"id":1,"method":"x"}"#,
             // Ids that are neither strings nor integers.
@@ -620,6 +648,24 @@ mod tests {
         ] {
             assert!(Frame::parse(good.as_bytes().to_vec()).is_ok(), "{good:.80}");
         }
+    }
+
+    #[test]
+    fn a_frame_without_a_version_is_given_one_and_nothing_else_moves() {
+        let f = parse(r#" {"id":"a","method":"x","params":{"k":[1, 2]},"_z":0}"#);
+        assert_eq!(
+            f.bytes,
+            br#" {"jsonrpc":"2.0","id":"a","method":"x","params":{"k":[1, 2]},"_z":0}"#
+        );
+        assert_eq!(f.params_raw(), Some(r#"{"k":[1, 2]}"#));
+        assert_eq!(
+            f.with_id("7"),
+            br#" {"jsonrpc":"2.0","id":7,"method":"x","params":{"k":[1, 2]},"_z":0}"#
+        );
+        // Invalid for another reason: refused, its bytes given back as sent.
+        let (bytes, err) = Frame::parse(br#"{"id":1.5,"method":"x"}"#.to_vec()).unwrap_err();
+        assert_eq!(bytes, br#"{"id":1.5,"method":"x"}"#);
+        assert!(matches!(err, FrameError::Invalid(_)));
     }
 
     #[test]
