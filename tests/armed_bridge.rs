@@ -799,10 +799,11 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
     let tasks = ws.join(".vscode/tasks.json");
     // The editor sees a turn end only after its audit: what would run is
     // already reverted on disk and put to the user by then.
-    let asked_before_the_end = |ed: &Editor, start: usize| {
-        ed.seen[start..]
-            .iter()
-            .any(|l| l.raw.contains("zcode-acp-audit-"))
+    let asked_before_the_end = |ed: &Editor, start: usize, path: &std::path::Path| {
+        ed.seen[start..].iter().any(|l| {
+            l.raw.contains("zcode-acp-audit-")
+                && l.value["params"]["toolCall"]["locations"][0]["path"] == path.to_str().unwrap()
+        })
     };
     let start = ed.seen.len();
     let (r, _) = ed.prompt(
@@ -815,7 +816,7 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert!(!tasks.exists(), "the planted tasks file outlived its turn");
     assert!(
-        asked_before_the_end(&ed, start),
+        asked_before_the_end(&ed, start, &ws.join(".vscode")),
         "the turn ended before the audit's question"
     );
     let req = answer_audit(&mut ed, &ws.join(".vscode"), "revert");
@@ -842,7 +843,7 @@ fn the_post_turn_audit_reverts_what_would_run_and_the_user_may_keep_it() {
         "the nested repository's fsmonitor outlived its turn"
     );
     assert!(
-        asked_before_the_end(&ed, start),
+        asked_before_the_end(&ed, start, &config),
         "the turn ended before the audit's question"
     );
     answer_audit(&mut ed, &config, "keep");

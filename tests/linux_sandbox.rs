@@ -1755,6 +1755,56 @@ fn git_indirections(p: &Places, user: Option<&TestUser>) {
     );
 }
 
+/// Every writable bind is `nosuid`: a setuid file that got there some
+/// other way (the seccomp filter refuses setting the bit) still runs with
+/// the caller's rights. Read from the sandbox's own mount table.
+#[test]
+fn writable_binds_are_nosuid() {
+    if !require_kernel_features() {
+        return;
+    }
+    writable_nosuid(&places(), None);
+}
+
+#[test]
+fn writable_binds_are_nosuid_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    writable_nosuid(&user.places(), Some(&user));
+}
+
+fn writable_nosuid(p: &Places, user: Option<&TestUser>) {
+    // Field 5 of a mountinfo line is the mount point, field 6 its options.
+    let script = format!(
+        "touch {ws}/probe && echo writable; awk '$5 == \"{ws}\" {{print \"options=\" $6}}' /proc/self/mountinfo",
+        ws = p.ws.display()
+    );
+    let argv = run_sh(user, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, user);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let options: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("options="))
+        .collect();
+    assert!(stdout.contains("writable"), "{stdout}");
+    assert!(
+        !options.is_empty(),
+        "the workspace is no mount of its own: {stdout}"
+    );
+    // The topmost mount there is the one that counts.
+    let top = options.last().unwrap();
+    assert!(
+        top.split(',').any(|o| o == "rw") && top.split(',').any(|o| o == "nosuid"),
+        "{stdout}"
+    );
+}
+
 /// Protected paths that are symlinks (a `.git/hooks` kept in the work tree,
 /// a shared `.vscode`, an `.envrc` link), and a linked worktree's `.git`
 /// file: none can be removed and replaced by a file of the sandbox's, and

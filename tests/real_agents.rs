@@ -1063,9 +1063,11 @@ fn code_run_by_codex_writes_through_the_editor_judged_like_the_agent() {
     assert!(result_of(&w).contains("written"), "{}", result_of(&w));
     // A re-armed agent (its sandbox made anew, covering the sockets bound
     // before it) still reaches the editor from code.
-    common::sighup(ed.pid());
     // The next turn must reach the new generation: sent before the bridge
     // took the signal, it would run in the old sandbox and prove nothing.
+    // (No restart was announced yet, so the one waited for is this one.)
+    assert!(!ed.seen.iter().any(|l| l.raw.contains("(restarted)")));
+    common::sighup(ed.pid());
     ed.wait_for("the re-arm", |v| {
         v["params"]["update"]["title"]
             .as_str()

@@ -604,7 +604,9 @@ fn the_third_crash_says_it_gave_up_and_why_and_the_cool_down_ends_it() {
             // The truth: no restart is coming, and why.
             assert_eq!(error_code(&r), -32091, "{r}");
             assert!(
-                msg.contains("failed 3 times") && msg.contains("exit status: 9"),
+                msg.contains("failed 3 times")
+                    && msg.contains("exit status: 9")
+                    && msg.contains("fake agent: crashing as asked"),
                 "{msg}"
             );
             assert!(!msg.contains("being restarted"), "{msg}");

@@ -318,15 +318,37 @@ fn a_sigkilled_unconfined_bridge_leaves_nothing_of_the_agents_tree_alive() {
             .parse()
             .ok()
     };
-    wait_until("the agent's tree is running", || {
-        ["agent.pid", "daemon.pid", "command.pid"]
+    // The three the shell names, and everything below the agent (the
+    // command's own `sleep` too), as /proc lists each process's children.
+    let walk = || -> Vec<i32> {
+        let mut tree: Vec<i32> = ["agent.pid", "daemon.pid", "command.pid"]
             .iter()
-            .all(|f| read(f).is_some())
-    });
-    let tree: Vec<i32> = ["agent.pid", "daemon.pid", "command.pid"]
-        .iter()
-        .map(|f| read(f).unwrap())
-        .collect();
+            .filter_map(|f| read(f))
+            .collect();
+        let mut i = 0;
+        while i < tree.len() {
+            let pid = tree[i];
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !tree.contains(&child) {
+                    tree.push(child);
+                }
+            }
+            i += 1;
+        }
+        tree
+    };
+    wait_until(
+        "the agent's tree is running, the command's sleep too",
+        || {
+            ["agent.pid", "daemon.pid", "command.pid"]
+                .iter()
+                .all(|f| read(f).is_some())
+                && walk().len() > 3
+        },
+    );
+    let tree = walk();
     assert!(tree.iter().all(|p| alive(*p)), "{tree:?}");
     // SAFETY: kill(2) on the bridge this test started.
     unsafe { libc::kill(ed.pid(), libc::SIGKILL) };

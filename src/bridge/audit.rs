@@ -76,15 +76,38 @@ impl Bridge {
     /// re-arm covered it); either way the turns it looked after end now.
     pub(super) fn after_audit(&mut self, epoch: u64, session: &str, findings: Vec<Finding>) {
         self.auditing = None;
-        if epoch == self.audit_epoch {
+        let current = epoch == self.audit_epoch;
+        if current {
             self.revert_and_ask(session, findings);
         }
-        for answer in std::mem::take(&mut self.turn_ends) {
-            self.to_editor(answer);
+        let mut looked_after = std::mem::take(&mut self.turn_ends);
+        if !current && self.audit_again.is_some() {
+            // Dropped for a newer baseline (the user kept a finding
+            // meanwhile): its turns wait for the look that runs again.
+            looked_after.append(&mut self.turn_ends_next);
+            self.turn_ends_next = looked_after;
+        } else {
+            for answer in looked_after {
+                self.to_editor(answer);
+            }
         }
         self.turn_ends = std::mem::take(&mut self.turn_ends_next);
         match self.audit_again.take() {
             Some(next) => self.run_audit(&next),
+            None => self.release_turn_ends(),
+        }
+    }
+
+    /// Before the agent is stopped for a re-arm: turns still waiting on
+    /// the look off the loop get one now, so their ends do not wait for
+    /// the agent's stop (the look after the stop covers what it did since).
+    pub(super) fn audit_held_turns_now(&mut self) {
+        if self.turn_ends.is_empty() && self.turn_ends_next.is_empty() {
+            return;
+        }
+        let first = self.sessions.live().next().map(|s| s.id.clone());
+        match first {
+            Some(session) => self.run_audit_now(&session),
             None => self.release_turn_ends(),
         }
     }

@@ -630,6 +630,7 @@ impl Bridge {
     /// The grace period is over (or the backend left): its process group
     /// and every leftover descendant is killed.
     async fn finish_shutdown(&mut self) {
+        self.audit_held_turns_now();
         if let Some(generation) = self.generation.take() {
             let id = generation.id;
             self.fail_in_flight(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");

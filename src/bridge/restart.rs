@@ -139,6 +139,7 @@ impl Bridge {
     /// Drained: the old generation is stopped, and anything it still had
     /// is answered rather than lost.
     async fn stop_drained(&mut self) {
+        self.audit_held_turns_now();
         if let Some(old) = self.generation.take() {
             let id = old.id;
             self.stop_generation(old).await;
