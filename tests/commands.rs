@@ -372,6 +372,7 @@ fn a_hooks_path_that_does_not_exist_yet_is_protected() {
 fn bad_input_gets_a_message_a_user_can_act_on() {
     let h = home();
     let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
     // A workspace that does not exist is named, for every command.
     let missing = h.ws.join("no-such-dir");
     for cmd in [
@@ -440,6 +441,19 @@ fn bad_input_gets_a_message_a_user_can_act_on() {
     );
     assert!(!e.contains("holds for this session"), "{e}");
     assert_eq!(e.matches("nothing was changed").count(), 1, "{e}");
+    // What profile and doctor say of it is in words, not Rust's debug forms.
+    for args in [
+        vec!["profile", "--workspace", h.ws.to_str().unwrap()],
+        vec!["doctor", "--workspace", h.ws.to_str().unwrap()],
+    ] {
+        let out = zcode(&h, &args);
+        let said = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(
+            args[0] == "profile" || said.contains("sandbox.json malformed"),
+            "{args:?}: {said}"
+        );
+        no_rust_names(&said);
+    }
     // Negative sizes are refused plainly, not taken for a backend.
     for (flag, value) in [("--max-frame-bytes", "-5"), ("--stop-grace-ms", "-5")] {
         let out = zcode(&h, &[flag, value, "--", "true"]);
@@ -461,5 +475,22 @@ fn bad_input_gets_a_message_a_user_can_act_on() {
             && e.contains("expected a command, as a list of strings"),
         "{e}"
     );
-    assert!(!e.contains("BackendSpec") && !e.contains("untagged"), "{e}");
+    no_rust_names(&e);
+}
+
+/// A message names no Rust type or debug form (`untagged enum
+/// BackendSpec`, `Malformed("…")`, `Missing`, `Some(…)`).
+fn no_rust_names(said: &str) {
+    for form in [
+        "BackendSpec",
+        "untagged",
+        "Malformed(",
+        "Missing",
+        "Some(",
+        "None)",
+        "Err(",
+        "Ok(",
+    ] {
+        assert!(!said.contains(form), "{form}: {said}");
+    }
 }

@@ -1231,6 +1231,12 @@ fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
     // A lock directory a crashed run left behind: it must stay removable.
     std::fs::create_dir(home.join(".claude.json.stale-lock")).unwrap();
     std::fs::write(p.ws.join("moved-in"), "x").unwrap();
+    let race = p.ws.join("prefix_race.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/prefix_race.py"),
+        &race,
+    )
+    .unwrap();
     if let Some(u) = user {
         u.own(home);
         u.own(&p.ws);
@@ -1268,7 +1274,9 @@ t hardlink ln {h}/.bashrc {h}/.claude.json.hl
 t symlink ln -s {h}/.bashrc {h}/.claude.json.sl
 t dotdot sh -c 'echo x > {h}/../{name}/.claude.json.dd'
 t managed sh -c 'echo x > {h}/.zcode-acp/x'
-"#
+t race python3 {race} {h}
+"#,
+        race = race.display()
     );
     let argv = run_sh(user, "claude", &p.ws, &script);
     let (out, unchanged) = run_with_home(&p.ws, &argv, None, user, Some(home));
@@ -1296,6 +1304,9 @@ t managed sh -c 'echo x > {h}/.zcode-acp/x'
         "read-back",
         "stale-lock",
         "no-fd-left",
+        // Creates went through while the path flipped under them, and the
+        // flipped name was never made.
+        "race",
     ] {
         assert_eq!(
             result(ok),
