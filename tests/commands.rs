@@ -120,6 +120,37 @@ fn deny_records_a_path_that_is_never_allowed() {
     );
 }
 
+/// A workspace opened through a symlink (the config is read with no
+/// symlink followed below the root, but the root's own path may have one)
+/// still has its sandbox.json: its deny entry holds there (in the sandbox
+/// too: linux_sandbox's a_workspace_opened_through_a_symlink_...).
+#[test]
+fn a_workspace_opened_through_a_symlink_keeps_its_config() {
+    let h = home_like_a_user();
+    let secrets = h.ws.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    ok(record(&h, "deny", &secrets));
+    let link = h.ws.parent().unwrap().join("ws-link");
+    std::os::unix::fs::symlink(&h.ws, &link).unwrap();
+    let check_via = |p: &Path| {
+        let out = ok(zcode(
+            &h,
+            &[
+                "profile",
+                "--workspace",
+                link.to_str().unwrap(),
+                "--check",
+                p.to_str().unwrap(),
+            ],
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let denied = check_via(&link.join("secrets/key"));
+    assert!(denied.contains("denied (protected)"), "{denied}");
+    let allowed = check_via(&link.join("notes.txt"));
+    assert!(allowed.contains("allowed"), "{allowed}");
+}
+
 #[test]
 fn the_sandboxs_own_configuration_and_the_whole_home_cannot_be_allowed() {
     let h = home();

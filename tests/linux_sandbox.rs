@@ -1766,6 +1766,46 @@ fn git_indirections(p: &Places, user: Option<&TestUser>) {
     );
 }
 
+/// A workspace opened through a symlinked path works, and its
+/// sandbox.json (read with no symlink followed below the root) holds: the
+/// deny entry is enforced, the rest of the workspace is writable.
+#[test]
+fn a_workspace_opened_through_a_symlink_keeps_its_config() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let secrets = p.ws.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::create_dir_all(p.ws.join(".zcode/acp")).unwrap();
+    // Adding a deny entry needs no approval.
+    std::fs::write(
+        p.ws.join(".zcode/acp/sandbox.json"),
+        format!("{{\"deny\": [\"{}\"]}}\n", secrets.display()),
+    )
+    .unwrap();
+    let link = p.ws.parent().unwrap().join("ws-link");
+    std::os::unix::fs::symlink(&p.ws, &link).unwrap();
+    let script = format!(
+        "echo n > {l}/notes.txt && echo wrote-notes; echo k > {l}/secrets/key && echo wrote-key; echo done",
+        l = link.display()
+    );
+    let argv = run_sh(None, "none", &link, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("done") && stdout.contains("wrote-notes") && !stdout.contains("wrote-key"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(content(&p.ws.join("notes.txt")), "n\n");
+    assert!(!secrets.join("key").exists(), "the deny entry did not hold");
+}
+
 /// Every writable bind is `nosuid`: a setuid file that got there some
 /// other way (the seccomp filter refuses setting the bit) still runs with
 /// the caller's rights. Read from the sandbox's own mount table.
