@@ -1766,6 +1766,46 @@ fn git_indirections(p: &Places, user: Option<&TestUser>) {
     );
 }
 
+/// Root's sandbox maps the whole id range onto itself: a file of another
+/// owner keeps its owner inside (not nobody), and git's ownership check
+/// takes a repository of another user's as it does outside.
+#[test]
+fn root_sees_every_owner_as_it_is() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let theirs = p.ws.join("theirs");
+    std::fs::create_dir_all(&theirs).unwrap();
+    let ok = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&theirs)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    std::os::unix::fs::chown(&theirs, Some(12345), Some(12346)).unwrap();
+    let script = format!(
+        "stat -c owner=%u:%g {t}; cd {t} && git status >/dev/null 2>&1 && echo git-status-ran; \
+         git -c safe.directory={t} status >/dev/null 2>&1 && echo trusted-ran; echo done",
+        t = theirs.display()
+    );
+    let argv = run_sh(None, "none", &p.ws, &script);
+    let (out, unchanged) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("owner=12345:12346"), "{stdout}");
+    // As outside: git refuses a repository root does not own, until told to
+    // trust it.
+    assert!(
+        !stdout.contains("git-status-ran") && stdout.contains("trusted-ran"),
+        "{stdout}"
+    );
+}
+
 /// A workspace opened through a symlinked path works, and its
 /// sandbox.json (read with no symlink followed below the root) holds: the
 /// deny entry is enforced, the rest of the workspace is writable.
