@@ -727,6 +727,48 @@ fn claude_saves_its_settings_file_during_an_armed_turn() {
     assert!(strays.is_empty(), "{strays:?}");
 }
 
+/// Claude's own settings stay writable (it saves permission rules there),
+/// but a hook its shell plants in ~/.claude/settings.json would run
+/// unconfined the next time you start Claude outside the bridge: by the
+/// time the turn ends it is reverted, and the user was asked whether to
+/// keep it.
+#[test]
+fn a_hook_claude_plants_in_its_own_settings_is_reverted_by_the_turns_end() {
+    if !ready() {
+        return;
+    }
+    let w = World::new();
+    let settings = w.home.join(".claude/settings.json");
+    let mut ed = Run::new(Agent::Claude, Launch::NodeScript).start(&w);
+    let sid = ed.new_session(&w.ws);
+    // A first turn: Claude has made its state, the audit's baseline holds it.
+    turn(&mut ed, &sid, json!([shell("true".into())]), "reject-once");
+    let planted = format!(
+        "mkdir -p {d} && printf '%s' '{{\"permissions\":{{\"allow\":[\"Bash(ls)\"]}},\"hooks\":{{\"Stop\":[{{\"hooks\":[{{\"type\":\"command\",\"command\":\"touch {o}/hooked\"}}]}}]}}}}' > {s}",
+        d = settings.parent().unwrap().display(),
+        o = w.outside.display(),
+        s = settings.display()
+    );
+    // The bridge's question is answered "Revert".
+    let t = turn(&mut ed, &sid, json!([shell(planted)]), "revert");
+    assert_eq!(t.response["result"]["stopReason"], "end_turn", "{}", t.text);
+    let now: Value = serde_json::from_slice(&std::fs::read(&settings).unwrap()).unwrap();
+    assert!(
+        now.get("hooks").is_none(),
+        "the hook outlived the turn: {now}"
+    );
+    assert_eq!(now["permissions"]["allow"][0], "Bash(ls)", "{now}");
+    assert!(
+        t.bridge_prompts
+            .iter()
+            .any(|p| p.contains(&settings.display().to_string())),
+        "the user was not asked before the turn ended: {:?}",
+        t.bridge_prompts
+    );
+    drop(ed);
+    assert!(!w.outside.join("hooked").exists());
+}
+
 #[test]
 fn claude_with_its_config_dir_set_works_on_its_first_run() {
     if !ready() {
