@@ -1786,7 +1786,7 @@ fn root_sees_every_owner_as_it_is() {
     assert!(ok);
     std::os::unix::fs::chown(&theirs, Some(12345), Some(12346)).unwrap();
     let script = format!(
-        "stat -c owner=%u:%g {t}; cd {t} && git status >/dev/null 2>&1 && echo git-status-ran; \
+        "export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1; stat -c owner=%u:%g {t}; cd {t} && git status >/dev/null 2>&1 && echo git-status-ran; \
          git -c safe.directory={t} status >/dev/null 2>&1 && echo trusted-ran; echo done",
         t = theirs.display()
     );
