@@ -370,6 +370,78 @@ fn an_agent_refused_in_many_places_opens_a_few_prompts_at_a_time() {
     }
 }
 
+/// An agent that writes thousands of distinct places outside through the
+/// editor, all at once, gets at most three questions open at a time and
+/// ten in its turn; the rest are refused without asking and summed up in
+/// one notice before the turn's end reaches the editor.
+#[test]
+fn a_flood_of_writes_outside_asks_a_few_questions_and_sums_up_the_rest() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, _ws, sid, outside) = armed_editor();
+    let start = ed.seen.len();
+    let id = ed.prompt_request(&sid, &format!("/write-many 3000 {}/f x", outside.display()));
+    let mut answered: std::collections::HashSet<String> = Default::default();
+    let mut asked = 0;
+    loop {
+        ed.drain_for(Duration::from_millis(300));
+        let open: Vec<serde_json::Value> = ed.seen[start..]
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .map(|l| l.value["id"].clone())
+            .filter(|id| !answered.contains(&id.to_string()))
+            .collect();
+        assert!(open.len() <= 3, "{} questions open at once", open.len());
+        for q in &open {
+            ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": q, "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}}));
+            answered.insert(q.to_string());
+            asked += 1;
+        }
+        if ed.responses_to(&id) > 0 {
+            break;
+        }
+    }
+    assert!(asked <= 10, "{asked} questions in one turn");
+    let text = ed.agent_text_since(start, &sid);
+    assert!(text.contains("writes: ok=0 refused=3000"), "{text}");
+    // One summary, before the turn's end.
+    let end = ed.seen[start..]
+        .iter()
+        .position(|l| l.value.get("id") == Some(&id) && l.value.get("method").is_none())
+        .unwrap();
+    let summaries: Vec<usize> = ed.seen[start..]
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.value["params"]["update"]["title"]
+                .as_str()
+                .is_some_and(|t| t.contains("writes refused without asking"))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(summaries.len(), 1, "one summary");
+    assert!(summaries[0] < end, "the summary comes before the turn ends");
+    let title = ed.seen[start + summaries[0]].value["params"]["update"]["title"].to_string();
+    assert!(
+        title.contains(&format!("{} writes", 3000 - asked)),
+        "{title}"
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    // The next turn may ask again.
+    let again = outside.join("again");
+    let id = ed.prompt_request(&sid, &format!("/write {} x", again.display()));
+    let q = ed.wait_for("the next turn's question", |v| {
+        v["method"] == "session/request_permission"
+            && v["params"]["toolCall"]["title"]
+                .as_str()
+                .is_some_and(|t| t.contains("again"))
+    });
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": q.value["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}}));
+    ed.response(&id);
+    assert_eq!(std::fs::read_to_string(outside.join("again")).unwrap(), "x");
+}
+
 #[test]
 fn a_project_that_turns_the_sandbox_on_arms_a_running_bridge() {
     if !require_kernel_features() {

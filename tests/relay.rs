@@ -1415,3 +1415,60 @@ fn a_project_turns_code_exec_on_only_once_approved() {
         .unwrap();
     assert!(got.contains(r#""mcpServers":[]"#), "{got}");
 }
+
+/// The bridge's socket that gives run_code the editor's files takes no
+/// slot for a connection until its first call shows the socket's token:
+/// with many silent connections held, a call with the token is answered,
+/// and the silent ones are closed after a short wait.
+#[test]
+fn silent_connections_to_the_editors_socket_take_none_of_its_slots() {
+    use std::io::{BufRead, Read, Write};
+    use std::os::unix::net::UnixStream;
+    let mut ed = Editor::start_with(Options::new(fake_agent()).arg("--code-exec"));
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    std::fs::write(ws.join("readme.txt"), "hello from the editor").unwrap();
+    let (_sid, got) = session_with_servers(&mut ed, &ws, "[]");
+    let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
+    let entry = servers.as_array().unwrap().last().unwrap().clone();
+    let args: Vec<String> = entry["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let at = args.iter().position(|a| a == "--editor").expect("--editor");
+    let socket = std::path::PathBuf::from(&args[at + 1]);
+    let token = entry["env"][0]["value"].as_str().unwrap().to_owned();
+    let held: Vec<UnixStream> = (0..40)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    let path = ws.join("readme.txt");
+    let caller = std::thread::spawn(move || {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        let call = json!({"id": 1, "token": token, "method": "fs/read_text_file", "params": {"path": path}});
+        s.write_all(format!("{call}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !caller.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call was not answered"
+        );
+        ed.drain_for(Duration::from_millis(50));
+    }
+    let answer = caller.join().unwrap();
+    assert!(answer.contains("hello from the editor"), "{answer}");
+    // Every silent connection is closed by the bridge (read: end of file).
+    for mut s in held {
+        s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(s.read(&mut b), Ok(0)),
+            "a silent connection was kept open"
+        );
+    }
+}

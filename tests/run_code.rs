@@ -1172,6 +1172,73 @@ open("b-done", "w").close()
     assert_eq!(b["toolCalls"], 0, "{b}");
 }
 
+/// Another run that holds connections to a run's socket without ever
+/// sending a token takes none of its slots: the run's own calls and its
+/// `result` still go through, and the silent connections are closed
+/// after a short wait.
+#[tokio::test]
+async fn silent_connections_to_a_runs_socket_take_none_of_its_slots() {
+    if !require_kernel_features() {
+        return;
+    }
+    let tw = ToolWorld::new(json!({}));
+    let server = tw.server_in_a_sandbox().await;
+    let victim = r#"
+import os, time, zcode_tools
+open("a-ready", "w").close()
+while not os.path.exists("b-flooding"):
+    time.sleep(0.02)
+print("victim", zcode_tools.fs.echo(text="mine"))
+zcode_tools.result("A's own")
+open("a-done", "w").close()
+while not os.path.exists("b-done"):
+    time.sleep(0.02)
+"#;
+    let intruder = r#"
+import glob, os, socket, time
+while not os.path.exists("a-ready"):
+    time.sleep(0.02)
+mine = os.environ["ZCODE_TOOLS_SOCKET"]
+[path] = [p for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(mine)), "zcode-run-*", "tools.sock")) if p != mine]
+held = []
+for _ in range(40):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    held.append(s)
+open("b-flooding", "w").close()
+while not os.path.exists("a-done"):
+    time.sleep(0.02)
+# While the victim's run (and so its server) still lives: each silent
+# connection is closed by the server once its first wait is over.
+import select
+closed, waiting, deadline = 0, list(held), time.time() + 8
+while waiting and time.time() < deadline:
+    ready, _, _ = select.select(waiting, [], [], max(0, deadline - time.time()))
+    for s in ready:
+        waiting.remove(s)
+        try:
+            if s.recv(1) == b"":
+                closed += 1
+        except OSError:
+            closed += 1
+print("closed", closed)
+open("b-done", "w").close()
+"#;
+    let (a, b) = tokio::join!(
+        server.run(json!({"language": "python", "source": victim, "tools": ["fs.echo"], "timeoutMs": 60000})),
+        server.run(json!({"language": "python", "source": intruder, "tools": ["fs.echo"], "timeoutMs": 60000})),
+    );
+    let (a, b) = (a.0, b.0);
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(a["result"], "A's own", "{a}");
+    assert!(a["stdout"].as_str().unwrap().contains("victim mine"), "{a}");
+    assert_eq!(b["ok"], true, "{b}");
+    assert!(
+        b["stdout"].as_str().unwrap().contains("closed 40"),
+        "the silent connections were kept open: {b}"
+    );
+}
+
 #[tokio::test]
 async fn a_script_that_never_reads_its_answers_cannot_grow_the_servers_memory() {
     if !require_kernel_features() {

@@ -31,6 +31,17 @@ impl Bridge {
         let Some(held) = self.permissions.join(&path, held) else {
             return;
         };
+        if let Err(why) = self.permissions.may_ask() {
+            // Too many questions: refused without asking, summed up when
+            // the turn ends.
+            self.permissions.not_asked(&path);
+            let message = format!(
+                "zcode-acp refused writing {} without asking you ({why}; it is {reason})",
+                path.display()
+            );
+            debug!("{message}");
+            return self.refuse_held(held, message);
+        }
         let title = format!("Allow the agent to write {}?", path.display());
         let text = format!(
             "The sandbox denies this write: {reason}. Allow once holds until zcode-acp exits; Always allow records it in the project's sandbox.json; Never allow records a deny entry."
@@ -122,6 +133,60 @@ impl Bridge {
                 text,
             );
         }
+    }
+
+    /// Answers a held write with a refusal, toward whoever asked.
+    fn refuse_held(&mut self, held: HeldWrite, message: String) {
+        match held.from {
+            super::permissions::Asker::CodeTool => {
+                if self.code_tools.waiting(&held.backend_id) {
+                    self.code_tools
+                        .answer(&held.backend_id, Err((codes::WRITE_DENIED, message)));
+                }
+            }
+            super::permissions::Asker::Agent(generation) => {
+                if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
+                    g.send(error_response(
+                        &held.backend_id,
+                        codes::WRITE_DENIED,
+                        &message,
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The writes refused without asking since the last summary, said in
+    /// one notice on `session` (at the end of a turn).
+    pub(super) fn say_unasked(&mut self, session: &str) {
+        let Some((n, paths)) = self.permissions.take_unasked() else {
+            return;
+        };
+        const SHOWN: usize = 10;
+        let mut list: Vec<String> = paths
+            .iter()
+            .take(SHOWN)
+            .map(|p| format!("- {}", p.display()))
+            .collect();
+        if paths.len() > SHOWN {
+            list.push(format!("- and {} more paths", paths.len() - SHOWN));
+        }
+        warn!(
+            refused = n,
+            "writes refused without asking: too many questions at once or in one turn"
+        );
+        let text = format!(
+            "The agent tried {n} more writes outside what it may write than zcode-acp puts to you at once ({} open) or in one turn ({}); they were refused without asking:\n{}\nTo allow a place for good, run `zcode-acp allow PATH` in the project, or answer \"Always allow\" when it is asked again.",
+            super::permissions::MAX_OPEN_WRITE_PROMPTS,
+            super::permissions::MAX_WRITE_PROMPTS_PER_TURN,
+            list.join("\n")
+        );
+        self.announce_to(
+            session,
+            format!("Sandbox: {n} writes refused without asking"),
+            text,
+        );
     }
 
     /// Carries out an answer.
@@ -223,15 +288,9 @@ impl Bridge {
         let mut texts = Vec::new();
         collect_strings(&params["update"], &mut texts);
         let home = real_home();
-        let mut asked = 0;
         for text in texts.iter().filter(|t| super::refusals::may_contain(t)) {
             for candidate in super::refusals::refused_paths(text) {
-                if asked >= super::permissions::MAX_OPEN_DIRECT_PROMPTS {
-                    return;
-                }
-                if self.offer_direct_grant(&session, &candidate, home.as_deref()) {
-                    asked += 1;
-                }
+                self.offer_direct_grant(&session, &candidate, home.as_deref());
             }
         }
     }
@@ -281,6 +340,13 @@ impl Bridge {
         };
         if let Err(why) = self.permissions.may_offer_direct(&grant) {
             debug!(path = %grant.display(), why = %why, "not offered");
+            if matches!(
+                why,
+                super::permissions::NotOffered::EnoughOpen
+                    | super::permissions::NotOffered::EnoughThisTurn
+            ) {
+                self.permissions.not_asked(&grant);
+            }
             return false;
         }
         let reason = match decision.rule {

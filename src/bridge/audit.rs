@@ -26,6 +26,7 @@ impl Bridge {
     /// of what the turn left has reverted its findings (at once when the
     /// generation is not armed).
     pub(super) fn end_turn_after_audit(&mut self, session: &str, answer: Vec<u8>) {
+        self.say_unasked(session);
         if self.audit.is_none() {
             self.to_editor(answer);
             return;

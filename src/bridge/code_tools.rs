@@ -237,9 +237,19 @@ impl CodeTools {
     }
 }
 
+/// How long a new connection has to send its first call with the
+/// socket's token; until it has, it holds none of the socket's slots.
+const FIRST_CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Connections still waiting for their first call, at most: one more
+/// closes the oldest of them.
+const MAX_UNPROVEN: usize = 32;
+
 /// Accepts a session's connections; each is one call at a time, and a
 /// call whose connection closes is dropped (its run has ended), so a
-/// late answer from the user writes nothing.
+/// late answer from the user writes nothing. A connection takes one of
+/// the socket's slots only once its first call has shown the token: a
+/// process that finds the socket and holds connections open without a
+/// word takes none of them.
 async fn serve(
     listener: tokio::net::UnixListener,
     token: String,
@@ -248,26 +258,64 @@ async fn serve(
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let token = Arc::new(token);
+    let mut unproven: std::collections::VecDeque<oneshot::Sender<()>> = Default::default();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!("a connection to the editor's socket past the most at once was closed");
-            continue;
-        };
-        let (session, tx, token) = (session.clone(), tx.clone(), token.clone());
+        unproven.retain(|s| !s.is_closed());
+        if unproven.len() >= MAX_UNPROVEN {
+            if let Some(oldest) = unproven.pop_front() {
+                let _ = oldest.send(());
+            }
+        }
+        let (evict, evicted) = oneshot::channel::<()>();
+        unproven.push_back(evict);
+        let (session, tx, token, slots) =
+            (session.clone(), tx.clone(), token.clone(), slots.clone());
         tokio::spawn(async move {
-            let _slot = slot;
             let (read, mut write) = stream.into_split();
             let mut reader = BufReader::new(read.take(MAX_REQUEST));
             let mut line = Vec::new();
+            let first = tokio::select! {
+                r = reader.read_until(b'\n', &mut line) => r,
+                _ = tokio::time::sleep(FIRST_CALL_WAIT) => return,
+                _ = evicted => return,
+            };
+            if !matches!(first, Ok(n) if n > 0) {
+                return;
+            }
+            let proven = serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
+                v.get("token")
+                    .and_then(Value::as_str)
+                    .map(|t| t == token.as_str())
+            }) == Some(true);
+            if !proven {
+                let id = serde_json::from_slice::<Value>(&line)
+                    .ok()
+                    .and_then(|v| v.get("id").cloned())
+                    .unwrap_or(Value::Null);
+                let answer = json!({"id": id, "error": {"code": codes::INVALID_REQUEST, "message": "not this socket's token"}});
+                let mut out = serde_json::to_vec(&answer).unwrap_or_default();
+                out.push(b'\n');
+                let _ = write.write_all(&out).await;
+                return;
+            }
+            let Ok(_slot) = slots.try_acquire_owned() else {
+                debug!("a connection to the editor's socket past the most at once was closed");
+                let answer = json!({"id": Value::Null, "error": {"code": codes::INVALID_REQUEST, "message": format!("{MAX_CONNECTIONS} calls to the editor are in flight already, the most at once")}});
+                let mut out = serde_json::to_vec(&answer).unwrap_or_default();
+                out.push(b'\n');
+                let _ = write.write_all(&out).await;
+                return;
+            };
             loop {
-                line.clear();
-                match reader.read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
+                if line.is_empty() {
+                    match reader.read_until(b'\n', &mut line).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
                 }
                 let mut more = [0u8; 1];
                 let answer = tokio::select! {
@@ -276,6 +324,7 @@ async fn serve(
                     // rule): the call is dropped with its reply channel.
                     _ = reader.read(&mut more) => return,
                 };
+                line.clear();
                 let mut out = serde_json::to_vec(&answer).unwrap_or_default();
                 out.push(b'\n');
                 if write.write_all(&out).await.is_err() {

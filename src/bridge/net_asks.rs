@@ -32,7 +32,7 @@ use crate::relay::envelope::request;
 use crate::relay::Frame;
 
 /// Network prompts open at once, at most: as many as of refused writes.
-pub(super) const MAX_OPEN: usize = super::permissions::MAX_OPEN_DIRECT_PROMPTS;
+pub(super) const MAX_OPEN: usize = super::permissions::MAX_OPEN_WRITE_PROMPTS;
 /// Network prompts in one turn, at most: an agent trying one port after
 /// another must not keep the user answering.
 pub(super) const MAX_PER_TURN: usize = 10;

@@ -13,10 +13,15 @@ use super::prompts::{self, PromptOption};
 use crate::config::project::List;
 use crate::relay::{Frame, RawId};
 
-/// Prompts of one kind the sandbox's refusals open at once, at most
-/// (refused direct writes; refused connections, see `net_asks`): an agent
-/// looping over many paths or ports must not bury the editor in prompts.
-pub(super) const MAX_OPEN_DIRECT_PROMPTS: usize = 3;
+/// Write prompts open at once, at most (of every kind: writes through the
+/// editor, refused direct writes; connections have their own, see
+/// `net_asks`): an agent looping over many paths must not bury the editor
+/// in prompts.
+pub(super) const MAX_OPEN_WRITE_PROMPTS: usize = 3;
+/// Write prompts one turn may open, at most. Past either bound a write is
+/// refused without asking (through the editor: answered with `-32096`; a
+/// direct one: not offered), and the turn's end sums them up in one notice.
+pub(super) const MAX_WRITE_PROMPTS_PER_TURN: usize = 10;
 
 /// Who asked for a write through the editor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +59,7 @@ pub(super) enum NotOffered {
     AlreadyAsked,
     DismissedThisTurn,
     EnoughOpen,
+    EnoughThisTurn,
 }
 
 impl std::fmt::Display for NotOffered {
@@ -63,6 +69,7 @@ impl std::fmt::Display for NotOffered {
             NotOffered::AlreadyAsked => "already asked",
             NotOffered::DismissedThisTurn => "you said no this turn",
             NotOffered::EnoughOpen => "enough questions are open",
+            NotOffered::EnoughThisTurn => "this turn asked enough questions",
         })
     }
 }
@@ -88,6 +95,12 @@ pub(super) struct Permissions {
     never: Vec<PathBuf>,
     dismissed: HashSet<PathBuf>,
     config_asked: Vec<PathBuf>,
+    /// Write prompts opened since the editor's last prompt.
+    asked_this_turn: usize,
+    /// Writes refused without asking since the last summary, in order
+    /// (each path once).
+    unasked: Vec<PathBuf>,
+    unasked_count: usize,
 }
 
 impl Permissions {
@@ -133,14 +146,42 @@ impl Permissions {
         if self.dismissed.contains(grant) {
             return Err(NotOffered::DismissedThisTurn);
         }
-        if self.open.values().filter(|p| p.direct).count() >= MAX_OPEN_DIRECT_PROMPTS {
+        self.may_ask()
+    }
+
+    /// Whether one more write prompt may be opened now (see
+    /// [`MAX_OPEN_WRITE_PROMPTS`], [`MAX_WRITE_PROMPTS_PER_TURN`]).
+    pub fn may_ask(&self) -> Result<(), NotOffered> {
+        if self.open.len() >= MAX_OPEN_WRITE_PROMPTS {
             return Err(NotOffered::EnoughOpen);
+        }
+        if self.asked_this_turn >= MAX_WRITE_PROMPTS_PER_TURN {
+            return Err(NotOffered::EnoughThisTurn);
         }
         Ok(())
     }
 
+    /// A write refused without asking, for the turn's summary.
+    pub fn not_asked(&mut self, path: &Path) {
+        self.unasked_count += 1;
+        if !self.unasked.iter().any(|p| p == path) && self.unasked.len() < 1000 {
+            self.unasked.push(path.to_path_buf());
+        }
+    }
+
+    /// The writes refused without asking since the last call: (how many,
+    /// the distinct paths, in order).
+    pub fn take_unasked(&mut self) -> Option<(usize, Vec<PathBuf>)> {
+        if self.unasked_count == 0 {
+            return None;
+        }
+        let n = std::mem::take(&mut self.unasked_count);
+        Some((n, std::mem::take(&mut self.unasked)))
+    }
+
     /// A prompt was sent as the bridge's request `bid`.
     pub fn opened(&mut self, bid: u64, prompt: Prompt) {
+        self.asked_this_turn += 1;
         self.by_path.insert(prompt.path.clone(), bid);
         self.open.insert(bid, prompt);
     }
@@ -179,6 +220,7 @@ impl Permissions {
     /// asked again.
     pub fn new_turn(&mut self) {
         self.dismissed.clear();
+        self.asked_this_turn = 0;
     }
 
     /// Whether the hand edits of `root`'s sandbox.json should be put to
@@ -268,6 +310,7 @@ mod tests {
             p.may_offer_direct(Path::new("/p4")),
             Err(NotOffered::EnoughOpen)
         );
+        assert_eq!(p.may_ask(), Err(NotOffered::EnoughOpen));
         assert_eq!(
             p.may_offer_direct(Path::new("/p1")),
             Err(NotOffered::AlreadyAsked)
@@ -286,6 +329,37 @@ mod tests {
         assert_eq!(p.may_offer_direct(Path::new("/p4")), Ok(()));
         p.new_turn();
         assert_eq!(p.may_offer_direct(Path::new("/p1")), Ok(()));
+    }
+
+    /// However many distinct paths an agent writes, a few prompts are open
+    /// at once and a few more per turn; the rest are counted for one
+    /// summary, and the next turn may ask again.
+    #[test]
+    fn write_prompts_are_bounded_at_once_and_per_turn() {
+        let mut p = Permissions::default();
+        let mut bid = 0;
+        let mut opened = 0;
+        for i in 0..3494 {
+            let path = PathBuf::from(format!("/outside/f{i}"));
+            match p.may_ask() {
+                Ok(()) => {
+                    bid += 1;
+                    p.opened(bid, prompt(path.to_str().unwrap(), false, vec![]));
+                    opened += 1;
+                    // The user answers each at once.
+                    p.answered(bid, Some(prompts::REJECT_ONCE)).unwrap();
+                }
+                Err(_) => p.not_asked(&path),
+            }
+        }
+        assert_eq!(opened, MAX_WRITE_PROMPTS_PER_TURN);
+        let (n, paths) = p.take_unasked().unwrap();
+        assert_eq!(n, 3494 - MAX_WRITE_PROMPTS_PER_TURN);
+        assert_eq!(paths.len(), 1000);
+        assert!(p.take_unasked().is_none());
+        assert_eq!(p.may_ask(), Err(NotOffered::EnoughThisTurn));
+        p.new_turn();
+        assert_eq!(p.may_ask(), Ok(()));
     }
 
     #[test]

@@ -36,6 +36,12 @@ pub(super) async fn prompt(
         agent.say(sid, &format!("dry-run: would run `{text}`"));
         return "end_turn";
     }
+    if let Some(rest) = text.strip_prefix("/write-many ") {
+        return many_writes(agent, sid, cwd, rest, true).await;
+    }
+    if let Some(rest) = text.strip_prefix("/write-seq ") {
+        return many_writes(agent, sid, cwd, rest, false).await;
+    }
     if let Some(rest) = text.strip_prefix("/write ") {
         return write_through_editor(agent, sid, cwd, rest).await;
     }
@@ -61,6 +67,69 @@ async fn write_through_editor(agent: &Agent, sid: &str, cwd: &Path, rest: &str) 
         ),
     }
     "end_turn"
+}
+
+/// `N PREFIX CONTENT`: N writes through the editor, of `PREFIX0` to
+/// `PREFIX{N-1}`, all at once or one after another; says how many the
+/// editor made and how many were refused (a test's flood and race).
+async fn many_writes(
+    agent: &Agent,
+    sid: &str,
+    cwd: &Path,
+    rest: &str,
+    at_once: bool,
+) -> &'static str {
+    let mut words = rest.splitn(3, ' ');
+    let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let prefix = cwd.join(words.next().unwrap_or("f"));
+    let content = words.next().unwrap_or("");
+    let one = |i: usize| {
+        let path = format!("{}{i}", prefix.display());
+        let params = json!({"sessionId": sid, "path": path, "content": content});
+        agent.call("fs/write_text_file", params)
+    };
+    let results: Vec<bool> = if at_once {
+        join_all((0..n).map(|i| Box::pin(one(i))).collect())
+            .await
+            .into_iter()
+            .map(|r| r.is_ok())
+            .collect()
+    } else {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(one(i).await.is_ok());
+        }
+        out
+    };
+    let ok = results.iter().filter(|r| **r).count();
+    agent.say(sid, &format!("writes: ok={ok} refused={}", n - ok));
+    "end_turn"
+}
+
+/// Runs the futures concurrently on this task; their outputs in order.
+async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match std::pin::Pin::new(f).poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future is done"))
+        .collect()
 }
 
 async fn terminal_through_editor(

@@ -44,12 +44,22 @@ const MAX_QUEUED_ANSWERS: usize = 64;
 /// How long a connection past the limit waits for a slot the script has
 /// just given back (a connection it closed, whose end is not read yet).
 const RECONNECT_GRACE: Duration = Duration::from_millis(200);
-/// How long a refused connection is given to send the request its
-/// refusal answers.
-const REFUSAL_WAIT: Duration = Duration::from_secs(5);
 /// How long the end of a run waits for requests already written (a
 /// `result` sent just before the script exited) to be read.
 const DRAIN: Duration = Duration::from_millis(250);
+/// How long a new connection has to send its first request, carrying the
+/// run's token: until it has, it holds none of the run's slots, so a
+/// process that finds the socket and connects without a word takes
+/// nothing from the run.
+const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(2);
+/// Connections still waiting for their first request, at most: one more
+/// closes the oldest of them (a flood of silent connections pushes out
+/// only its own, while the run's, which speak at once, get through).
+const MAX_UNPROVEN: usize = 32;
+/// How much of a first request is read before its token is looked for:
+/// the whole line where it ends within this, else its first bytes, where
+/// the stubs (and the README's shell example) put the token.
+const FIRST_REQUEST_HEAD: usize = 4096;
 
 /// Makes one tool call (the session's MCP servers, the editor).
 pub trait Caller: Send + Sync {
@@ -284,9 +294,11 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
-/// Accepts the run's connections until `stopped`, each served by a task
-/// of its own while it holds one of the run's [`MAX_CONNECTIONS`] slots;
-/// one past them is refused, clearly, by [`refuse`].
+/// Accepts the run's connections until `stopped`. Each must first prove
+/// it is the run's (its first request carries the token, within
+/// [`FIRST_REQUEST_WAIT`]); only then does it take one of the run's
+/// [`MAX_CONNECTIONS`] slots and get served by a task of its own. One past
+/// the slots is refused, clearly, by [`refuse`].
 async fn accept_all(
     listener: UnixListener,
     shared: Arc<Shared>,
@@ -295,22 +307,27 @@ async fn accept_all(
     // The connections die with this task: aborting it at the end of the
     // run drops the set, which aborts every call in flight.
     let mut connections = JoinSet::new();
-    let mut refusals = JoinSet::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Connections not yet past their first request, oldest first: each
+    // can be told to give up its place.
+    let mut unproven: std::collections::VecDeque<tokio::sync::oneshot::Sender<()>> =
+        Default::default();
     loop {
         tokio::select! {
             _ = &mut stopped => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match slot(&slots).await {
-                    Some(slot) => {
-                        connections.spawn(serve(stream, shared.clone(), slot));
+                Ok((stream, _)) => {
+                    // A proven (or closed) connection dropped its end.
+                    unproven.retain(|s| !s.is_closed());
+                    if unproven.len() >= MAX_UNPROVEN {
+                        if let Some(oldest) = unproven.pop_front() {
+                            let _ = oldest.send(());
+                        }
                     }
-                    // Past this many refusals at once, one is just closed.
-                    None if refusals.len() < MAX_CONNECTIONS => {
-                        refusals.spawn(refuse(stream, shared.clone()));
-                    }
-                    None => {}
-                },
+                    let (evict, evicted) = tokio::sync::oneshot::channel();
+                    unproven.push_back(evict);
+                    connections.spawn(connection(stream, shared.clone(), slots.clone(), evicted));
+                }
                 Err(e) => {
                     // Out of descriptors, say: later connections may still
                     // be taken.
@@ -319,12 +336,91 @@ async fn accept_all(
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
         }
     }
     drop(listener);
-    drop(refusals);
     while connections.join_next().await.is_some() {}
+}
+
+/// One connection, from its first byte: it holds no slot until its first
+/// request has shown the run's token (a silent one is closed after
+/// [`FIRST_REQUEST_WAIT`], or sooner when newer ones push it out); then it
+/// takes a slot, or is refused for want of one.
+async fn connection(
+    mut stream: UnixStream,
+    shared: Arc<Shared>,
+    slots: Arc<Semaphore>,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+) {
+    let head = tokio::select! {
+        head = first_request(&mut stream, &shared) => head,
+        _ = tokio::time::sleep(FIRST_REQUEST_WAIT) => None,
+        _ = evicted => None,
+    };
+    // (`evicted` is dropped with the select: this connection no longer
+    // counts among the unproven.)
+    let Some(head) = head else { return };
+    match slot(&slots).await {
+        Some(slot) => serve(stream, shared, slot, head).await,
+        None => refuse(stream, shared, &head).await,
+    }
+}
+
+/// Reads the start of a connection's first request and checks its token:
+/// what was read (to be served from), or None when it does not carry the
+/// token (the refusal is written, and the connection is to be closed) or
+/// the connection ended first.
+async fn first_request(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<u8>> {
+    let mut head: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        // Blank lines before the first request are skipped, as `line` does.
+        let start = head
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(head.len());
+        let line_end = memchr::memchr(b'\n', &head[start..]).map(|i| start + i);
+        let proven = match line_end {
+            Some(end) => Some(
+                serde_json::from_slice::<Value>(&head[start..end])
+                    .ok()
+                    .is_some_and(|v| shared.is_token(v.get("token").and_then(Value::as_str))),
+            ),
+            None if head.len() - start >= FIRST_REQUEST_HEAD => {
+                Some(shared.is_token(leading_str(&head[start..], "token").as_deref()))
+            }
+            None => None,
+        };
+        match proven {
+            Some(true) => return Some(head),
+            Some(false) => {
+                let mut line = closing_answer(&leading_id(&head[start..]), shared.stranger());
+                line.push(b'\n');
+                let _ = stream.write_all(&line).await;
+                // The rest of the request is read and dropped (within the
+                // connection's first wait), so a client still writing it
+                // reads the refusal instead of a broken pipe.
+                if line_end.is_none() {
+                    loop {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) if chunk[..n].contains(&b'\n') => break,
+                            Ok(_) => {}
+                        }
+                    }
+                }
+                return None;
+            }
+            None => {}
+        }
+        let want = (FIRST_REQUEST_HEAD + start)
+            .saturating_sub(head.len())
+            .clamp(1, chunk.len());
+        match stream.read(&mut chunk[..want]).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 /// A slot for a new connection. At the limit, one the script has just
@@ -340,36 +436,31 @@ async fn slot(slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
         .ok()
 }
 
-/// A connection past the limit: its first request is answered, by its
-/// id, with the refusal (a script reads why, not a reset), then it is
-/// closed.
-async fn refuse(mut stream: UnixStream, shared: Arc<Shared>) {
+/// A connection of the run's past the limit: its first request (already
+/// read, `head`) is answered, by its id, with the refusal (a script reads
+/// why, not a reset), then it is closed.
+async fn refuse(mut stream: UnixStream, shared: Arc<Shared>, head: &[u8]) {
     let f = shared.breach(
         "too_many_at_once",
         format!("this run holds {MAX_CONNECTIONS} connections to its tools server already, the most it may; close one first (the stubs keep one per thread)"),
     );
-    let mut head = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let first = async {
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => {
-                    let part = &chunk[..n];
-                    if head.len() < HEAD {
-                        head.extend_from_slice(&part[..part.len().min(HEAD - head.len())]);
-                    }
-                    if part.contains(&b'\n') {
-                        return true;
-                    }
+    let mut line = closing_answer(&leading_id(head.trim_ascii_start()), f);
+    line.push(b'\n');
+    let _ = stream.write_all(&line).await;
+    // A request still being written is read to its end (within a bound),
+    // so its client reads the refusal instead of a broken pipe.
+    if !head.contains(&b'\n') {
+        let mut chunk = [0u8; 4096];
+        let _ = tokio::time::timeout(FIRST_REQUEST_WAIT, async {
+            loop {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) if chunk[..n].contains(&b'\n') => break,
+                    Ok(_) => {}
                 }
             }
-        }
-    };
-    if let Ok(true) = tokio::time::timeout(REFUSAL_WAIT, first).await {
-        let mut line = closing_answer(&leading_id(&head), f);
-        line.push(b'\n');
-        let _ = stream.write_all(&line).await;
+        })
+        .await;
     }
 }
 
@@ -403,7 +494,7 @@ struct Conn {
 /// for the run's token, and each is answered by a task of its own (a
 /// script may have several calls in flight); answers go back through one
 /// writer. The first request without the token ends the connection.
-async fn serve(stream: UnixStream, shared: Arc<Shared>, slot: OwnedSemaphorePermit) {
+async fn serve(stream: UnixStream, shared: Arc<Shared>, slot: OwnedSemaphorePermit, head: Vec<u8>) {
     let (reader, writer) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Queued>(MAX_QUEUED_ANSWERS);
     let deaf = Arc::new(AtomicBool::new(false));
@@ -419,13 +510,21 @@ async fn serve(stream: UnixStream, shared: Arc<Shared>, slot: OwnedSemaphorePerm
         deaf,
     };
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
-    let mut chunk = vec![0u8; 64 * 1024];
+    let mut chunk = vec![0u8; (64 * 1024).max(head.len())];
+    // What the first request's check read comes first.
+    let mut first = Some(head);
     // (its id, and whether its first bytes carried the token)
     let mut skipping: Option<(Value, bool)> = None;
     'read: loop {
-        let n = tokio::select! {
-            n = conn.reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
-            Some(_) = conn.calls.join_next(), if !conn.calls.is_empty() => continue,
+        let n = match first.take() {
+            Some(head) if !head.is_empty() => {
+                chunk[..head.len()].copy_from_slice(&head);
+                head.len()
+            }
+            _ => tokio::select! {
+                n = conn.reader.read(&mut chunk) => match n { Ok(0) | Err(_) => break, Ok(n) => n },
+                Some(_) = conn.calls.join_next(), if !conn.calls.is_empty() => continue,
+            },
         };
         let mut rest = &chunk[..n];
         while !rest.is_empty() {
