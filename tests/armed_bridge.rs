@@ -1041,3 +1041,120 @@ fn a_refused_connection_is_put_to_the_user_and_each_answer_holds() {
     let (mut ed, ws, sid, _outside) = armed_editor();
     refused_connections_are_put_to_the_user(&mut ed, &ws, &sid);
 }
+
+/// An agent process that keeps swapping a workspace directory with a
+/// symlink to a folder outside, while the agent asks the editor for
+/// thousands of writes into that directory: every write the editor makes
+/// lands where it was judged (the agent is held still meanwhile), none
+/// outside; writes judged outside are put to the user (and refused here).
+#[test]
+fn the_editor_writes_exactly_where_it_was_judged_while_the_agent_races_the_path() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    std::fs::create_dir(ws.join("d")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("l")).unwrap();
+    std::fs::write(
+        ws.join("racer.py"),
+        r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+open("racing", "w").close()
+while True:
+    libc.renameat2(-100, b"d", -100, b"l", 2)  # RENAME_EXCHANGE
+"#,
+    )
+    .unwrap();
+    ed.prompt(
+        &sid,
+        "nohup python3 racer.py > /dev/null 2>&1 & while [ ! -e racing ]; do sleep 0.01; done; echo started",
+    );
+    let start = ed.seen.len();
+    let id = ed.prompt_request(&sid, "/write-seq 2000 d/f x");
+    let mut answered: std::collections::HashSet<String> = Default::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while ed.responses_to(&id) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writes did not end"
+        );
+        ed.drain_for(Duration::from_millis(100));
+        let open: Vec<serde_json::Value> = ed.seen[start..]
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .map(|l| l.value["id"].clone())
+            .filter(|id| !answered.contains(&id.to_string()))
+            .collect();
+        for q in open {
+            ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": q, "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}}));
+            answered.insert(q.to_string());
+        }
+    }
+    let text = ed.agent_text_since(start, &sid);
+    // The racer's swaps stop with the bridge; what landed is counted after.
+    ed.prompt(&sid, "pkill -f racer.py; echo stopped");
+    let landed = std::fs::read_dir(&outside).unwrap().count();
+    assert_eq!(landed, 0, "{landed} writes landed outside: {text}");
+    let inside = ["d", "l"]
+        .iter()
+        .filter_map(|n| std::fs::read_dir(ws.join(n)).ok())
+        .map(|d| d.count())
+        .sum::<usize>();
+    assert!(
+        inside > 100,
+        "too few writes landed inside ({inside}): {text}"
+    );
+    assert!(text.contains("writes: ok="), "{text}");
+}
+
+/// A terminal runs in the directory that was judged: one the agent swaps
+/// for a symlink between the bridge's look and the editor's start of the
+/// terminal is refused there, not followed.
+#[test]
+fn a_terminals_directory_swapped_for_a_symlink_is_refused_not_followed() {
+    if !require_kernel_features() {
+        return;
+    }
+    let mut ed = start_shell_agent(true);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sub = ws.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let sid = ed.new_session(&sub);
+    let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    ed.manual.push("terminal/create");
+    let id = ed.prompt_request(&sid, "/terminal echo ran in $(pwd)");
+    let req = ed
+        .wait_for("terminal/create", |v| v["method"] == "terminal/create")
+        .value;
+    // The agent wins the race: the directory is now a link to outside.
+    std::fs::rename(&sub, ws.join("sub.real")).unwrap();
+    std::os::unix::fs::symlink(&outside, &sub).unwrap();
+    let p = &req["params"];
+    let out = std::process::Command::new(p["command"].as_str().unwrap())
+        .args(
+            p["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        )
+        .current_dir(p["cwd"].as_str().unwrap())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    ed.terminals.push((text.clone(), out.status.code()));
+    let n = ed.terminals.len() - 1;
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"terminalId": format!("term-{n}")}}));
+    ed.response(&id);
+    assert!(
+        text.contains("not the directory that was judged"),
+        "the terminal ran where the link leads: {text}"
+    );
+    assert!(!text.contains("ran in"), "{text}");
+    assert_ne!(out.status.code(), Some(0));
+}

@@ -1,6 +1,7 @@
 //! Backend processes: how a generation is spawned, watched and stopped.
 
 pub mod generation;
+pub mod hold;
 #[cfg(target_os = "linux")]
 pub mod keeper;
 pub mod procs;

@@ -99,10 +99,10 @@ pub fn snapshot() -> Vec<ProcInfo> {
             (n == size).then_some(ProcInfo {
                 pid,
                 ppid: info.pbi_ppid as i32,
-                state: if info.pbi_status == libc::SZOMB {
-                    'Z'
-                } else {
-                    'S'
+                state: match info.pbi_status {
+                    libc::SZOMB => 'Z',
+                    libc::SSTOP => 'T',
+                    _ => 'S',
                 },
             })
         })

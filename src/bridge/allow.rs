@@ -18,7 +18,7 @@ use super::{prompts, AtEditor, Bridge};
 use crate::config::project::{self, List};
 use crate::policy::offerable::{never_granted, real_home};
 use crate::relay::codes;
-use crate::relay::envelope::{error_response, request};
+use crate::relay::envelope::request;
 use crate::relay::Frame;
 
 pub(super) use super::permissions::HeldWrite;
@@ -40,7 +40,7 @@ impl Bridge {
                 path.display()
             );
             debug!("{message}");
-            return self.refuse_held(held, message);
+            return self.refuse_write(held, codes::WRITE_DENIED, message);
         }
         let title = format!("Allow the agent to write {}?", path.display());
         let text = format!(
@@ -135,28 +135,6 @@ impl Bridge {
         }
     }
 
-    /// Answers a held write with a refusal, toward whoever asked.
-    fn refuse_held(&mut self, held: HeldWrite, message: String) {
-        match held.from {
-            super::permissions::Asker::CodeTool => {
-                if self.code_tools.waiting(&held.backend_id) {
-                    self.code_tools
-                        .answer(&held.backend_id, Err((codes::WRITE_DENIED, message)));
-                }
-            }
-            super::permissions::Asker::Agent(generation) => {
-                if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
-                    g.send(error_response(
-                        &held.backend_id,
-                        codes::WRITE_DENIED,
-                        &message,
-                        None,
-                    ));
-                }
-            }
-        }
-    }
-
     /// The writes refused without asking since the last summary, said in
     /// one notice on `session` (at the end of a turn).
     pub(super) fn say_unasked(&mut self, session: &str) {
@@ -209,41 +187,13 @@ impl Bridge {
             );
             self.request_restart(&format!("you allowed writes to {}", prompt.path.display()));
         }
-        let current = self.generation.as_ref().map(|g| g.id);
         for held in prompt.held {
-            if held.from == super::permissions::Asker::CodeTool {
-                // A run's write: answered to its socket, whatever agent
-                // runs; nothing is written for a run that has ended.
-                if !self.code_tools.waiting(&held.backend_id) {
-                    info!("the run that asked to write {entry} has ended: nothing written");
-                } else if allowed {
-                    self.forward_code_tool_request(held.backend_id, held.frame);
-                } else {
-                    let message = format!("the user did not allow writing {entry}");
-                    self.code_tools
-                        .answer(&held.backend_id, Err((codes::WRITE_DENIED, message)));
-                }
-                continue;
-            }
-            let super::permissions::Asker::Agent(generation) = held.from else {
-                continue;
-            };
-            if Some(generation) != current {
-                continue; // that agent is gone; nothing to answer
-            }
             if allowed {
-                self.forward_backend_request(generation, held.backend_id, held.frame);
+                // Judged again, and made, with the agent held still.
+                self.write_held(held);
             } else {
                 let message = format!("the user did not allow writing {entry}");
-                warn!("{message}");
-                if let Some(g) = &self.generation {
-                    g.send(error_response(
-                        &held.backend_id,
-                        codes::WRITE_DENIED,
-                        &message,
-                        None,
-                    ));
-                }
+                self.refuse_write(held, codes::WRITE_DENIED, message);
             }
         }
     }

@@ -47,7 +47,22 @@ impl Bridge {
                         return self.ask(session, path, reason, held);
                     }
                 };
-                self.forward_backend_request(generation, id, frame);
+                if !self.armed() {
+                    self.forward_backend_request(generation, id, frame);
+                } else if method == "fs/write_text_file" {
+                    // Made with the agent held still (see `hold`).
+                    self.write_held(super::allow::HeldWrite {
+                        from: super::permissions::Asker::Agent(generation),
+                        backend_id: id,
+                        frame,
+                    });
+                } else if method == "terminal/create"
+                    && self.defer_terminal(generation, &id, &frame)
+                {
+                    debug!("a terminal waits for the agent's processes to be let go");
+                } else {
+                    self.forward_backend_request(generation, id, frame);
+                }
             }
             FrameKind::Notification { method } => match method.as_str() {
                 "session/update" => {
@@ -175,13 +190,14 @@ impl Bridge {
         }
     }
 
-    /// Sends a backend request on to the editor under a bridge id.
+    /// Sends a backend request on to the editor under a bridge id (which
+    /// it returns).
     pub(super) fn forward_backend_request(
         &mut self,
         generation: u64,
         id: crate::relay::RawId,
         frame: Frame,
-    ) {
+    ) -> u64 {
         let method = frame.method().unwrap_or_default().to_owned();
         let terminal_for = (method == "terminal/create")
             .then(|| frame.session_id())
@@ -191,6 +207,7 @@ impl Bridge {
         }
         let bid = self.routes.backend_request(generation, id, terminal_for);
         self.to_editor(frame.with_id(&bid.to_string()));
+        bid
     }
 
     fn forget_terminal(&mut self, frame: &Frame) {

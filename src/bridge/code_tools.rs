@@ -449,14 +449,24 @@ impl Bridge {
             }
         };
         debug!(method = call.method, "run_code calls the editor");
-        self.forward_code_tool_request(id, frame);
+        if call.method == "fs/write_text_file" {
+            // Made with the agent held still (see `hold`).
+            self.write_held(super::allow::HeldWrite {
+                from: super::permissions::Asker::CodeTool,
+                backend_id: id,
+                frame,
+            });
+        } else {
+            self.forward_code_tool_request(id, frame);
+        }
     }
 
     /// Sends a run's request to the editor; its answer comes back to the
     /// run's socket ([`AtEditor::CodeTool`](super::AtEditor)).
-    pub(super) fn forward_code_tool_request(&mut self, id: RawId, frame: Frame) {
+    pub(super) fn forward_code_tool_request(&mut self, id: RawId, frame: Frame) -> u64 {
         let bid = self.routes.code_tool_request(id);
         self.to_editor(frame.with_id(&bid.to_string()));
+        bid
     }
 
     /// What the editor's `initialize` said it offers: `fs.<capability>`.

@@ -527,13 +527,17 @@ impl Bridge {
             AtEditor::NetPrompt => self.on_net_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
             AtEditor::AuditPrompt { finding } => self.on_audit_answer(*finding, &frame),
-            AtEditor::CodeTool { id } => self.code_tool_answered(&id, &frame),
+            AtEditor::CodeTool { id } => {
+                self.code_tool_answered(&id, &frame);
+                self.editor_answered_under_hold(bid);
+            }
             AtEditor::Backend {
                 generation,
                 id: backend_id,
                 terminal_for,
             } => {
                 if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                    self.editor_answered_under_hold(bid);
                     return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
                 }
                 if let (
@@ -557,6 +561,7 @@ impl Bridge {
                     }
                 }
                 self.send_to_backend(frame.with_id(backend_id.as_str()));
+                self.editor_answered_under_hold(bid);
             }
         }
     }

@@ -20,6 +20,7 @@ mod code_tools;
 mod disk;
 mod editor_io;
 mod editor_side;
+mod hold;
 mod lifecycle;
 mod net_asks;
 mod permissions;
@@ -110,6 +111,8 @@ enum Event {
     NetworkAsk(crate::network::asks::Question),
     /// Code run by run_code calls the editor (see `code_tools`).
     CodeTool(code_tools::EditorCall),
+    /// The agent is held still for the editor's writes, or cannot be.
+    Held(Result<crate::backend::hold::Held, String>),
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -204,6 +207,8 @@ pub struct Bridge {
     servers_files: crate::run_code::inject::ServersFiles,
     /// The sockets that give run_code the editor's files.
     code_tools: code_tools::CodeTools,
+    /// The agent held still while the editor writes for it (see `hold`).
+    hold: hold::WriteHold,
 }
 
 impl Bridge {
@@ -281,6 +286,7 @@ impl Bridge {
             turn_ends_next: Vec::new(),
             servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
             code_tools: code_tools::CodeTools::new(),
+            hold: hold::WriteHold::default(),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -334,6 +340,7 @@ impl Bridge {
             done = self.disk.next() => Event::Disk(done),
             question = self.net_asks.next() => Event::NetworkAsk(question),
             call = self.code_tools.next() => Event::CodeTool(call),
+            taken = self.hold.next() => Event::Held(taken),
         }
     }
 
@@ -440,6 +447,7 @@ impl Bridge {
             Event::Refused(v) => self.on_refused_in_log(v),
             Event::NetworkAsk(question) => self.on_network_ask(question),
             Event::CodeTool(call) => self.on_code_tool(call),
+            Event::Held(taken) => self.on_held(taken),
             Event::Disk(disk::DiskDone::NetworkRecorded {
                 session,
                 what,
@@ -551,6 +559,8 @@ impl Bridge {
         // Stopping can take the grace period: nothing staged waits for it.
         self.flush_editor();
         let id = generation.id;
+        // A stopped process would not act on SIGTERM: the agent is let go.
+        self.release_hold_now();
         // Its helper's pid is nobody's to join from now on.
         self.confinement.released_by(generation.pid);
         self.net_asks.stop();

@@ -86,11 +86,14 @@ impl Bridge {
             .iter()
             .map(|e| (e.name.clone(), e.value.clone()))
             .collect();
-        let command = crate::confine::Command {
-            argv,
-            env,
-            cwd: request.cwd.clone(),
-        };
+        // The real path is what the terminal runs in: entered with no
+        // symlink on the way, so a directory the agent swaps for one later
+        // is refused there rather than followed.
+        let cwd = request
+            .cwd
+            .as_ref()
+            .map(|c| crate::policy::resolve_real(c).unwrap_or_else(|_| c.clone()));
+        let command = crate::confine::Command { argv, env, cwd };
         if self.confinement.policy().is_none() {
             return refuse(
                 "zcode-acp refused terminal/create: no generation is armed, so there is no sandbox to run it in"

@@ -213,6 +213,23 @@ impl Routes {
         bid
     }
 
+    /// `terminal/create` requests the editor has not answered: the terminals
+    /// it may be starting.
+    pub fn terminals_being_created(&self) -> usize {
+        self.at_editor
+            .values()
+            .filter(|r| {
+                matches!(
+                    r,
+                    AtEditor::Backend {
+                        terminal_for: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
     /// A run's request (`run_code`'s editor socket, its call `id`) sent to
     /// the editor under a bridge id.
     pub fn code_tool_request(&mut self, id: RawId) -> u64 {

@@ -1517,6 +1517,15 @@ fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) -> ! {
     }
 }
 
+/// Makes `dir` the working directory, reached with no symlink on the way;
+/// the error, and whether something is there at all.
+fn enter_without_symlinks(dir: &Path) -> Result<(), (Errno, bool)> {
+    match super::open_dir_without_symlinks(dir) {
+        Ok(fd) => nix::unistd::fchdir(&fd).map_err(|e| (e, true)),
+        Err(e) => Err((e, dir.exists())),
+    }
+}
+
 /// The command itself: last steps, then exec.
 fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
     if let Err(e) = forwarded.thread_unblock() {
@@ -1556,11 +1565,30 @@ fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
         std::env::set_var(k, v);
     }
     if let Some(cwd) = &spec.cwd {
-        // The directory may not exist in the sandbox's view (it was in the
-        // host's /tmp, which is private here): the nearest one that does.
-        let entered = cwd
-            .ancestors()
-            .find(|dir| std::env::set_current_dir(dir).is_ok());
+        // Entered with no symlink on the way: the working directory is the
+        // real path that was judged (an editor terminal's, resolved by the
+        // bridge), and a directory on it swapped for a symlink since is
+        // refused, not followed. The directory may not exist in the
+        // sandbox's view (it was in the host's /tmp, which is private
+        // here): then the nearest one that does.
+        let mut entered = None;
+        for dir in cwd.ancestors() {
+            match enter_without_symlinks(dir) {
+                Ok(()) => {
+                    entered = Some(dir);
+                    break;
+                }
+                // There, but not reached without a symlink: refused.
+                Err((Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV, true)) => die(
+                    &format!("cd {}", cwd.display()),
+                    format!(
+                        "{} is now reached through a symlink, so it is not the directory that was judged; not run",
+                        dir.display()
+                    ),
+                ),
+                Err(_) => continue,
+            }
+        }
         match entered {
             Some(dir) if dir != cwd.as_path() => eprintln!(
                 "zcode-acp sandbox: {} is not visible inside the sandbox (the sandbox's /tmp is private); running in {}",

@@ -4,6 +4,7 @@
 pub mod enforce;
 pub mod exec;
 pub mod helper;
+pub mod hold;
 pub mod join;
 pub mod layers;
 pub mod listening;

@@ -7,6 +7,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
@@ -230,9 +232,33 @@ pub fn open_dir_without_symlinks(dir: &Path) -> Result<OwnedFd, Errno> {
             std::mem::size_of::<OpenHow>(),
         )
     };
-    let fd = Errno::result(fd)?;
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    match Errno::result(fd) {
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
+        // No openat2 (before Linux 5.6, or inside the sandbox, whose filter
+        // refuses it): the same, one component at a time.
+        Err(Errno::ENOSYS) => open_dir_one_step_at_a_time(dir),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`open_dir_without_symlinks`] without `openat2`: each component is
+/// opened beneath the last with `O_NOFOLLOW | O_DIRECTORY`, which fails on
+/// a symlink (`ENOTDIR`); `.` and `..` are refused.
+fn open_dir_one_step_at_a_time(dir: &Path) -> Result<OwnedFd, Errno> {
+    use std::path::Component;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut at = nix::fcntl::open("/", flags, Mode::empty())?;
+    for c in dir.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(name) => {
+                at = nix::fcntl::openat(&at, name, flags, Mode::empty())?;
+            }
+            _ => return Err(Errno::EINVAL),
+        }
+    }
+    Ok(at)
 }
 
 pub fn ns_inode(link: &str) -> Result<u64, Errno> {

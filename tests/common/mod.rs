@@ -55,6 +55,8 @@ pub struct Editor {
     pub drop_grace: Duration,
     /// Who runs the terminals (see [`Options::run_as`]).
     run_as: Option<(u32, u32)>,
+    /// Requests of these methods are left for the test to answer.
+    pub manual: Vec<&'static str>,
 }
 
 /// The bridge's home directory: a fresh temporary one, or one the test
@@ -202,6 +204,7 @@ impl Editor {
             timeout: opts.timeout,
             drop_grace: Duration::ZERO,
             run_as: opts.run_as.as_ref().map(|u| (u.0, u.1)),
+            manual: Vec::new(),
         }
     }
 
@@ -305,11 +308,16 @@ impl Editor {
     /// Collects frames for `d` (answering bridge requests meanwhile).
     pub fn drain_for(&mut self, d: Duration) {
         let deadline = Instant::now() + d;
-        while self.pull(deadline).is_some() {}
-        while self.cursor < self.seen.len() {
-            let v = self.seen[self.cursor].value.clone();
-            self.cursor += 1;
-            self.auto_answer(&v);
+        loop {
+            // Requests are answered as they come, as an editor does.
+            while self.cursor < self.seen.len() {
+                let v = self.seen[self.cursor].value.clone();
+                self.cursor += 1;
+                self.auto_answer(&v);
+            }
+            if self.pull(deadline).is_none() {
+                break;
+            }
         }
     }
 
@@ -319,6 +327,9 @@ impl Editor {
         else {
             return;
         };
+        if self.manual.contains(&method) {
+            return;
+        }
         let id = id.clone();
         let result = match method {
             "fs/write_text_file" => {

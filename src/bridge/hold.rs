@@ -1,0 +1,282 @@
+//! The editor writes exactly what was judged.
+//!
+//! A write the agent asks the editor to make (`fs/write_text_file`, its own
+//! or code's through `run_code`) is judged on a path that the agent's
+//! processes could change a moment later: a directory on the way swapped
+//! for a symlink, and the editor, following it as editors do, would write
+//! outside. So an allowed write is made with the agent held still
+//! (`backend::hold`): its processes are stopped, the path is judged again,
+//! the write goes to the editor, and the processes go on once the editor
+//! has answered. Several writes share one hold; a terminal the editor is
+//! still starting for the agent is waited for first (its processes could
+//! otherwise start after the hold was taken), and one asked for while the
+//! hold is being taken waits for it to end.
+//!
+//! The hold is taken off the loop (stopping and checking the processes
+//! takes milliseconds, or up to `backend::hold::WITHIN` for one that will
+//! not stop); a hold that cannot be taken refuses the writes waiting on
+//! it, saying why, rather than making them with the agent moving.
+
+use std::collections::HashSet;
+
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::permissions::{Asker, HeldWrite};
+use super::police::Policed;
+use super::Bridge;
+use crate::backend::hold::{Held, World};
+use crate::relay::codes;
+use crate::relay::Frame;
+
+/// Where the hold is.
+enum State {
+    Free,
+    /// Being taken off the loop.
+    Taking,
+    Held(Held),
+}
+
+pub(super) struct WriteHold {
+    state: State,
+    /// Writes waiting for the hold, in order.
+    waiting: Vec<HeldWrite>,
+    /// Requests made under the hold that the editor has not answered.
+    in_flight: HashSet<u64>,
+    /// Terminals asked for while the hold is taken or held: sent once it
+    /// is released.
+    deferred_terminals: Vec<(u64, crate::relay::RawId, Frame)>,
+    tx: mpsc::UnboundedSender<Result<Held, String>>,
+    rx: mpsc::UnboundedReceiver<Result<Held, String>>,
+}
+
+impl Default for WriteHold {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        WriteHold {
+            state: State::Free,
+            waiting: Vec::new(),
+            in_flight: HashSet::new(),
+            deferred_terminals: Vec::new(),
+            tx,
+            rx,
+        }
+    }
+}
+
+impl WriteHold {
+    /// The next hold taken (or refused): never while none is being taken.
+    pub async fn next(&mut self) -> Result<Held, String> {
+        match self.state {
+            State::Taking => self.rx.recv().await.expect("the hold keeps a sender"),
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Whether the agent is held, or about to be.
+    pub fn busy(&self) -> bool {
+        !matches!(self.state, State::Free)
+    }
+}
+
+impl Bridge {
+    /// An allowed write: made with the agent held still.
+    pub(super) fn write_held(&mut self, write: HeldWrite) {
+        self.hold.waiting.push(write);
+        match self.hold.state {
+            State::Held(_) => self.make_held_writes(),
+            State::Taking => {}
+            State::Free => self.take_hold(),
+        }
+    }
+
+    /// Starts taking the hold, once no terminal is being started.
+    fn take_hold(&mut self) {
+        if self.hold.waiting.is_empty() || !matches!(self.hold.state, State::Free) {
+            return;
+        }
+        if self.routes.terminals_being_created() > 0 {
+            debug!("a write waits for the terminal the editor is starting");
+            return;
+        }
+        let Some(world) = self.world() else {
+            // Nothing of the agent runs (no armed generation): nothing to
+            // hold, and nothing to race the write.
+            self.hold.state = State::Held(Held::empty());
+            return self.make_held_writes();
+        };
+        self.hold.state = State::Taking;
+        let tx = self.hold.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let t = std::time::Instant::now();
+            let held = crate::backend::hold::hold(&world);
+            debug!(took_us = t.elapsed().as_micros() as u64, "taking the hold");
+            let _ = tx.send(held);
+        });
+    }
+
+    /// The running generation's processes, when it is armed and runs.
+    fn world(&self) -> Option<World> {
+        let crate::confine::Confinement::Armed(armed) = &self.confinement else {
+            return None;
+        };
+        #[cfg(target_os = "linux")]
+        let holder = armed.holder?;
+        #[cfg(not(target_os = "linux"))]
+        let holder = self.generation.as_ref()?.pid;
+        Some(World {
+            holder,
+            generation_dir: armed.dir.as_ref().map(|d| d.path.clone()),
+        })
+    }
+
+    /// The hold was taken, or could not be.
+    pub(super) fn on_held(&mut self, taken: Result<Held, String>) {
+        match taken {
+            Ok(held) => {
+                debug!(
+                    processes = held.len(),
+                    "the agent is held still for the editor's writes"
+                );
+                self.hold.state = State::Held(held);
+                self.make_held_writes();
+            }
+            Err(why) => {
+                self.hold.state = State::Free;
+                warn!("the agent's processes could not be held still while the editor writes ({why}); the writes waiting for it are refused");
+                for write in std::mem::take(&mut self.hold.waiting) {
+                    let message = format!(
+                        "zcode-acp did not ask the editor to make this write: the agent's processes could not be held still meanwhile ({why})"
+                    );
+                    self.refuse_write(write, codes::WRITE_DENIED, message);
+                }
+                self.send_deferred_terminals();
+            }
+        }
+    }
+
+    /// With the agent held: each waiting write is judged again (its path
+    /// can no longer change) and sent, or refused.
+    fn make_held_writes(&mut self) {
+        for write in std::mem::take(&mut self.hold.waiting) {
+            let current = self.generation.as_ref().map(|g| g.id);
+            if let Asker::Agent(generation) = write.from {
+                if Some(generation) != current {
+                    continue; // that agent is gone; nothing to answer
+                }
+            }
+            if write.from == Asker::CodeTool && !self.code_tools.waiting(&write.backend_id) {
+                continue; // its run has ended: nothing is written
+            }
+            let judged = self.police_backend_request("fs/write_text_file", &write.frame);
+            let frame = match judged {
+                Policed::Pass => write.frame,
+                Policed::Rewrite(bytes) => match Frame::parse(bytes) {
+                    Ok(f) => f,
+                    Err(_) => {
+                        let m = "zcode-acp could not rewrite the path of this write".to_owned();
+                        self.refuse_write(write, codes::WRITE_DENIED, m);
+                        continue;
+                    }
+                },
+                Policed::Refuse { code, message } => {
+                    self.refuse_write(write, code, message);
+                    continue;
+                }
+                Policed::Ask { path, .. } => {
+                    // Allowed when first judged, not now: the path changed
+                    // in between.
+                    let message = format!(
+                        "zcode-acp refused writing {}: the path changed since it was judged (it now leads where the sandbox does not let the agent write)",
+                        path.display()
+                    );
+                    self.refuse_write(write, codes::WRITE_DENIED, message);
+                    continue;
+                }
+            };
+            let bid = match write.from {
+                Asker::Agent(generation) => {
+                    self.forward_backend_request(generation, write.backend_id, frame)
+                }
+                Asker::CodeTool => self.forward_code_tool_request(write.backend_id, frame),
+            };
+            self.hold.in_flight.insert(bid);
+        }
+        self.release_hold_when_done();
+    }
+
+    /// The editor answered request `bid`: a write made under the hold is
+    /// done; the hold is released with the last one. A terminal it
+    /// started may let a waiting hold be taken.
+    pub(super) fn editor_answered_under_hold(&mut self, bid: u64) {
+        if self.hold.in_flight.remove(&bid) {
+            self.release_hold_when_done();
+        } else if matches!(self.hold.state, State::Free) {
+            self.take_hold();
+        }
+    }
+
+    fn release_hold_when_done(&mut self) {
+        if self.hold.in_flight.is_empty() && self.hold.waiting.is_empty() {
+            if let State::Held(held) = std::mem::replace(&mut self.hold.state, State::Free) {
+                held.release();
+            }
+            self.send_deferred_terminals();
+        }
+    }
+
+    /// Lets the agent go on whatever is in flight: before its generation
+    /// is stopped (a stopped process would not act on SIGTERM) and when the
+    /// bridge ends.
+    pub(super) fn release_hold_now(&mut self) {
+        self.hold.in_flight.clear();
+        if let State::Held(held) = std::mem::replace(&mut self.hold.state, State::Free) {
+            held.release();
+        }
+    }
+
+    /// A terminal asked for while the agent is held waits for the release:
+    /// its processes would start unheld. Returns whether it was deferred.
+    pub(super) fn defer_terminal(
+        &mut self,
+        generation: u64,
+        id: &crate::relay::RawId,
+        frame: &Frame,
+    ) -> bool {
+        if !self.hold.busy() {
+            return false;
+        }
+        self.hold
+            .deferred_terminals
+            .push((generation, id.clone(), frame.clone()));
+        true
+    }
+
+    fn send_deferred_terminals(&mut self) {
+        for (generation, id, frame) in std::mem::take(&mut self.hold.deferred_terminals) {
+            if self.generation.as_ref().map(|g| g.id) == Some(generation) {
+                self.forward_backend_request(generation, id, frame);
+            }
+        }
+    }
+
+    /// Answers a write with a refusal, toward whoever asked.
+    pub(super) fn refuse_write(&mut self, write: HeldWrite, code: i64, message: String) {
+        warn!("{message}");
+        match write.from {
+            Asker::CodeTool => self
+                .code_tools
+                .answer(&write.backend_id, Err((code, message))),
+            Asker::Agent(generation) => {
+                if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
+                    g.send(crate::relay::envelope::error_response(
+                        &write.backend_id,
+                        code,
+                        &message,
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+}
