@@ -165,7 +165,7 @@ async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
         .prefix("zcode-acp-demo-outside-")
         .tempdir_in(&home)?;
     let target = outside.path().join("outside.txt");
-    let mut client = start(exe, &[], &workspace.join(".agent-state"))?;
+    let mut client = start(exe, &[], &workspace.join("agent-state"))?;
     let sid = open_session(&mut client, &workspace).await?;
     prompt(
         &mut client,
@@ -203,7 +203,7 @@ async fn sandbox_part(exe: &Path, tmp: &Path) -> anyhow::Result<()> {
     let mut client = start_with_env(
         exe,
         &[],
-        &plain.join(".agent-state"),
+        &plain.join("agent-state"),
         &[("ZCODE_ACP_SANDBOX", "1")],
     )?;
     let sid = open_session(&mut client, &plain).await?;

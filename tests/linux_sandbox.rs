@@ -2089,13 +2089,19 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
             .unwrap()
             .success();
     assert!(ok);
+    // A hidden file of the project's, which the command changes.
+    std::fs::write(repo.join(".npmrc"), "ignore-scripts=true\n").unwrap();
     if let Some(u) = user {
         u.own(&p.ws);
         u.own(home);
     }
+    let long = format!(".{}", "l".repeat(240));
     let script = format!(
         "cd {a}; echo {o} > .git/commondir; mkdir .husky; echo evil > .husky/pre-commit; \
          echo evil > .envrc; mkdir .vscode; echo '{{}}' > .vscode/tasks.json; echo '{{}}' > .mcp.json; \
+         mkdir -p .cursor sub/dir .devcontainer; echo evil > .cursor/mcp.json; echo evil > sub/dir/.envrc; \
+         echo evil > opencode.json; echo evil > .devcontainer/devcontainer.json; echo evil > {long}; \
+         echo script-shell=/tmp/evil > .npmrc; \
          echo ok > plain.txt; echo done",
         a = repo.display(),
         o = p.outside.display(),
@@ -2110,7 +2116,18 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stdout.contains("done"), "{stdout} {stderr}");
     assert!(out.status.success(), "{stderr}");
-    for planted in [".git/commondir", ".husky", ".envrc", ".vscode", ".mcp.json"] {
+    for planted in [
+        ".git/commondir",
+        ".husky",
+        ".envrc",
+        ".vscode",
+        ".mcp.json",
+        ".cursor",
+        "sub/dir/.envrc",
+        "opencode.json",
+        ".devcontainer",
+        long.as_str(),
+    ] {
         assert!(
             std::fs::symlink_metadata(repo.join(planted)).is_err(),
             "{planted} is still there: {stderr}"
@@ -2121,6 +2138,12 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
         );
     }
     assert_eq!(content(&repo.join("plain.txt")), "ok\n");
+    // A hidden file of yours the command changed is put back.
+    assert_eq!(
+        content(&repo.join(".npmrc")),
+        "ignore-scripts=true\n",
+        "{stderr}"
+    );
     // The command's versions are kept, where nothing runs them: one
     // directory per finding, and an index saying which is what.
     let kept: Vec<PathBuf> = std::fs::read_dir(home.join(".zcode-acp/reverted"))
@@ -2136,6 +2159,13 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
         .unwrap_or_else(|| panic!("{index}"));
     let n = line.split(':').next().unwrap();
     assert_eq!(content(&kept[0].join(n).join(".envrc")), "evil\n");
+    // A name as long as the filesystem takes is kept too.
+    let line = index
+        .lines()
+        .find(|l| l.contains(&format!("{}:", repo.join(&long).display())))
+        .unwrap_or_else(|| panic!("{index}"));
+    let n = line.split(':').next().unwrap();
+    assert_eq!(content(&kept[0].join(n).join(&long)), "evil\n");
 }
 
 /// `zcode-acp run` waits as a shell does: the command gets SIGPIPE's

@@ -17,7 +17,7 @@ const MODE_TYPE: u32 = 0o170000;
 /// them grow without end.
 const MAX_PATH: usize = 4096;
 /// The most gitlinks read from one index.
-pub const MAX_GITLINKS: usize = 1024;
+pub const MAX_GITLINKS: usize = 100_000;
 
 /// The paths of the gitlinks in `index` (the bytes of `.git/index`), for
 /// SHA-1 or SHA-256 names, whichever parses; None where the bytes are no

@@ -4,6 +4,8 @@
 //! permission rules and trust in the same files, so the files stay
 //! writable; only these entries are audited, compared, and put back.
 
+use std::path::{Path, PathBuf};
+
 use serde_json::Value;
 
 /// The kind of settings file, by who reads it.
@@ -19,39 +21,303 @@ pub enum Format {
     CodexToml,
 }
 
-/// Paths (`/`-separated, `*` for any key) of the executable entries.
+/// Paths (`/`-separated, `*` for any key) of the executable entries: what
+/// runs a program, loads code, or loosens what guards that (a hook turned
+/// back on, a sandbox or approval mode turned off). From each agent's own
+/// documentation of its settings.
 fn keys(format: Format) -> &'static [&'static str] {
     match format {
         Format::ClaudeSettings => &[
             "hooks",
+            "disableAllHooks",
             "mcpServers",
             "statusLine",
+            "subagentStatusLine",
+            "fileSuggestion",
             "apiKeyHelper",
             "awsAuthRefresh",
             "awsCredentialExport",
+            "gcpAuthRefresh",
             "otelHeadersHelper",
+            "processWrapper",
+            "policyHelper",
             "enabledMcpjsonServers",
             "enableAllProjectMcpServers",
             "env",
+            "agent",
             // Plugins bring hooks and MCP servers of their own, from the
             // marketplaces listed here.
             "enabledPlugins",
             "extraKnownMarketplaces",
+            "additionalMarketplaces",
+            "pluginConfigs",
+            "disableSkillShellExecution",
+            "allowedHttpHookUrls",
+            "httpHookAllowedEnvVars",
+            "sandbox",
+            "permissions/defaultMode",
+            "permissions/additionalDirectories",
+            "skipDangerousModePermissionPrompt",
         ],
         Format::ClaudeState => &[
             "mcpServers",
             "projects/*/mcpServers",
             "projects/*/enabledMcpjsonServers",
+            "projects/*/enableAllProjectMcpServers",
+            "projects/*/enabledMcpServers",
         ],
         Format::GeminiSettings => &[
             "mcpServers",
+            "mcp/serverCommand",
+            "mcpServerCommand",
             "hooks",
+            "hooksConfig",
+            "disableAllHooks",
             "toolDiscoveryCommand",
             "toolCallCommand",
             "tools/discoveryCommand",
             "tools/callCommand",
+            "tools/sandbox",
+            "tools/shell/pager",
+            "tools/allowed",
+            "tools/core",
+            "tools/approvalMode",
+            "sandbox",
+            "policyPaths",
+            "adminPolicyPaths",
+            "security",
+            "general/defaultApprovalMode",
+            "advanced/excludedEnvVars",
+            "advanced/ignoreLocalEnv",
+            "experimental/gemmaModelRouter",
+            "ui/statusLine",
         ],
-        Format::CodexToml => &["notify", "mcp_servers", "hooks", "profiles/*/notify"],
+        Format::CodexToml => &[
+            "notify",
+            "mcp_servers",
+            "hooks",
+            "profiles",
+            "profile",
+            "model_providers/*/auth",
+            "shell_environment_policy",
+            "approval_policy",
+            "sandbox_mode",
+            "features",
+            "plugins",
+            "marketplaces",
+            "agents/*/config_file",
+        ],
+    }
+}
+
+/// The settings files agents keep executable entries in: each root's (and
+/// the repository's around it, where Claude keeps its local settings), and
+/// the home directory's (with the agents' own directories moved by
+/// `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, `GEMINI_CLI_HOME` and `QWEN_HOME`).
+pub fn settings_files(
+    roots: &[PathBuf],
+    home: &Path,
+    env: &dyn crate::policy::discover::Env,
+) -> Vec<(PathBuf, Format)> {
+    let mut out: Vec<(PathBuf, Format)> = Vec::new();
+    let project = |dir: &Path, out: &mut Vec<(PathBuf, Format)>| {
+        for (rel, format) in [
+            (".claude/settings.json", Format::ClaudeSettings),
+            (".claude/settings.local.json", Format::ClaudeSettings),
+            (".gemini/settings.json", Format::GeminiSettings),
+            (".qwen/settings.json", Format::GeminiSettings),
+            (".codex/config.toml", Format::CodexToml),
+        ] {
+            let p = dir.join(rel);
+            if !out.iter().any(|(q, _)| *q == p) {
+                out.push((p, format));
+            }
+        }
+    };
+    for r in roots {
+        project(r, &mut out);
+        // Claude keeps a project's local settings at its repository's top.
+        if let Some(top) = r.ancestors().skip(1).find(|d| d.join(".git").exists()) {
+            project(top, &mut out);
+        }
+    }
+    // Directories named by the environment, as real paths: a symlink on
+    // the way would otherwise make them unauditable.
+    let real =
+        |p: String| crate::policy::resolve_real(Path::new(&p)).unwrap_or_else(|_| PathBuf::from(p));
+    let claude = env
+        .var("CLAUDE_CONFIG_DIR")
+        .map(real)
+        .unwrap_or_else(|| home.join(".claude"));
+    out.push((claude.join("settings.json"), Format::ClaudeSettings));
+    out.push((claude.join("settings.local.json"), Format::ClaudeSettings));
+    // The cached copy of server-managed settings: applied at start.
+    out.push((claude.join("remote-settings.json"), Format::ClaudeSettings));
+    match env.var("CLAUDE_CONFIG_DIR") {
+        Some(dir) => out.push((real(dir).join(".claude.json"), Format::ClaudeState)),
+        None => out.push((home.join(".claude.json"), Format::ClaudeState)),
+    }
+    let codex = env
+        .var("CODEX_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.join(".codex"));
+    out.push((codex.join("config.toml"), Format::CodexToml));
+    let gemini_home = env
+        .var("GEMINI_CLI_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.to_path_buf());
+    out.push((
+        gemini_home.join(".gemini/settings.json"),
+        Format::GeminiSettings,
+    ));
+    let qwen = env
+        .var("QWEN_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.join(".qwen"));
+    out.push((qwen.join("settings.json"), Format::GeminiSettings));
+    out
+}
+
+/// What agents run from the home directory beyond their settings' keys,
+/// compared whole: trees (plugins, skills, hooks, extensions, custom tools
+/// and commands) and files (the environment an agent loads, its trust
+/// lists).
+pub fn home_trees_and_files(
+    home: &Path,
+    env: &dyn crate::policy::discover::Env,
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let real =
+        |p: String| crate::policy::resolve_real(Path::new(&p)).unwrap_or_else(|_| PathBuf::from(p));
+    let claude = env
+        .var("CLAUDE_CONFIG_DIR")
+        .map(real)
+        .unwrap_or_else(|| home.join(".claude"));
+    let codex = env
+        .var("CODEX_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.join(".codex"));
+    let gemini = env
+        .var("GEMINI_CLI_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.to_path_buf())
+        .join(".gemini");
+    let qwen = env
+        .var("QWEN_HOME")
+        .map(real)
+        .unwrap_or_else(|| home.join(".qwen"));
+    let xdg = env
+        .var("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".config"));
+    let opencode = xdg.join("opencode");
+    let vibe = home.join(".vibe");
+    let mut trees: Vec<PathBuf> = [
+        "skills",
+        "plugins",
+        "commands",
+        "agents",
+        "hooks",
+        "workflows",
+    ]
+    .iter()
+    .map(|d| claude.join(d))
+    .collect();
+    trees.extend([
+        gemini.join("extensions"),
+        gemini.join("commands"),
+        qwen.join("extensions"),
+        qwen.join("commands"),
+        codex.join("rules"),
+        opencode.join("plugin"),
+        opencode.join("plugins"),
+        opencode.join("tool"),
+        opencode.join("tools"),
+        opencode.join("agent"),
+        opencode.join("command"),
+        vibe.join("tools"),
+        vibe.join("agents"),
+    ]);
+    let files = vec![
+        gemini.join(".env"),
+        gemini.join("trustedFolders.json"),
+        qwen.join(".env"),
+        codex.join("hooks.json"),
+        opencode.join("opencode.json"),
+        opencode.join("opencode.jsonc"),
+        vibe.join("config.toml"),
+        vibe.join("hooks.toml"),
+        vibe.join(".env"),
+        vibe.join("trusted_folders.toml"),
+    ];
+    (trees, files)
+}
+
+/// Scripts the settings files name in their executable entries (a status
+/// line's `~/.claude/statusline.sh`, a hook's project script): files that
+/// exist, named by an absolute path, one under `~`/`$HOME`, or one under
+/// Claude's `$CLAUDE_PROJECT_DIR` (a root).
+pub fn named_scripts(
+    watched: &[super::Watched],
+    settings: &[(PathBuf, Option<Vec<u8>>)],
+    roots: &[PathBuf],
+    home: Option<&Path>,
+) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for w in watched {
+        let super::Watched::Settings { path, format } = w else {
+            continue;
+        };
+        let Some(Some(bytes)) = settings.iter().find(|(p, _)| p == path).map(|(_, b)| b) else {
+            continue;
+        };
+        let Some(entries) = executable(*format, bytes) else {
+            continue;
+        };
+        let mut strings = Vec::new();
+        for (_, v) in &entries {
+            strings_in(v, &mut strings);
+        }
+        for s in strings {
+            for word in s.split(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ';') {
+                let mut candidates = Vec::new();
+                if let Some(rest) = word
+                    .strip_prefix("~/")
+                    .or_else(|| word.strip_prefix("$HOME/"))
+                    .or_else(|| word.strip_prefix("${HOME}/"))
+                {
+                    if let Some(h) = &home {
+                        candidates.push(h.join(rest));
+                    }
+                } else if let Some(rest) = word
+                    .strip_prefix("$CLAUDE_PROJECT_DIR/")
+                    .or_else(|| word.strip_prefix("${CLAUDE_PROJECT_DIR}/"))
+                {
+                    candidates.extend(roots.iter().map(|r| r.join(rest)));
+                } else if word.starts_with('/') {
+                    candidates.push(PathBuf::from(word));
+                }
+                for c in candidates {
+                    let system = [
+                        "/usr/", "/bin/", "/sbin/", "/lib", "/etc/", "/opt/", "/nix/",
+                    ]
+                    .iter()
+                    .any(|p| c.starts_with(p));
+                    if !system && c.is_file() && !out.contains(&c) && out.len() < 256 {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn strings_in(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings_in(x, out)),
+        Value::Object(m) => m.values().for_each(|x| strings_in(x, out)),
+        _ => {}
     }
 }
 

@@ -88,6 +88,9 @@ impl Bridge {
         if let Some(note) = self.dangerous_note() {
             text = format!("{text}\n{note}");
         }
+        if let Some(note) = self.audit_unchecked_note() {
+            text = format!("{text}\n{note}");
+        }
         if let Some(note) = &self.cfg.startup_note {
             text = format!("{text}\n{note}");
         }
@@ -104,6 +107,9 @@ impl Bridge {
             "The agent was restarted ({reason}). Processes it had running (dev servers, MCP servers it started) were stopped."
         );
         if let Some(note) = self.dangerous_note() {
+            text = format!("{text}\n{note}");
+        }
+        if let Some(note) = self.audit_unchecked_note() {
             text = format!("{text}\n{note}");
         }
         let title = format!("{} (restarted)", self.state_title());

@@ -11,15 +11,35 @@ use crate::audit::{self, Finding};
 use crate::relay::envelope::request;
 
 impl Bridge {
-    /// The state the running generation was armed in (armed bridges only).
-    pub(super) fn take_audit_baseline(&mut self) {
-        self.audit = None;
+    /// The state the running generation was armed in (armed bridges
+    /// only), taken before it started; where the audit cannot look is said
+    /// in the log now and to the editor with the sandbox's notice.
+    pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
         self.audit_epoch += 1;
-        let Some(policy) = self.confinement.policy() else {
-            return;
-        };
-        self.audit = Some(audit::baseline(policy, &self.armed_roots));
+        if let Some(base) = &baseline {
+            for (path, why) in &base.unchecked {
+                warn!(path = %path.display(), "the audit cannot check everything here: {why}; what the agent leaves there is not reverted (open a narrower workspace)");
+            }
+        }
+        self.audit = baseline;
+    }
+
+    /// Where the audit of the running generation cannot look, in words
+    /// for the editor.
+    pub(super) fn audit_unchecked_note(&self) -> Option<String> {
+        let base = self.audit.as_ref()?;
+        if base.unchecked.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "The audit cannot check everything the agent leaves: {}. What it leaves there that a tool would run is not reverted: open a narrower workspace, or look there before you run anything.",
+            base.unchecked
+                .iter()
+                .map(|(p, why)| format!("{} ({why})", p.display()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
     }
 
     /// A turn ended with `answer`: it reaches the editor once the audit
@@ -122,24 +142,48 @@ impl Bridge {
         }
     }
 
+    /// The live session a finding about `path` is put to: the one whose
+    /// roots hold it (the first, where several do), else `fallback` (the
+    /// session of the turn looked after: the home directory's findings).
+    fn session_for(&self, path: &std::path::Path, fallback: &str) -> String {
+        self.sessions
+            .live()
+            .find(|s| {
+                s.roots().any(|r| {
+                    let r = crate::policy::resolve_real(r).unwrap_or_else(|_| r.clone());
+                    path.starts_with(&r)
+                })
+            })
+            .map(|s| s.id.clone())
+            .unwrap_or_else(|| fallback.to_owned())
+    }
+
     fn revert_and_ask(&mut self, session: &str, findings: Vec<Finding>) {
+        // Keep questions of one look: a few on their own, the rest in one.
+        let mut to_ask: Vec<(String, Finding, crate::audit::Action)> = Vec::new();
         for finding in findings {
-            let Some(revert) = &finding.revert else {
+            let session = self.session_for(&finding.path, session);
+            let Some(_) = &finding.revert else {
                 // Nothing to undo that is the agent's alone: said, loudly.
                 warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox, and zcode-acp cannot undo it without touching what is yours: {}", finding.what);
                 self.announce_to(
-                    session,
+                    &session,
                     format!("Sandbox: look at {}", finding.path.display()),
                     format!(
-                        "The agent left {} and {}. zcode-acp did not change it, since undoing it would touch what is yours: look at it before you run anything there.",
+                        "The agent left {}: {}. zcode-acp did not change it, since undoing it would touch what is yours: look at it before you run anything there.",
                         finding.path.display(),
                         finding.what
                     ),
                 );
                 continue;
             };
-            let reverted = revert.apply();
-            match &reverted {
+            let undone = self.stash.undo(&finding, false);
+            let kept = match (&undone.kept_at, &undone.not_kept) {
+                (Some(at), _) => format!(" The agent's version is kept in {}.", at.display()),
+                (None, Some(why)) => format!(" The agent's version could not be kept: {why}."),
+                (None, None) => String::new(),
+            };
+            match &undone.reverted {
                 Ok(()) => {
                     warn!(path = %finding.path.display(), what = finding.what, "reverted what the agent left that would run outside the sandbox")
                 }
@@ -147,74 +191,116 @@ impl Bridge {
                     warn!(path = %finding.path.display(), "could not revert what the agent left ({e}): {}", finding.what)
                 }
             }
-            let text = match &reverted {
+            let shown = if finding.shown.is_empty() {
+                String::new()
+            } else {
+                format!("\n\nThe agent's version:\n{}", finding.shown)
+            };
+            let text = match &undone.reverted {
                 Ok(()) => format!(
-                    "The agent left {} and {}. It was put back as it was when the agent started; choose Keep to have the agent's version back.",
+                    "The agent left {}: {}. It was put back as it was when the agent started; choose Keep to have the agent's version back.{kept}{shown}",
                     finding.path.display(),
                     finding.what
                 ),
                 Err(e) => format!(
-                    "The agent left {} and {}. zcode-acp could not put it back ({e}): look at it before you run anything there.",
+                    "The agent left {}: {}. zcode-acp could not put it back ({e}): look at it before you run anything there.{kept}{shown}",
                     finding.path.display(),
                     finding.what
                 ),
             };
             self.announce_to(
-                session,
+                &session,
                 format!("Sandbox: reverted {}", finding.path.display()),
                 text,
             );
-            if reverted.is_ok() && finding.keep.is_some() {
-                self.ask_keep(session, finding);
+            if let (Ok(()), Some(keep)) = (&undone.reverted, undone.keep) {
+                if self.audit_questions.insert(finding.path.clone()) {
+                    to_ask.push((session, finding, keep));
+                }
             }
+        }
+        let alone = to_ask.len().min(if to_ask.len() > MAX_AUDIT_QUESTIONS {
+            MAX_AUDIT_QUESTIONS - 1
+        } else {
+            MAX_AUDIT_QUESTIONS
+        });
+        let rest = to_ask.split_off(alone);
+        for (session, finding, keep) in to_ask {
+            self.ask_keep(&session, vec![(finding, keep)]);
+        }
+        if let Some((session, _, _)) = rest.first() {
+            let session = session.clone();
+            self.ask_keep(&session, rest.into_iter().map(|(_, f, k)| (f, k)).collect());
         }
     }
 
-    fn ask_keep(&mut self, session: &str, finding: Finding) {
+    /// Asks whether to keep the agent's version of what `kept` reverted
+    /// (one finding, or several in one question).
+    fn ask_keep(&mut self, session: &str, kept: Vec<(Finding, crate::audit::Action)>) {
         let bid = self.alloc_id();
         self.announcements += 1;
+        let (title, text) = match kept.as_slice() {
+            [(f, _)] => (
+                format!("Keep what the agent left in {}?", f.path.display()),
+                f.what.clone(),
+            ),
+            many => (
+                format!("Keep what the agent left in these {} places?", many.len()),
+                many.iter()
+                    .map(|(f, _)| format!("- {}: {}", f.path.display(), f.what))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+        };
         let params = super::prompts::permission_request(
             session,
             format!("zcode-acp-audit-{}", self.announcements),
-            format!("Keep what the agent left in {}?", finding.path.display()),
-            &finding.path,
-            finding.what.clone(),
+            title,
+            &kept[0].0.path,
+            text,
             &[super::prompts::KEEP, super::prompts::REVERT],
         );
-        self.routes.expect_from_editor(
-            bid,
-            AtEditor::AuditPrompt {
-                finding: Box::new(finding),
-            },
-        );
+        self.routes
+            .expect_from_editor(bid, AtEditor::AuditPrompt { kept });
         self.to_editor(request(bid, "session/request_permission", &params));
     }
 
     /// The user answered: keep puts the agent's version back, and it is
     /// the baseline from now on.
-    pub(super) fn on_audit_answer(&mut self, finding: Finding, frame: &crate::relay::Frame) {
-        let kept = super::prompts::chosen(frame, &[super::prompts::KEEP]).is_some();
-        if !kept {
-            return info!(path = %finding.path.display(), "the user kept it reverted");
-        }
-        let Some(keep) = &finding.keep else { return };
-        match keep.apply() {
-            Ok(()) => {
-                info!(path = %finding.path.display(), "the user kept the agent's version");
-                if let Some(base) = &mut self.audit {
-                    base.accept(&finding);
-                    // An audit running on the baseline before this answer
-                    // would revert what was just kept: it is dropped, and
-                    // run again on this one.
-                    self.audit_epoch += 1;
-                    if let Some(session) = self.auditing.clone() {
-                        self.audit_again.get_or_insert(session);
+    pub(super) fn on_audit_answer(
+        &mut self,
+        kept: Vec<(Finding, crate::audit::Action)>,
+        frame: &crate::relay::Frame,
+    ) {
+        let keep = super::prompts::chosen(frame, &[super::prompts::KEEP]).is_some();
+        for (finding, action) in kept {
+            self.audit_questions.remove(&finding.path);
+            if !keep {
+                info!(path = %finding.path.display(), "the user kept it reverted");
+                continue;
+            }
+            match action.apply() {
+                Ok(()) => {
+                    info!(path = %finding.path.display(), "the user kept the agent's version");
+                    if let Some(base) = &mut self.audit {
+                        base.accept(&finding);
+                        // An audit running on the baseline before this answer
+                        // would revert what was just kept: it is dropped, and
+                        // run again on this one.
+                        self.audit_epoch += 1;
+                        if let Some(session) = self.auditing.clone() {
+                            self.audit_again.get_or_insert(session);
+                        }
                     }
                 }
-            }
-            Err(e) => {
-                warn!(path = %finding.path.display(), "could not put the agent's version back: {e}")
+                Err(e) => {
+                    warn!(path = %finding.path.display(), "could not put the agent's version back: {e}")
+                }
             }
         }
     }
 }
+
+/// Keep questions one look puts on their own; past them, the rest share
+/// one question.
+const MAX_AUDIT_QUESTIONS: usize = 3;

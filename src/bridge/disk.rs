@@ -181,8 +181,16 @@ impl Disk {
             let findings =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| baseline.audit()))
                     .unwrap_or_else(|_| {
-                        tracing::error!("the post-turn audit failed (a bug: please report it)");
-                        Vec::new()
+                        tracing::error!("the audit failed (a bug: please report it)");
+                        // Said to the user, never taken for "nothing found".
+                        let root = baseline.roots().first().cloned().unwrap_or_default();
+                        vec![crate::audit::Finding {
+                            path: root,
+                            what: "zcode-acp's audit of what the agent left failed (a bug: please report it), so nothing it left was checked".into(),
+                            shown: String::new(),
+                            revert: None,
+                            keep: None,
+                        }]
                     });
             let _ = tx.send(DiskDone::Audited {
                 epoch,

@@ -526,7 +526,7 @@ impl Bridge {
             AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
             AtEditor::NetPrompt => self.on_net_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
-            AtEditor::AuditPrompt { finding } => self.on_audit_answer(*finding, &frame),
+            AtEditor::AuditPrompt { kept } => self.on_audit_answer(kept, &frame),
             AtEditor::CodeTool { id } => {
                 self.code_tool_answered(&id, &frame);
                 self.editor_answered_under_hold(bid);

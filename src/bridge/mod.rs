@@ -209,6 +209,10 @@ pub struct Bridge {
     code_tools: code_tools::CodeTools,
     /// The agent held still while the editor writes for it (see `hold`).
     hold: hold::WriteHold,
+    /// Where the audit keeps the agent's versions it cannot hold in memory.
+    stash: crate::audit::stash::Stash,
+    /// Paths with a keep question open (asked once until answered).
+    audit_questions: std::collections::HashSet<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -241,6 +245,10 @@ impl Bridge {
         let (crash_limit, crash_window, crash_cooldown) =
             (cfg.crash_limit, cfg.crash_window, cfg.crash_cooldown);
         let managed_path = cfg.managed.path.clone();
+        let stash = crate::audit::stash::Stash::new(
+            &cfg.managed,
+            &format!("bridge-{}-{}", std::process::id(), unix_secs()),
+        );
         let mut bridge = Bridge {
             cfg,
             sandbox,
@@ -287,6 +295,8 @@ impl Bridge {
             servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
             code_tools: code_tools::CodeTools::new(),
             hold: hold::WriteHold::default(),
+            stash,
+            audit_questions: Default::default(),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -663,6 +673,12 @@ impl Bridge {
         self.flush_editor();
         self.disk.settle(Duration::from_secs(5)).await;
     }
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Sleeps until `at`, or forever without one.

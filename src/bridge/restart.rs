@@ -165,9 +165,11 @@ impl Bridge {
         }
         let roots = self.roots_to_arm();
         let served = self.served_sockets(&roots);
-        let confinement = self.arm(&roots, served).await;
+        let (confinement, baseline) = self.arm(&roots, served).await;
         match self.start_generation(confinement, roots) {
             Ok(()) => {
+                // Taken before the agent ran: nothing it does is in it.
+                self.take_audit_baseline(baseline);
                 self.life.started();
                 self.begin_setup();
             }
@@ -231,7 +233,11 @@ impl Bridge {
         }
     }
 
-    async fn arm(&self, roots: &[PathBuf], served: Vec<PathBuf>) -> Confinement {
+    async fn arm(
+        &self,
+        roots: &[PathBuf],
+        served: Vec<PathBuf>,
+    ) -> (Confinement, Option<crate::audit::Baseline>) {
         // Arming walks the disk off the loop: nothing staged waits for it.
         self.flush_editor();
         let sandbox = self.sandbox.clone();
@@ -239,17 +245,28 @@ impl Bridge {
         let grants = self.permissions.grants().to_vec();
         let (state, managed) = (self.cfg.state.clone(), self.cfg.managed.clone());
         let armed = tokio::task::spawn_blocking(move || {
-            sandbox.arm_backend(&BackendRequest {
+            let confinement = sandbox.arm_backend(&BackendRequest {
                 argv: &argv,
                 roots: &roots,
                 grants: &grants,
                 state: &state,
                 managed: &managed,
                 served_sockets: &served,
-            })
+            });
+            // What the audit compares with, taken before the agent runs
+            // (and here, off the loop: it walks the roots).
+            let baseline = confinement
+                .policy()
+                .map(|policy| crate::audit::baseline(policy, &roots));
+            (confinement, baseline)
         })
         .await;
-        armed.unwrap_or_else(|e| Confinement::Refused(format!("cannot arm the sandbox: {e}")))
+        armed.unwrap_or_else(|e| {
+            (
+                Confinement::Refused(format!("cannot arm the sandbox: {e}")),
+                None,
+            )
+        })
     }
 
     /// Where the generation's proxy asks about refused connections, when
@@ -624,7 +641,6 @@ impl Bridge {
     fn finish_setup(&mut self) {
         self.setup = None;
         let (cause, pending) = self.life.set_up();
-        self.take_audit_baseline();
         if let Some(why) = cause.announced() {
             self.announce_restart(why);
         }

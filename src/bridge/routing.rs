@@ -80,8 +80,11 @@ pub(super) enum AtEditor {
     NetPrompt,
     /// A confirmation of hand edits of a project's sandbox.json.
     ConfigPrompt { root: std::path::PathBuf },
-    /// Keep or revert what the post-turn audit reverted.
-    AuditPrompt { finding: Box<crate::audit::Finding> },
+    /// Keep or revert what the audit reverted: each finding, with what
+    /// puts the agent's version back.
+    AuditPrompt {
+        kept: Vec<(crate::audit::Finding, crate::audit::Action)>,
+    },
 }
 
 /// A terminal a backend generation created through the editor.

@@ -160,7 +160,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
 /// disk.
 fn self_test(ws: &Path, managed: &ManagedRoot) -> bool {
     let tag = format!("{:016x}", rand::random::<u64>());
-    let inside = ws.join(format!(".zcode-doctor-{tag}"));
+    // Not hidden: `run`'s audit would take a hidden file for something a
+    // tool reads, and undo it.
+    let inside = ws.join(format!("zcode-doctor-{tag}"));
     let outside_dir = match managed.dir("doctor") {
         Ok(d) => d,
         Err(e) => {

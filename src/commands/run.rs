@@ -79,38 +79,14 @@ fn arm(
     }
 }
 
-/// What the command leaves that your own tools would run later (an
-/// `.envrc` or a `.git/commondir` that did not exist, a hook of a new
-/// repository, a new agent hook): the audit the bridge makes when a turn
-/// ends. Nobody is there to ask, so each is reverted, said on stderr, and
-/// the command's version kept under `~/.zcode-acp/reverted/`.
+/// What the command leaves that your own tools would run later (a hidden
+/// file of the project's, a `.git/commondir` that did not exist, a hook of
+/// a new repository, a new agent hook): the audit the bridge makes when a
+/// turn ends. Nobody is there to ask, so each is reverted, said on stderr,
+/// and the command's version kept under `~/.zcode-acp/reverted/`.
 struct Audit {
     baseline: crate::audit::Baseline,
     managed: ManagedRoot,
-}
-
-/// Keeps the command's version of what `f` is about in `dir` (made here),
-/// before `revert` undoes it: the copy the audit took, or, where it took
-/// none (too large to hold in memory), the thing itself, moved there. Where
-/// the command's version is gone already, nothing is kept (`Ok(None)`).
-fn keep(
-    f: &crate::audit::Finding,
-    revert: &crate::audit::Action,
-    dir: &std::path::Path,
-) -> std::io::Result<Option<PathBuf>> {
-    std::fs::create_dir(dir)?;
-    match &f.keep {
-        Some(copy) => Ok(copy.save_under(dir)?.then(|| dir.to_path_buf())),
-        None if matches!(revert, crate::audit::Action::Remove(_)) => {
-            let name = f.path.file_name().unwrap_or_default();
-            match std::fs::rename(&f.path, dir.join(name)) {
-                Ok(()) => Ok(Some(dir.to_path_buf())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e),
-            }
-        }
-        None => Err(std::io::Error::other("no copy of it could be taken")),
-    }
 }
 
 impl Audit {
@@ -122,10 +98,14 @@ impl Audit {
             .filter_map(|r| r.matcher.path())
             .map(PathBuf::from)
             .collect();
-        Audit {
-            baseline: crate::audit::baseline(policy, &roots),
-            managed,
+        let baseline = crate::audit::baseline(policy, &roots);
+        for (path, why) in &baseline.unchecked {
+            eprintln!(
+                "zcode-acp: the audit cannot check everything in {}: {why}; what the command leaves there is not reverted",
+                path.display()
+            );
         }
+        Audit { baseline, managed }
     }
 
     fn after(self) {
@@ -133,68 +113,38 @@ impl Audit {
         if findings.is_empty() {
             return;
         }
-        let kept_in = self.kept_dir();
-        let mut index = String::new();
-        for (i, f) in findings.into_iter().enumerate() {
-            let Some(revert) = &f.revert else {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut stash = crate::audit::stash::Stash::new(
+            &self.managed,
+            &format!("run-{secs}-{}", std::process::id()),
+        );
+        for f in findings {
+            if f.revert.is_none() {
                 eprintln!(
-                    "zcode-acp: {} was left by the command and {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
+                    "zcode-acp: {} was left by the command: {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
                     f.path.display(),
                     f.what
                 );
                 continue;
+            }
+            // Undone whether or not the command's version could be kept.
+            let undone = stash.undo(&f, true);
+            let kept = match (&undone.kept_at, &undone.not_kept) {
+                (Some(at), _) => format!("; the command's version is kept in {}", at.display()),
+                (None, Some(why)) => format!("; the command's version could not be kept: {why}"),
+                (None, None) => String::new(),
             };
-            // The command's version is kept before anything is undone; where
-            // it cannot be, nothing is.
-            let kept = kept_in.as_ref().map_err(|e| e.to_string()).and_then(|dir| {
-                keep(&f, revert, &dir.join(i.to_string())).map_err(|e| e.to_string())
-            });
-            let kept = match kept {
-                Ok(kept) => kept,
-                Err(e) => {
-                    eprintln!(
-                        "zcode-acp: {} was left by the command and {}; it was not reverted, since the command's version could not be kept ({e}): look at it before you run anything there",
-                        f.path.display(),
-                        f.what
-                    );
-                    continue;
-                }
-            };
-            index.push_str(&format!("{i}: {}: {}\n", f.path.display(), f.what));
-            let kept = match kept {
-                Some(at) => format!("; the command's version is kept in {}", at.display()),
-                None => String::new(),
-            };
-            match revert.apply() {
+            match undone.reverted {
                 Ok(()) => eprintln!("zcode-acp: reverted {}: {}{kept}", f.path.display(), f.what),
                 Err(e) => eprintln!(
-                    "zcode-acp: could not revert {} ({e}): {}; look at it before you run anything there",
+                    "zcode-acp: could not revert {} ({e}): {}{kept}; look at it before you run anything there",
                     f.path.display(),
                     f.what
                 ),
             }
         }
-        if let (Ok(dir), false) = (&kept_in, index.is_empty()) {
-            let _ = crate::config::atomic::write_atomic(
-                &dir.join("index.txt"),
-                index.as_bytes(),
-                0o600,
-            );
-        }
-    }
-
-    /// A fresh directory for this run's kept copies (one per finding,
-    /// numbered, with `index.txt` saying which is what).
-    fn kept_dir(&self) -> std::io::Result<PathBuf> {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let dir = self
-            .managed
-            .dir("reverted")?
-            .join(format!("run-{secs}-{}", std::process::id()));
-        std::fs::create_dir(&dir)?;
-        Ok(dir)
     }
 }
 

@@ -67,6 +67,20 @@ fn open_new(path: &Path, mode: u32) -> std::io::Result<File> {
         .open(path)
 }
 
+/// The name of a temporary file zcode-acp writes beside a target.
+pub fn temp_name() -> String {
+    format!(".zcode-acp-{:016x}.tmp", rand::random::<u64>())
+}
+
+/// Whether `name` is one of [`temp_name`]'s.
+pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
+    let name = name.as_encoded_bytes();
+    name.len() == ".zcode-acp-".len() + 16 + ".tmp".len()
+        && name.starts_with(b".zcode-acp-")
+        && name.ends_with(b".tmp")
+        && name[11..27].iter().all(u8::is_ascii_hexdigit)
+}
+
 /// `bytes` written and fsynced into a fresh temp file beside `path`; its
 /// directory and path.
 fn temp_beside<'p>(
@@ -77,11 +91,13 @@ fn temp_beside<'p>(
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("no parent directory"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("no file name"))?
-        .to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
+    if path.file_name().is_none() {
+        return Err(std::io::Error::other("no file name"));
+    }
+    // A short name of zcode-acp's own, whatever the target's: a long one
+    // plus a suffix would pass the filesystem's limit on names (the audit
+    // also knows this pattern for what it is: nothing runs it).
+    let tmp = dir.join(temp_name());
     let written = open_new(&tmp, mode).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()

@@ -188,14 +188,34 @@ pub fn find_repos_quick(root: &Path) -> Vec<Repo> {
 fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
     let mut repos = Vec::new();
     // The repository the root itself is in, if any.
-    for dir in root.ancestors() {
-        if let Some(repo) = repo_at(dir, hooks) {
-            repos.push(repo);
-            break;
-        }
+    if let Some(repo) = enclosing_repo(root, hooks) {
+        repos.push(repo);
     }
     let mut budget = MAX_ENTRIES;
     walk(root, 0, &mut budget, hooks, &mut repos);
+    with_their_git_dirs(repos)
+}
+
+/// The repository `dir` is in (itself or an ancestor's work tree).
+fn enclosing_repo(dir: &Path, hooks: bool) -> Option<Repo> {
+    dir.ancestors().find_map(|d| repo_at(d, hooks))
+}
+
+/// The repositories of `work_trees` (found by a walk of the caller's) and
+/// the ones `roots` are inside, with their submodules' and linked
+/// worktrees' git directories; `core.hooksPath` not asked.
+pub fn repos_of_work_trees(roots: &[PathBuf], work_trees: &[PathBuf]) -> Vec<Repo> {
+    let mut repos: Vec<Repo> = roots
+        .iter()
+        .filter_map(|r| enclosing_repo(r, false))
+        .collect();
+    repos.extend(work_trees.iter().filter_map(|w| repo_at(w, false)));
+    with_their_git_dirs(repos)
+}
+
+/// `repos` (each work tree once), with the git directories of their
+/// submodules and linked worktrees.
+fn with_their_git_dirs(mut repos: Vec<Repo>) -> Vec<Repo> {
     let mut seen = Vec::new();
     repos.retain(|r| {
         let fresh = !seen.contains(&r.work_tree);

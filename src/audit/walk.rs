@@ -1,0 +1,417 @@
+//! One walk of the roots, for the audit and its watcher: every hidden
+//! entry (a name starting with `.`, and everything beneath a hidden
+//! directory), every file named as some tool's configuration, every
+//! repository's work tree, and the directories walked (for the watcher).
+//!
+//! What the walk does not enter, and why:
+//! - environments and caches a build fills and that run only when you use
+//!   them (`node_modules`, `.venv`, `target`, `.next`, ...: see
+//!   [`ENVIRONMENTS`]), which can hold hundreds of thousands of files;
+//! - `.git` directories: git's own rule reads those (`super::git`);
+//! - nothing through a symlink: a link is an entry, never followed.
+//!
+//! A walk that reaches its bound ([`MAX_ENTRIES`] per root, [`MAX_DEPTH`])
+//! says so (`Walked::cut`): what lies past it is not checked, and the user
+//! is told, never left to assume it was.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use crate::policy::build::Repo;
+
+/// Entries one root's walk visits, at most.
+pub const MAX_ENTRIES: usize = 100_000;
+/// How deep below a root the walk goes.
+pub const MAX_DEPTH: usize = 32;
+
+/// Directories filled by builds and package managers, never entered: what
+/// is in them runs when you use the environment they make (yours to trust,
+/// as the packages you install are), and they can be huge.
+pub const ENVIRONMENTS: &[&str] = &[
+    "node_modules",
+    "target",
+    "venv",
+    "__pycache__",
+    ".venv",
+    ".direnv",
+    ".tox",
+    ".nox",
+    ".cache",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".ipynb_checkpoints",
+    ".gradle",
+    ".kotlin",
+    ".next",
+    ".nuxt",
+    ".output",
+    ".svelte-kit",
+    ".turbo",
+    ".parcel-cache",
+    ".angular",
+    ".astro",
+    ".docusaurus",
+    ".expo",
+    ".vercel",
+    ".netlify",
+    ".wrangler",
+    ".serverless",
+    ".terraform",
+    ".dart_tool",
+    ".build",
+    ".swiftpm",
+    ".stack-work",
+    ".eggs",
+    ".nyc_output",
+    ".sass-cache",
+    ".pnpm-store",
+    ".zig-cache",
+    ".elixir_ls",
+    ".zcode",
+];
+
+/// Hidden directories whose content no tool on this machine runs on its
+/// own: a CI service's (run there, after you push and review), release
+/// notes. Walked past, never findings.
+pub const INERT_DIRS: &[&str] = &[".github", ".gitlab", ".circleci", ".changeset"];
+
+/// Hidden files that name nothing to run: ignore lists, editor and version
+/// pins, caches of linters, the OS's own.
+pub const INERT_FILES: &[&str] = &[
+    ".gitignore",
+    ".gitkeep",
+    ".keep",
+    ".gitattributes",
+    ".gitmodules",
+    ".mailmap",
+    ".dockerignore",
+    ".npmignore",
+    ".prettierignore",
+    ".eslintignore",
+    ".stylelintignore",
+    ".ignore",
+    ".rgignore",
+    ".fdignore",
+    ".editorconfig",
+    ".nvmrc",
+    ".node-version",
+    ".python-version",
+    ".ruby-version",
+    ".terraform-version",
+    ".browserslistrc",
+    ".DS_Store",
+    ".eslintcache",
+    ".stylelintcache",
+    ".coverage",
+];
+
+/// Configuration files without a leading dot that a tool obeys on its
+/// own: when you open the folder, enter it, or start an agent there.
+pub const NAMED_CONFIGS: &[&str] = &[
+    "opencode.json",
+    "opencode.jsonc",
+    "crush.json",
+    "mise.toml",
+    "mise.local.toml",
+    "rust-toolchain",
+    "rust-toolchain.toml",
+    "lefthook.yml",
+    "lefthook.yaml",
+    "lefthook-local.yml",
+    "lefthook-local.yaml",
+    "bunfig.toml",
+    "devcontainer.json",
+];
+
+/// Whether `name` is one no tool loads by name: a temporary file of an
+/// atomic save (zcode-acp's own, editors', agents'), a swap or lock file.
+pub fn is_transient(name: &OsStr) -> bool {
+    if crate::config::atomic::is_temp_name(name) {
+        return true;
+    }
+    let n = name.to_string_lossy();
+    n.starts_with(".tmp")
+        || n.ends_with(".tmp")
+        || n.contains(".tmp.")
+        || n.contains(".tmp-")
+        || n.ends_with('~')
+        || n.ends_with(".swp")
+        || n.ends_with(".swo")
+        || n.ends_with(".swx")
+        || n.starts_with(".#")
+        || n.starts_with(".~lock.")
+        || n.starts_with(".nfs")
+        || n.starts_with(".fuse_hidden")
+        || n.starts_with(".goutputstream-")
+}
+
+/// Whether a name is a named configuration ([`NAMED_CONFIGS`], or
+/// `mise.<env>.toml`, or a VS Code workspace file).
+pub fn is_named_config(name: &OsStr) -> bool {
+    let n = name.to_string_lossy();
+    NAMED_CONFIGS.iter().any(|c| n == *c)
+        || (n.starts_with("mise.") && n.ends_with(".toml"))
+        || n.ends_with(".code-workspace")
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// An entry as it was seen: its kind, size, change time, inode and mode (a
+/// write, a replacement or a chmod changes one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub kind: Kind,
+    pub len: u64,
+    pub ctime: (i64, i64),
+    pub ino: u64,
+    pub mode: u32,
+}
+
+impl Seen {
+    pub fn of(meta: &std::fs::Metadata) -> Seen {
+        use std::os::unix::fs::MetadataExt;
+        let t = meta.file_type();
+        let kind = if t.is_symlink() {
+            Kind::Symlink
+        } else if t.is_dir() {
+            Kind::Dir
+        } else if t.is_file() {
+            Kind::File
+        } else {
+            Kind::Other
+        };
+        Seen {
+            kind,
+            len: meta.len(),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            ino: meta.ino(),
+            mode: meta.mode() & 0o7777,
+        }
+    }
+
+    pub fn at(path: &Path) -> Option<Seen> {
+        std::fs::symlink_metadata(path).ok().map(|m| Seen::of(&m))
+    }
+}
+
+/// Why an entry is watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Hidden, or beneath a hidden directory.
+    Hidden,
+    /// A file some tool obeys by its name ([`NAMED_CONFIGS`]).
+    NamedConfig,
+}
+
+/// What one walk found.
+#[derive(Debug, Default, Clone)]
+pub struct Walked {
+    /// Hidden entries and named configs, by path.
+    pub entries: BTreeMap<PathBuf, (Seen, Why)>,
+    /// Work trees with a `.git` (the repositories' own walk reads them).
+    pub work_trees: Vec<PathBuf>,
+    /// The directories walked (for the watcher), roots included.
+    pub dirs: Vec<PathBuf>,
+    /// Where the walk stopped at a bound: what lies past it is unchecked.
+    pub cut: Vec<(PathBuf, String)>,
+}
+
+/// Where the audit looks: the roots, trees outside them whose every file
+/// matters (agents' plugins, skills, hooks in the home directory), and
+/// single files there (an agent's `.env`).
+#[derive(Debug, Clone, Default)]
+pub struct Places {
+    pub roots: Vec<PathBuf>,
+    /// The home directory `~` means in the agents' settings.
+    pub home: Option<PathBuf>,
+    pub trees: Vec<PathBuf>,
+    pub files: Vec<PathBuf>,
+}
+
+/// Walks every root and tree, and looks at every file.
+pub fn walk(places: &Places) -> Walked {
+    let mut out = Walked::default();
+    for root in &places.roots {
+        let mut budget = MAX_ENTRIES;
+        out.dirs.push(root.clone());
+        if root.join(".git").symlink_metadata().is_ok() {
+            out.work_trees.push(root.clone());
+        }
+        walk_dir(root, 0, false, &mut budget, &mut out);
+        if budget == 0 {
+            out.cut.push((
+                root.clone(),
+                format!("it holds more than {MAX_ENTRIES} entries (outside node_modules and the like), and the walk stopped there"),
+            ));
+        }
+    }
+    for tree in &places.trees {
+        // The tree itself, and everything in it, whatever its names.
+        let Some(seen) = Seen::at(tree) else { continue };
+        out.entries.insert(tree.clone(), (seen, Why::Hidden));
+        if seen.kind != Kind::Dir {
+            continue;
+        }
+        let mut budget = MAX_ENTRIES;
+        out.dirs.push(tree.clone());
+        walk_dir(tree, 0, true, &mut budget, &mut out);
+        if budget == 0 {
+            out.cut.push((
+                tree.clone(),
+                format!("it holds more than {MAX_ENTRIES} entries"),
+            ));
+        }
+    }
+    for file in &places.files {
+        if let Some(seen) = Seen::at(file) {
+            out.entries.insert(file.clone(), (seen, Why::Hidden));
+        }
+    }
+    out
+}
+
+/// Whether `name`, in a directory that is hidden or not (`in_hidden`),
+/// is an entry of the audit's.
+pub fn watched_name(name: &OsStr, in_hidden: bool) -> Option<Why> {
+    // A repository's `.git` (a directory, or a pointer to one) is git's
+    // rule's (`super::repos`): a new repository is no finding for being new.
+    if is_transient(name) || name == ".git" {
+        return None;
+    }
+    let hidden = name.as_encoded_bytes().first() == Some(&b'.');
+    if in_hidden || hidden {
+        if INERT_FILES.iter().any(|f| name == *f) || INERT_DIRS.iter().any(|d| name == *d) {
+            return None;
+        }
+        return Some(Why::Hidden);
+    }
+    is_named_config(name).then_some(Why::NamedConfig)
+}
+
+/// Whether the walk enters a directory of this name.
+pub fn enters(name: &OsStr) -> bool {
+    name != ".git"
+        && !ENVIRONMENTS.iter().any(|e| name == *e)
+        && !INERT_DIRS.iter().any(|d| name == *d)
+}
+
+fn walk_dir(dir: &Path, depth: usize, in_hidden: bool, budget: &mut usize, out: &mut Walked) {
+    if depth >= MAX_DEPTH {
+        out.cut.push((
+            dir.to_path_buf(),
+            format!("it lies {MAX_DEPTH} directories deep, where the walk stops"),
+        ));
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut subdirs = Vec::new();
+    for entry in entries.flatten() {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        let name = entry.file_name();
+        let Ok(meta) = entry.metadata() else { continue };
+        let path = entry.path();
+        let seen = Seen::of(&meta);
+        if let Some(why) = watched_name(&name, in_hidden) {
+            out.entries.insert(path.clone(), (seen, why));
+        }
+        if seen.kind == Kind::Dir && enters(&name) {
+            subdirs.push((path, name));
+        }
+    }
+    for (path, name) in subdirs {
+        if *budget == 0 {
+            return;
+        }
+        let hidden = in_hidden || name.as_encoded_bytes().first() == Some(&b'.');
+        out.dirs.push(path.clone());
+        if !hidden && path.join(".git").symlink_metadata().is_ok() {
+            out.work_trees.push(path.clone());
+        }
+        walk_dir(&path, depth + 1, hidden, budget, out);
+    }
+}
+
+/// The repositories under `roots` (work trees the walk found, and the
+/// one each root is inside), with their submodules' and linked
+/// worktrees' git directories.
+pub fn repos(roots: &[PathBuf], walked: &Walked) -> Vec<Repo> {
+    crate::policy::discover::repos_of_work_trees(roots, &walked.work_trees)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_walk_watches_by_name() {
+        let w = |n: &str, h: bool| watched_name(OsStr::new(n), h);
+        assert_eq!(w(".envrc", false), Some(Why::Hidden));
+        assert_eq!(w(".cursor", false), Some(Why::Hidden));
+        assert_eq!(w("tasks.json", true), Some(Why::Hidden));
+        assert_eq!(w("opencode.json", false), Some(Why::NamedConfig));
+        assert_eq!(w("mise.dev.toml", false), Some(Why::NamedConfig));
+        assert_eq!(w("my.code-workspace", false), Some(Why::NamedConfig));
+        for quiet in [
+            ".gitignore",
+            ".github",
+            "main.rs",
+            ".zcode-acp-0123456789abcdef.tmp",
+            ".x.swp",
+            ".tmp-12-ab",
+            "a~",
+        ] {
+            assert_eq!(w(quiet, false), None, "{quiet}");
+        }
+        assert!(!enters(OsStr::new("node_modules")));
+        assert!(!enters(OsStr::new(".git")));
+        assert!(enters(OsStr::new(".vscode")));
+    }
+
+    #[test]
+    fn the_walk_finds_hidden_entries_at_any_depth_and_says_where_it_stopped() {
+        let t = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/c/.envrc"), "x").unwrap();
+        std::fs::create_dir_all(root.join(".vscode")).unwrap();
+        std::fs::write(root.join(".vscode/tasks.json"), "{}").unwrap();
+        std::fs::create_dir_all(root.join("node_modules/x")).unwrap();
+        std::fs::write(root.join("node_modules/x/.envrc"), "x").unwrap();
+        std::fs::write(root.join("src.rs"), "x").unwrap();
+        let w = walk(&Places {
+            roots: vec![root.clone()],
+            ..Default::default()
+        });
+        let found: Vec<_> = w
+            .entries
+            .keys()
+            .map(|p| p.strip_prefix(&root).unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                PathBuf::from(".vscode"),
+                ".vscode/tasks.json".into(),
+                "a/b/c/.envrc".into()
+            ]
+        );
+        assert!(w.cut.is_empty());
+        assert!(w.dirs.contains(&root.join("a/b/c")));
+        assert!(!w.dirs.contains(&root.join("node_modules")));
+    }
+}
