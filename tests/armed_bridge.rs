@@ -842,21 +842,6 @@ fn a_grant_for_a_protected_path_opens_it_for_direct_writes() {
 
 /// Answers the audit's "keep?" prompt about `path` with `option`, and
 /// returns the prompt.
-fn answer_audit(ed: &mut Editor, path: &std::path::Path, option: &str) -> serde_json::Value {
-    let p = path.display().to_string();
-    let req = ed
-        .wait_for("the audit's question", move |v| {
-            v["method"] == "session/request_permission"
-                && v["params"]["toolCall"]["toolCallId"]
-                    .as_str()
-                    .is_some_and(|t| t.starts_with("zcode-acp-audit-"))
-                && v["params"]["toolCall"]["locations"][0]["path"] == p.as_str()
-        })
-        .value;
-    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
-    req
-}
-
 /// What the agent leaves that the user's own tools would run is reverted
 /// when the turn ends and put to the user: a protected path that did not
 /// exist when the sandbox was armed (editor tasks), a repository made
@@ -1042,72 +1027,6 @@ fn a_refused_connection_is_put_to_the_user_and_each_answer_holds() {
     refused_connections_are_put_to_the_user(&mut ed, &ws, &sid);
 }
 
-/// An agent process that keeps swapping a workspace directory with a
-/// symlink to a folder outside, while the agent asks the editor for
-/// thousands of writes into that directory: every write the editor makes
-/// lands where it was judged (the agent is held still meanwhile), none
-/// outside; writes judged outside are put to the user (and refused here).
-#[test]
-fn the_editor_writes_exactly_where_it_was_judged_while_the_agent_races_the_path() {
-    if !require_kernel_features() {
-        return;
-    }
-    let (mut ed, ws, sid, outside) = armed_editor();
-    std::fs::create_dir(ws.join("d")).unwrap();
-    std::os::unix::fs::symlink(&outside, ws.join("l")).unwrap();
-    std::fs::write(
-        ws.join("racer.py"),
-        r#"
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-open("racing", "w").close()
-while True:
-    libc.renameat2(-100, b"d", -100, b"l", 2)  # RENAME_EXCHANGE
-"#,
-    )
-    .unwrap();
-    ed.prompt(
-        &sid,
-        "nohup python3 racer.py > /dev/null 2>&1 & while [ ! -e racing ]; do sleep 0.01; done; echo started",
-    );
-    let start = ed.seen.len();
-    let id = ed.prompt_request(&sid, "/write-seq 2000 d/f x");
-    let mut answered: std::collections::HashSet<String> = Default::default();
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while ed.responses_to(&id) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the writes did not end"
-        );
-        ed.drain_for(Duration::from_millis(100));
-        let open: Vec<serde_json::Value> = ed.seen[start..]
-            .iter()
-            .filter(|l| l.value["method"] == "session/request_permission")
-            .map(|l| l.value["id"].clone())
-            .filter(|id| !answered.contains(&id.to_string()))
-            .collect();
-        for q in open {
-            ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": q, "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}}));
-            answered.insert(q.to_string());
-        }
-    }
-    let text = ed.agent_text_since(start, &sid);
-    // The racer's swaps stop with the bridge; what landed is counted after.
-    ed.prompt(&sid, "pkill -f racer.py; echo stopped");
-    let landed = std::fs::read_dir(&outside).unwrap().count();
-    assert_eq!(landed, 0, "{landed} writes landed outside: {text}");
-    let inside = ["d", "l"]
-        .iter()
-        .filter_map(|n| std::fs::read_dir(ws.join(n)).ok())
-        .map(|d| d.count())
-        .sum::<usize>();
-    assert!(
-        inside > 100,
-        "too few writes landed inside ({inside}): {text}"
-    );
-    assert!(text.contains("writes: ok="), "{text}");
-}
-
 /// A terminal runs in the directory that was judged: one the agent swaps
 /// for a symlink between the bridge's look and the editor's start of the
 /// terminal is refused there, not followed.
@@ -1157,4 +1076,70 @@ fn a_terminals_directory_swapped_for_a_symlink_is_refused_not_followed() {
     );
     assert!(!text.contains("ran in"), "{text}");
     assert_ne!(out.status.code(), Some(0));
+}
+
+/// No window after the turn (see `common::plants_after_the_turn_are_reverted`).
+#[test]
+fn a_plant_made_after_the_turn_ended_is_reverted_at_once_in_every_root() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    let ws2 = workspace(&ed, "second");
+    common::plants_after_the_turn_are_reverted(&mut ed, &ws, &sid, &ws2, &outside);
+}
+
+/// The editor writes where it was judged (see
+/// `common::editor_writes_land_where_judged`).
+#[test]
+fn the_editor_writes_exactly_where_it_was_judged_while_the_agent_races_the_path() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    common::editor_writes_land_where_judged(&mut ed, &ws, &sid, &outside);
+}
+
+/// The same in the home directory: a hook planted in the agent's own
+/// settings, and an MCP server in `~/.claude.json` (saved as Claude saves
+/// it, through a temporary file), by a process it left running, after its
+/// turn, are reverted at once (the agent here keeps Claude's state, so it
+/// may write there).
+#[test]
+fn a_hook_planted_in_the_agents_settings_after_the_turn_is_reverted_at_once() {
+    if !require_kernel_features() {
+        return;
+    }
+    let home_dir = tempfile::tempdir_in(scratch_base()).unwrap();
+    let home = std::fs::canonicalize(home_dir.path()).unwrap();
+    // Its transcripts where Claude's profile lets it write.
+    let transcripts = home.join(".claude/shell-agent");
+    let mut opts = Options::new(shell_agent())
+        .env("ZCODE_SHELL_AGENT_HOME", transcripts.to_str().unwrap())
+        .env("ZCODE_ACP_SANDBOX", "1")
+        .arg("--backend-profile")
+        .arg("claude");
+    opts.outer_ns = true;
+    opts.home_at = Some(home.clone());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = workspace(&ed, "w");
+    let sid = ed.new_session(&ws);
+    let settings = home.join(".claude/settings.json");
+    let state = home.join(".claude.json");
+    let (r, _) = ed.prompt(
+        &sid,
+        &format!(
+            "(sleep 2; echo '{{\"hooks\":{{\"Stop\":[{{\"hooks\":[{{\"type\":\"command\",\"command\":\"evil\"}}]}}]}}}}' > {s}; \
+              (set -C; echo '{{\"mcpServers\":{{\"x\":{{\"command\":\"evil\"}}}}}}' > {c}.tmp.1) && mv {c}.tmp.1 {c}) > /dev/null 2>&1 & echo left",
+            s = settings.display(),
+            c = state.display()
+        ),
+    );
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    answer_audit(&mut ed, &settings, "revert");
+    answer_audit(&mut ed, &state, "revert");
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    assert!(!read(&settings).contains("evil"), "{}", read(&settings));
+    assert!(!read(&state).contains("evil"), "{}", read(&state));
 }

@@ -335,6 +335,34 @@ fn an_editor_terminal_joins_its_generation_as_an_unprivileged_user() {
 }
 
 #[test]
+fn the_editor_writes_where_it_was_judged_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Declared first, so the bridge below is gone before the user is removed.
+    let user = TestUser::create();
+    let (mut ed, ws, sid) = armed_editor_as(&user);
+    let outside = user.base.join("outside");
+    common::editor_writes_land_where_judged(&mut ed, &ws, &sid, &outside);
+}
+
+#[test]
+fn a_plant_after_the_turn_is_reverted_at_once_as_an_unprivileged_user() {
+    if !require_kernel_features() {
+        return;
+    }
+    // Declared first, so the bridge below is gone before the user is removed.
+    let user = TestUser::create();
+    let ws2 = user.base.join("ws2");
+    std::fs::create_dir_all(&ws2).unwrap();
+    user.own(&ws2);
+    let (mut ed, ws, sid) = armed_editor_as(&user);
+    let outside = user.base.join("outside");
+    user.own(&outside);
+    common::plants_after_the_turn_are_reverted(&mut ed, &ws, &sid, &ws2, &outside);
+}
+
+#[test]
 fn refused_connections_are_put_to_an_unprivileged_user() {
     if !require_kernel_features() {
         return;
@@ -2166,6 +2194,31 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
         .unwrap_or_else(|| panic!("{index}"));
     let n = line.split(':').next().unwrap();
     assert_eq!(content(&kept[0].join(n).join(&long)), "evil\n");
+}
+
+/// `zcode-acp run` is watched as the bridge's agent is: what the command
+/// plants is undone while it still runs (the command itself sees it gone),
+/// not only when it ends.
+#[test]
+fn what_run_plants_is_undone_while_it_runs() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let script = "sleep 0.5; mkdir -p sub; echo evil > sub/.envrc; \
+                  for i in $(seq 50); do [ -e sub/.envrc ] || break; sleep 0.1; done; \
+                  [ -e sub/.envrc ] && echo still-there || echo gone";
+    let argv = run_sh(None, "none", &p.ws, script);
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("gone"), "{stdout} {stderr}");
+    assert!(
+        stderr.contains(&format!("reverted {}", p.ws.join("sub/.envrc").display())),
+        "{stderr}"
+    );
 }
 
 /// `zcode-acp run` waits as a shell does: the command gets SIGPIPE's

@@ -36,6 +36,7 @@ pub mod repos;
 pub mod settings;
 pub mod stash;
 pub mod walk;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 
@@ -77,6 +78,8 @@ pub struct Baseline {
     repos: repos::Repos,
     /// Where the audit could not look, and why (said to the user).
     pub unchecked: Vec<(PathBuf, String)>,
+    /// The directories the walk entered (the watcher's).
+    dirs: Vec<PathBuf>,
 }
 
 /// One thing the agent left that would run.
@@ -256,6 +259,7 @@ impl Baseline {
         unchecked.extend(repos.unreadable.iter().cloned());
         Baseline {
             entries: entries::Entries::take(&walked),
+            dirs: walked.dirs.clone(),
             places,
             watched,
             settings,
@@ -363,6 +367,31 @@ impl Baseline {
             }
         }
         out
+    }
+
+    /// What the watcher watches for this baseline: the directories the
+    /// walk entered, and every path another rule reads.
+    pub fn watch_targets(&self) -> watch::Targets {
+        let dirs = self
+            .dirs
+            .iter()
+            .map(|d| {
+                let hidden = watch::is_hidden_dir(d, &self.places.roots, &self.places.trees);
+                (d.clone(), hidden)
+            })
+            .collect();
+        let mut paths: Vec<PathBuf> = self
+            .watched
+            .iter()
+            .map(|w| match w {
+                Watched::Absent { path, .. } | Watched::Settings { path, .. } => path.clone(),
+            })
+            .collect();
+        paths.extend(self.scripts.iter().map(|(p, _)| p.clone()));
+        paths.extend(self.places.trees.iter().cloned());
+        paths.extend(self.places.files.iter().cloned());
+        paths.extend(self.repos.watched_paths());
+        watch::Targets { dirs, paths }
     }
 
     fn setting(&self, path: &Path) -> Option<&[u8]> {

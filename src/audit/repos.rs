@@ -81,6 +81,21 @@ impl Repos {
         }
     }
 
+    /// What the watcher watches for this rule: every repository's git
+    /// directory (a `config`, `commondir`, `hooks` or `index` there), and
+    /// the includes.
+    pub fn watched_paths(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for g in &self.git_dirs {
+            for name in ["config", "config.worktree", "commondir", "hooks", "index"] {
+                out.push(g.join(name));
+            }
+        }
+        out.extend(self.configs.iter().cloned());
+        out.extend(self.includes.iter().map(|(p, _, _)| p.clone()));
+        out
+    }
+
     /// The files this rule judges (your repositories' includes).
     pub fn covered(&self) -> impl Iterator<Item = PathBuf> + '_ {
         self.includes.iter().map(|(p, _, _)| p.clone())

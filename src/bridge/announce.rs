@@ -91,6 +91,9 @@ impl Bridge {
         if let Some(note) = self.audit_unchecked_note() {
             text = format!("{text}\n{note}");
         }
+        if let Some(note) = self.audit_watch_note() {
+            text = format!("{text}\n{note}");
+        }
         if let Some(note) = &self.cfg.startup_note {
             text = format!("{text}\n{note}");
         }
@@ -110,6 +113,9 @@ impl Bridge {
             text = format!("{text}\n{note}");
         }
         if let Some(note) = self.audit_unchecked_note() {
+            text = format!("{text}\n{note}");
+        }
+        if let Some(note) = self.audit_watch_note() {
             text = format!("{text}\n{note}");
         }
         let title = format!("{} (restarted)", self.state_title());

@@ -17,12 +17,48 @@ impl Bridge {
     pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
         self.audit_epoch += 1;
+        self.audit_watch = None;
         if let Some(base) = &baseline {
             for (path, why) in &base.unchecked {
                 warn!(path = %path.display(), "the audit cannot check everything here: {why}; what the agent leaves there is not reverted (open a narrower workspace)");
             }
+            // Watched for as long as this generation lives: a change by a
+            // process the agent left running is looked at within a second.
+            let tx = self.audit_changes_tx.clone();
+            let watcher = audit::watch::Watcher::start(base.watch_targets(), move || {
+                let _ = tx.send(());
+            });
+            if let Some(why) = &watcher.degraded {
+                warn!("the audit cannot watch everything for changes ({why}): it also looks every {} s, which costs a walk of the roots each time; raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change instead", audit::watch::POLL.as_secs());
+            }
+            self.audit_watch = Some(watcher);
         }
         self.audit = baseline;
+    }
+
+    /// The watcher saw a change the audit judges: it looks now, whatever
+    /// the agent is doing, and puts what it finds to the session whose root
+    /// holds it (else the latest turn's, else the first live one).
+    pub(super) fn on_audit_change(&mut self) {
+        if self.audit.is_none() {
+            return;
+        }
+        let session = self
+            .routes
+            .latest_turn()
+            .map(str::to_owned)
+            .or_else(|| self.sessions.live().next().map(|s| s.id.clone()))
+            .unwrap_or_default();
+        self.run_audit(&session);
+    }
+
+    /// What the watcher cannot do, in words for the editor.
+    pub(super) fn audit_watch_note(&self) -> Option<String> {
+        let why = self.audit_watch.as_ref()?.degraded.as_ref()?;
+        Some(format!(
+            "The audit cannot watch everything for changes ({why}): it looks every {} s instead, so what the agent leaves between turns stays on disk up to that long. Raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change.",
+            audit::watch::POLL.as_secs()
+        ))
     }
 
     /// Where the audit of the running generation cannot look, in words
@@ -163,6 +199,16 @@ impl Bridge {
         let mut to_ask: Vec<(String, Finding, crate::audit::Action)> = Vec::new();
         for finding in findings {
             let session = self.session_for(&finding.path, session);
+            if session.is_empty() {
+                // No live session to tell: undone all the same, and logged.
+                if finding.revert.is_some() {
+                    let undone = self.stash.undo(&finding, false);
+                    warn!(path = %finding.path.display(), reverted = undone.reverted.is_ok(), kept = ?undone.kept_at, "the agent left what would run outside the sandbox, with no session open to tell: {}", finding.what);
+                } else {
+                    warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox: {}", finding.what);
+                }
+                continue;
+            }
             let Some(_) = &finding.revert else {
                 // Nothing to undo that is the agent's alone: said, loudly.
                 warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox, and zcode-acp cannot undo it without touching what is yours: {}", finding.what);

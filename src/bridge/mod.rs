@@ -113,6 +113,8 @@ enum Event {
     CodeTool(code_tools::EditorCall),
     /// The agent is held still for the editor's writes, or cannot be.
     Held(Result<crate::backend::hold::Held, String>),
+    /// The audit's watcher saw a change it judges.
+    AuditChange,
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -213,6 +215,11 @@ pub struct Bridge {
     stash: crate::audit::stash::Stash,
     /// Paths with a keep question open (asked once until answered).
     audit_questions: std::collections::HashSet<std::path::PathBuf>,
+    /// The audit's watcher of the running generation, and where it says a
+    /// change was seen.
+    audit_watch: Option<crate::audit::watch::Watcher>,
+    audit_changes_tx: mpsc::UnboundedSender<()>,
+    audit_changes: mpsc::UnboundedReceiver<()>,
 }
 
 impl Bridge {
@@ -249,6 +256,7 @@ impl Bridge {
             &cfg.managed,
             &format!("bridge-{}-{}", std::process::id(), unix_secs()),
         );
+        let (audit_changes_tx, audit_changes) = mpsc::unbounded_channel();
         let mut bridge = Bridge {
             cfg,
             sandbox,
@@ -297,6 +305,9 @@ impl Bridge {
             hold: hold::WriteHold::default(),
             stash,
             audit_questions: Default::default(),
+            audit_watch: None,
+            audit_changes_tx,
+            audit_changes,
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -351,6 +362,11 @@ impl Bridge {
             question = self.net_asks.next() => Event::NetworkAsk(question),
             call = self.code_tools.next() => Event::CodeTool(call),
             taken = self.hold.next() => Event::Held(taken),
+            Some(()) = self.audit_changes.recv() => {
+                // A burst is one look.
+                while self.audit_changes.try_recv().is_ok() {}
+                Event::AuditChange
+            }
         }
     }
 
@@ -458,6 +474,7 @@ impl Bridge {
             Event::NetworkAsk(question) => self.on_network_ask(question),
             Event::CodeTool(call) => self.on_code_tool(call),
             Event::Held(taken) => self.on_held(taken),
+            Event::AuditChange => self.on_audit_change(),
             Event::Disk(disk::DiskDone::NetworkRecorded {
                 session,
                 what,

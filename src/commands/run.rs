@@ -86,7 +86,7 @@ fn arm(
 /// and the command's version kept under `~/.zcode-acp/reverted/`.
 struct Audit {
     baseline: crate::audit::Baseline,
-    managed: ManagedRoot,
+    stash: crate::audit::stash::Stash,
 }
 
 impl Audit {
@@ -105,22 +105,42 @@ impl Audit {
                 path.display()
             );
         }
-        Audit { baseline, managed }
-    }
-
-    fn after(self) {
-        let findings = self.baseline.audit();
-        if findings.is_empty() {
-            return;
-        }
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let mut stash = crate::audit::stash::Stash::new(
-            &self.managed,
+        let stash = crate::audit::stash::Stash::new(
+            &managed,
             &format!("run-{secs}-{}", std::process::id()),
         );
-        for f in findings {
+        Audit { baseline, stash }
+    }
+
+    /// Watches while the command runs: what it leaves is undone as it is
+    /// made (within the watcher's bound), as the bridge does between turns.
+    fn watch(audit: &std::sync::Arc<std::sync::Mutex<Audit>>) -> crate::audit::watch::Watcher {
+        let targets = match audit.lock() {
+            Ok(a) => a.baseline.watch_targets(),
+            Err(_) => Default::default(),
+        };
+        let shared = audit.clone();
+        let watcher = crate::audit::watch::Watcher::start(targets, move || {
+            if let Ok(mut a) = shared.lock() {
+                a.look();
+            }
+        });
+        if let Some(why) = &watcher.degraded {
+            eprintln!(
+                "zcode-acp: the audit cannot watch everything for changes ({why}); it looks every {} s while the command runs",
+                crate::audit::watch::POLL.as_secs()
+            );
+        }
+        watcher
+    }
+
+    /// Looks, and undoes what it finds: nobody is there to ask, so each is
+    /// reverted, said on stderr, and the command's version kept.
+    fn look(&mut self) {
+        for f in self.baseline.audit() {
             if f.revert.is_none() {
                 eprintln!(
                     "zcode-acp: {} was left by the command: {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
@@ -130,7 +150,7 @@ impl Audit {
                 continue;
             }
             // Undone whether or not the command's version could be kept.
-            let undone = stash.undo(&f, true);
+            let undone = self.stash.undo(&f, true);
             let kept = match (&undone.kept_at, &undone.not_kept) {
                 (Some(at), _) => format!("; the command's version is kept in {}", at.display()),
                 (None, Some(why)) => format!("; the command's version could not be kept: {why}"),
@@ -144,6 +164,17 @@ impl Audit {
                     f.what
                 ),
             }
+        }
+    }
+
+    /// The last look, once the command and everything it started ended.
+    fn after(
+        audit: std::sync::Arc<std::sync::Mutex<Audit>>,
+        watcher: crate::audit::watch::Watcher,
+    ) {
+        drop(watcher);
+        if let Ok(mut a) = audit.lock() {
+            a.look();
         }
     }
 }
@@ -166,7 +197,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         return Err(cannot_arm("the sandbox did not arm"));
     };
     let spec = enforcer.spec(armed, &command(&args));
-    let audit = Audit::before(&armed.policy, managed);
+    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
     if crate::linux::exec::threads() != Some(1) {
         return Err(cannot_arm(
             "zcode-acp run has more than one thread, so it cannot fork the sandbox's launcher (a bug in zcode-acp: please report it)",
@@ -190,8 +221,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         ForkResult::Parent { child } => child,
     };
+    // The watcher's thread starts only now: the launcher forked above had
+    // to be single-threaded.
+    let watcher = Audit::watch(&audit);
     let code = shield.wait(child)?;
-    audit.after();
+    Audit::after(audit, watcher);
     drop(shield);
     Ok(code)
 }
@@ -209,7 +243,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         .map_err(cannot_arm)?;
     let audit = confinement
         .policy()
-        .map(|policy| Audit::before(policy, managed));
+        .map(|policy| std::sync::Arc::new(std::sync::Mutex::new(Audit::before(policy, managed))));
+    let watcher = audit.as_ref().map(Audit::watch);
     let shield = super::shield::Shield::raise()?;
     let old = shield.old;
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -224,8 +259,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", argv[0]))?;
     let code = shield.wait(nix::unistd::Pid::from_raw(child.id() as i32))?;
     drop(confinement);
-    if let Some(audit) = audit {
-        audit.after();
+    if let (Some(audit), Some(watcher)) = (audit, watcher) {
+        Audit::after(audit, watcher);
     }
     drop(shield);
     Ok(code)

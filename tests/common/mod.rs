@@ -1124,3 +1124,161 @@ except OSError as e:
         "a forged question reached the editor"
     );
 }
+
+// ---- What an agent that fights back is kept from, root or not.
+
+/// Waits for the audit's question about `path` and answers it.
+pub fn answer_audit(ed: &mut Editor, path: &std::path::Path, option: &str) -> serde_json::Value {
+    let p = path.display().to_string();
+    let req = ed
+        .wait_for("the audit's question", move |v| {
+            v["method"] == "session/request_permission"
+                && v["params"]["toolCall"]["toolCallId"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("zcode-acp-audit-"))
+                && v["params"]["toolCall"]["locations"][0]["path"] == p.as_str()
+        })
+        .value;
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+    req
+}
+
+/// An agent process that keeps swapping a workspace directory with a
+/// symlink to a folder outside, while the agent asks the editor for
+/// thousands of writes into that directory: every write the editor makes
+/// lands where it was judged (the agent is held still meanwhile), none
+/// outside; writes judged outside are put to the user (and refused here).
+pub fn editor_writes_land_where_judged(ed: &mut Editor, ws: &Path, sid: &str, outside: &Path) {
+    // Made by the agent itself, so they are its user's whoever runs it.
+    ed.prompt(
+        sid,
+        &format!("mkdir d && ln -s {} l && echo made", outside.display()),
+    );
+    let racer = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+open("racing", "w").close()
+while True:
+    libc.renameat2(-100, b"d", -100, b"l", 2)  # RENAME_EXCHANGE
+"#;
+    ed.prompt(
+        sid,
+        &format!("nohup python3 -c '{racer}' > /dev/null 2>&1 & while [ ! -e racing ]; do sleep 0.01; done; echo started"),
+    );
+    let start = ed.seen.len();
+    let id = ed.prompt_request(sid, "/write-seq 2000 d/f x");
+    let mut answered: std::collections::HashSet<String> = Default::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while ed.responses_to(&id) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writes did not end"
+        );
+        ed.drain_for(Duration::from_millis(100));
+        let open: Vec<serde_json::Value> = ed.seen[start..]
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .map(|l| l.value["id"].clone())
+            .filter(|id| !answered.contains(&id.to_string()))
+            .collect();
+        for q in open {
+            ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": q, "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}}));
+            answered.insert(q.to_string());
+        }
+    }
+    let text = ed.agent_text_since(start, sid);
+    // The racer's swaps stop with the bridge; what landed is counted after.
+    ed.prompt(sid, "pkill -f renameat2; echo stopped");
+    let landed = std::fs::read_dir(outside).unwrap().count();
+    assert_eq!(landed, 0, "{landed} writes landed outside: {text}");
+    let inside = ["d", "l"]
+        .iter()
+        .filter_map(|n| std::fs::read_dir(ws.join(n)).ok())
+        .map(|d| d.count())
+        .sum::<usize>();
+    assert!(
+        inside > 100,
+        "too few writes landed inside ({inside}): {text}"
+    );
+    assert!(text.contains("writes: ok="), "{text}");
+}
+
+/// No window after the turn: a process the agent left running plants, two
+/// seconds after the turn ended, editor tasks in one live root and a
+/// nested repository with an fsmonitor in another. With the bridge idle
+/// and no prompt sent, each is reverted and put to the session whose root
+/// holds it, within the watcher's bound.
+pub fn plants_after_the_turn_are_reverted(
+    ed: &mut Editor,
+    ws: &Path,
+    sid: &str,
+    ws2: &Path,
+    outside: &Path,
+) {
+    let sid2 = ed.new_session(ws2);
+    // The second root re-arms the agent: wait until it is back.
+    ed.prompt(&sid2, "true");
+    let script = format!(
+        "(sleep 2; mkdir -p {a}/.vscode; echo '{{\"tasks\":[{{\"command\":\"touch {o}/pwned\",\"runOptions\":{{\"runOn\":\"folderOpen\"}}}}]}}' > {a}/.vscode/tasks.json; \
+          mkdir -p {b}/sub && cd {b}/sub && git init -q && git config core.fsmonitor 'touch {o}/fsmonitor') > /dev/null 2>&1 & echo left",
+        a = ws.display(),
+        b = ws2.display(),
+        o = outside.display()
+    );
+    let (r, text) = ed.prompt(sid, &script);
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert!(text.contains("left"), "{text}");
+    // Nothing planted yet when the turn ended.
+    assert!(!ws.join(".vscode").exists());
+    let ended = std::time::Instant::now();
+    // The questions come without any prompt: the plant is seen as made.
+    let tasks_q = answer_audit(ed, &ws.join(".vscode"), "revert");
+    assert_eq!(tasks_q["params"]["sessionId"], sid, "{tasks_q}");
+    let config = ws2.join("sub/.git/config");
+    let repo_q = answer_audit(ed, &config, "revert");
+    assert_eq!(repo_q["params"]["sessionId"], sid2.as_str(), "{repo_q}");
+    let took = ended.elapsed();
+    assert!(!ws.join(".vscode").exists(), "the tasks are still there");
+    assert!(
+        !std::fs::read_to_string(&config)
+            .unwrap_or_default()
+            .contains("fsmonitor"),
+        "the fsmonitor is still there"
+    );
+    // What was shown is the agent's version.
+    assert!(
+        tasks_q["params"]["toolCall"]["content"][0]["content"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("VS Code"),
+        "{tasks_q}"
+    );
+    eprintln!("planted 2 s after the turn's end; both reverted and asked {took:?} after it");
+
+    // A loop that plants again as soon as it is reverted, for two seconds:
+    // once it stops, what it planted last is gone too, and it was asked
+    // about once, not once per plant.
+    let envrc = ws.join(".envrc");
+    let start = ed.seen.len();
+    let (r, _) = ed.prompt(
+        sid,
+        &format!(
+            "(for i in $(seq 40); do echo evil > {e}; sleep 0.05; done; touch {w}/loop-done) > /dev/null 2>&1 & echo looping",
+            e = envrc.display(),
+            w = ws.display()
+        ),
+    );
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    wait_until("the loop ends", || ws.join("loop-done").exists());
+    wait_until("the last plant is reverted", || !envrc.exists());
+    ed.drain_for(Duration::from_millis(500));
+    assert!(!envrc.exists(), "the loop's last plant stayed");
+    let asked = ed.seen[start..]
+        .iter()
+        .filter(|l| {
+            l.value["method"] == "session/request_permission"
+                && l.value["params"]["toolCall"]["locations"][0]["path"] == envrc.to_str().unwrap()
+        })
+        .count();
+    assert_eq!(asked, 1, "the same plant was asked about {asked} times");
+}

@@ -1,0 +1,431 @@
+//! No window: what the audit guards is watched for as long as the agent's
+//! generation lives, not only looked at when a turn ends. A process the
+//! agent leaves running can write after its turn; the watcher sees the
+//! change and the audit looks within about a second, at any moment.
+//!
+//! On Linux the watcher is inotify, on every directory the baseline's walk
+//! entered (new ones are added as they appear) and on the directories of
+//! every file the other rules read (settings, scripts, includes, protected
+//! paths that did not exist, git directories and their indexes). An event
+//! is relevant when its name is one the audit judges there (a hidden
+//! entry, a named configuration, a watched file, a new `.git`); a burst of
+//! them becomes one call to `on_change`, [`SETTLE`] after the first. Source
+//! files the agent edits raise no look.
+//!
+//! Where a watch cannot be added (the system's limit,
+//! `fs.inotify.max_user_watches`, is reached) or there is no inotify
+//! (macOS), the watcher says so (`Watcher::degraded`) and calls `on_change`
+//! every [`POLL`] as well: the audit then looks on a clock, at the cost of
+//! one walk of the roots each time.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long after the first relevant change the look is asked for: a burst
+/// of writes becomes one look.
+pub const SETTLE: Duration = Duration::from_millis(100);
+/// How often the audit looks where changes cannot be watched.
+pub const POLL: Duration = Duration::from_secs(2);
+/// Directories watched at most (past it: the clock, as for a full limit).
+pub const MAX_WATCHES: usize = 100_000;
+
+/// What to watch.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    /// Directories whose entries the audit judges by name, and whether
+    /// they are hidden (inside a hidden directory or an agent's tree).
+    pub dirs: Vec<(PathBuf, bool)>,
+    /// Files (and directories) any change to which matters.
+    pub paths: Vec<PathBuf>,
+}
+
+/// A running watcher; stopped when dropped.
+pub struct Watcher {
+    /// Why watching is partial: the audit also looks every [`POLL`].
+    pub degraded: Option<String>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Watcher {
+    /// Watches `targets`, calling `on_change` (from the watcher's own
+    /// thread) after each burst of relevant changes.
+    pub fn start(targets: Targets, on_change: impl Fn() + Send + 'static) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        #[cfg(target_os = "linux")]
+        let (degraded, thread) = linux::start(targets, on_change, stop.clone());
+        #[cfg(not(target_os = "linux"))]
+        let (degraded, thread) = {
+            let _ = targets;
+            let stop2 = stop.clone();
+            let thread = std::thread::spawn(move || {
+                // Slept in steps, so that a drop does not wait long.
+                let mut waited = Duration::ZERO;
+                on_change();
+                while !stop2.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    waited += Duration::from_millis(100);
+                    if waited >= POLL {
+                        waited = Duration::ZERO;
+                        on_change();
+                    }
+                }
+            });
+            (
+                Some("this system gives no file-change notifications zcode-acp uses".to_owned()),
+                Some(thread),
+            )
+        };
+        Watcher {
+            degraded,
+            stop,
+            thread,
+        }
+    }
+}
+
+/// Whether `dir` (beneath one of `roots`, or in one of `trees`) is a
+/// hidden directory, as the walk judges its entries.
+pub fn is_hidden_dir(dir: &Path, roots: &[PathBuf], trees: &[PathBuf]) -> bool {
+    if trees.iter().any(|t| dir.starts_with(t)) {
+        return true;
+    }
+    let Some(root) = roots
+        .iter()
+        .filter(|r| dir.starts_with(r))
+        .max_by_key(|r| r.as_os_str().len())
+    else {
+        return false;
+    };
+    dir.strip_prefix(root).is_ok_and(|rel| {
+        rel.components()
+            .any(|c| c.as_os_str().as_encoded_bytes().first() == Some(&b'.'))
+    })
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use super::*;
+    use std::collections::{HashMap, HashSet};
+    use std::ffi::OsString;
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+    use std::os::fd::AsFd;
+
+    /// What one watched directory is for.
+    #[derive(Debug, Default)]
+    struct Watch {
+        dir: PathBuf,
+        /// Its entries are judged by name (hidden: inside a hidden dir).
+        walked: Option<bool>,
+        /// Names in it that matter whatever they are.
+        names: HashSet<OsString>,
+        /// Every change in it matters (a hooks directory, an agent's tree).
+        any: bool,
+    }
+
+    struct State {
+        inotify: Inotify,
+        watches: HashMap<WatchDescriptor, Watch>,
+        by_dir: HashMap<PathBuf, WatchDescriptor>,
+        full: Option<String>,
+    }
+
+    const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
+        .union(AddWatchFlags::IN_MOVED_TO)
+        .union(AddWatchFlags::IN_MOVED_FROM)
+        .union(AddWatchFlags::IN_DELETE)
+        .union(AddWatchFlags::IN_MODIFY)
+        .union(AddWatchFlags::IN_CLOSE_WRITE)
+        .union(AddWatchFlags::IN_ATTRIB)
+        .union(AddWatchFlags::IN_DELETE_SELF)
+        .union(AddWatchFlags::IN_MOVE_SELF)
+        .union(AddWatchFlags::IN_DONT_FOLLOW)
+        .union(AddWatchFlags::IN_ONLYDIR);
+
+    impl State {
+        /// Watches `dir` for `what` (merged with what it is watched for).
+        fn watch(&mut self, dir: &Path, edit: impl FnOnce(&mut Watch)) -> bool {
+            if let Some(wd) = self.by_dir.get(dir) {
+                if let Some(w) = self.watches.get_mut(wd) {
+                    edit(w);
+                }
+                return true;
+            }
+            if self.watches.len() >= MAX_WATCHES {
+                self.full.get_or_insert_with(|| {
+                    format!("more than {MAX_WATCHES} directories would be watched")
+                });
+                return false;
+            }
+            match self.inotify.add_watch(dir, MASK) {
+                Ok(wd) => {
+                    let mut w = Watch {
+                        dir: dir.to_path_buf(),
+                        ..Default::default()
+                    };
+                    edit(&mut w);
+                    self.watches.insert(wd, w);
+                    self.by_dir.insert(dir.to_path_buf(), wd);
+                    true
+                }
+                Err(nix::errno::Errno::ENOSPC) => {
+                    self.full.get_or_insert_with(|| {
+                        "the system's limit on watched directories (fs.inotify.max_user_watches) is reached".to_owned()
+                    });
+                    false
+                }
+                // Gone, or not a directory: nothing to watch there.
+                Err(_) => false,
+            }
+        }
+
+        /// Watches a directory that appeared beneath a walked one, and
+        /// what is in it; whether anything in it is judged.
+        fn walk_in(&mut self, dir: &Path, hidden: bool, depth: usize) -> bool {
+            if depth > crate::audit::walk::MAX_DEPTH {
+                return true;
+            }
+            self.watch(dir, |w| w.walked = Some(hidden));
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return false;
+            };
+            let mut judged = hidden;
+            for e in entries.flatten() {
+                let name = e.file_name();
+                if crate::audit::walk::watched_name(&name, hidden).is_some() || name == ".git" {
+                    judged = true;
+                }
+                if e.file_type().is_ok_and(|t| t.is_dir()) && crate::audit::walk::enters(&name) {
+                    let inner = hidden || name.as_encoded_bytes().first() == Some(&b'.');
+                    judged |= self.walk_in(&e.path(), inner, depth + 1);
+                }
+            }
+            judged
+        }
+    }
+
+    pub(super) fn start(
+        targets: Targets,
+        on_change: impl Fn() + Send + 'static,
+        stop: Arc<AtomicBool>,
+    ) -> (Option<String>, Option<std::thread::JoinHandle<()>>) {
+        let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+            Ok(i) => i,
+            Err(e) => {
+                let why = format!("inotify is not available ({e})");
+                return (Some(why), Some(poll_only(on_change, stop)));
+            }
+        };
+        let mut state = State {
+            inotify,
+            watches: HashMap::new(),
+            by_dir: HashMap::new(),
+            full: None,
+        };
+        for (dir, hidden) in &targets.dirs {
+            let hidden = *hidden;
+            state.watch(dir, |w| w.walked = Some(hidden));
+        }
+        for p in &targets.paths {
+            if p.is_dir() && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) {
+                state.watch(p, |w| w.any = true);
+            }
+            // Its directory, for the name (made, removed, replaced); the
+            // nearest one that exists, for a path not there yet.
+            let Some(name) = p.file_name().map(|n| n.to_owned()) else {
+                continue;
+            };
+            let mut dir = p.parent();
+            let mut name = name;
+            while let Some(d) = dir {
+                if d.is_dir() {
+                    let n = name.clone();
+                    state.watch(d, |w| {
+                        w.names.insert(n);
+                    });
+                    break;
+                }
+                name = d.file_name().map(|n| n.to_owned()).unwrap_or_default();
+                dir = d.parent();
+            }
+        }
+        let degraded = state.full.clone();
+        let thread = std::thread::Builder::new()
+            .name("zcode-acp-audit-watch".into())
+            .spawn(move || run(state, on_change, stop))
+            .ok();
+        (degraded, thread)
+    }
+
+    fn poll_only(
+        on_change: impl Fn() + Send + 'static,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut waited = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                waited += Duration::from_millis(100);
+                if waited >= POLL {
+                    waited = Duration::ZERO;
+                    on_change();
+                }
+            }
+        })
+    }
+
+    fn run(mut state: State, on_change: impl Fn(), stop: Arc<AtomicBool>) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        // What was changed between the walk and the watches being added is
+        // looked at once now.
+        on_change();
+        let mut since_poll = Duration::ZERO;
+        let mut due: Option<std::time::Instant> = None;
+        while !stop.load(Ordering::Relaxed) {
+            // Woken at least every 100 ms, to see `stop`.
+            let step = Duration::from_millis(100);
+            let timeout = match due {
+                Some(at) => at
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(step),
+                None => step,
+            };
+            let ready = {
+                let mut fds = [PollFd::new(state.inotify.as_fd(), PollFlags::POLLIN)];
+                let ms = u16::try_from(timeout.as_millis()).unwrap_or(100);
+                poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) > 0
+            };
+            if ready && relevant_events(&mut state) && due.is_none() {
+                due = Some(std::time::Instant::now() + SETTLE);
+            }
+            if due.is_some_and(|at| std::time::Instant::now() >= at) {
+                due = None;
+                on_change();
+            }
+            if state.full.is_some() {
+                since_poll += timeout;
+                if since_poll >= POLL {
+                    since_poll = Duration::ZERO;
+                    on_change();
+                }
+            }
+        }
+    }
+
+    /// Reads the queued events; whether one of them matters.
+    fn relevant_events(state: &mut State) -> bool {
+        let mut relevant = false;
+        loop {
+            let events = match state.inotify.read_events() {
+                Ok(e) if !e.is_empty() => e,
+                _ => return relevant,
+            };
+            for ev in events {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    // Events were lost: look at everything.
+                    relevant = true;
+                    continue;
+                }
+                if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
+                    if let Some(w) = state.watches.remove(&ev.wd) {
+                        state.by_dir.remove(&w.dir);
+                    }
+                    continue;
+                }
+                let Some(w) = state.watches.get(&ev.wd) else {
+                    continue;
+                };
+                let Some(name) = ev.name else {
+                    // The directory itself was removed or moved.
+                    relevant |= w.any || w.walked == Some(true) || !w.names.is_empty();
+                    continue;
+                };
+                let dir = w.dir.clone();
+                let walked = w.walked;
+                if w.any || w.names.contains(&name) || name == ".git" {
+                    relevant = true;
+                }
+                if let Some(hidden) = walked {
+                    if crate::audit::walk::watched_name(&name, hidden).is_some() {
+                        relevant = true;
+                    }
+                    let made = ev.mask.contains(AddWatchFlags::IN_ISDIR)
+                        && ev
+                            .mask
+                            .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO);
+                    if made && crate::audit::walk::enters(&name) {
+                        let inner = hidden || name.as_encoded_bytes().first() == Some(&b'.');
+                        if state.walk_in(&dir.join(&name), inner, 0) {
+                            relevant = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_directories_are_told_apart() {
+        let roots = vec![PathBuf::from("/w")];
+        let trees = vec![PathBuf::from("/h/.claude/skills")];
+        assert!(!is_hidden_dir(Path::new("/w"), &roots, &trees));
+        assert!(!is_hidden_dir(Path::new("/w/src/a"), &roots, &trees));
+        assert!(is_hidden_dir(Path::new("/w/.vscode"), &roots, &trees));
+        assert!(is_hidden_dir(Path::new("/w/a/.b/c"), &roots, &trees));
+        assert!(is_hidden_dir(
+            Path::new("/h/.claude/skills/x"),
+            &roots,
+            &trees
+        ));
+    }
+
+    /// A hidden file made deep in a directory that appears after the
+    /// watcher started is seen; a source file is not.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_plant_in_a_new_directory_is_seen_and_source_edits_are_not() {
+        let t = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = Watcher::start(
+            Targets {
+                dirs: vec![(root.clone(), false), (root.join("src"), false)],
+                paths: vec![],
+            },
+            move || {
+                let _ = tx.send(());
+            },
+        );
+        assert!(w.degraded.is_none(), "{:?}", w.degraded);
+        // The first look, at start.
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        std::fs::write(root.join("src/main.rs"), "fn main() {}").unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(500)).is_err(),
+            "a source edit raised a look"
+        );
+        std::fs::create_dir_all(root.join("src/new/deeper")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        while rx.try_recv().is_ok() {}
+        std::fs::write(root.join("src/new/deeper/.envrc"), "evil").unwrap();
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the plant was not seen");
+    }
+}
