@@ -1143,3 +1143,57 @@ fn a_hook_planted_in_the_agents_settings_after_the_turn_is_reverted_at_once() {
     assert!(!read(&settings).contains("evil"), "{}", read(&settings));
     assert!(!read(&state).contains("evil"), "{}", read(&state));
 }
+
+/// A home whose path overlayfs's options cannot name (a `,` and a `:` in
+/// it) gets no copy-on-write layer over its caches: the agent gets a
+/// private, empty cache instead (never the user's, written directly), and
+/// the editor's notice says so.
+#[test]
+fn a_cache_that_cannot_be_layered_is_private_and_said() {
+    if !require_kernel_features() {
+        return;
+    }
+    let base = tempfile::tempdir_in(scratch_base()).unwrap();
+    let home = std::fs::canonicalize(base.path())
+        .unwrap()
+        .join("odd,home:x");
+    std::fs::create_dir_all(home.join(".npm")).unwrap();
+    std::fs::write(home.join(".npm/mine"), "the user's own").unwrap();
+    let mut opts = Options::new(shell_agent())
+        .env("ZCODE_SHELL_AGENT_HOME", "")
+        .env("ZCODE_ACP_SANDBOX", "1");
+    opts.outer_ns = true;
+    opts.home_at = Some(home.clone());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = home.join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    let start = ed.seen.len();
+    let sid = ed.new_session(&ws);
+    let (_, text) = ed.prompt(
+        &sid,
+        "ls ~/.npm; echo poisoned > ~/.npm/planted && cat ~/.npm/planted",
+    );
+    assert!(
+        text.contains("poisoned"),
+        "the private cache is not writable: {text}"
+    );
+    assert!(
+        !text.contains("mine"),
+        "the user's cache shows inside: {text}"
+    );
+    assert!(
+        !home.join(".npm/planted").exists(),
+        "the plant reached the user's cache"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".npm/mine")).unwrap(),
+        "the user's own"
+    );
+    let notice = ed.seen[start..]
+        .iter()
+        .find(|l| l.raw.contains("less than planned"))
+        .map(|l| l.raw.clone())
+        .unwrap_or_else(|| panic!("no notice says the cache is private"));
+    assert!(notice.contains("private, empty"), "{notice}");
+}

@@ -2221,6 +2221,28 @@ fn what_run_plants_is_undone_while_it_runs() {
     );
 }
 
+/// A workspace that is the home directory itself: the audit still undoes
+/// a plant, and leaves zcode-acp's own directory and the agent's state and
+/// caches (which the policy makes writable) alone.
+#[test]
+fn the_audit_of_a_home_workspace_leaves_zcode_acps_own_directory_alone() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.clone();
+    let script = "echo evil > .envrc; mkdir -p .cache/x && echo c > .cache/x/f; echo done";
+    let argv = run_sh(None, "none", &home, script);
+    let (out, _) = run_with_home(&home, &argv, None, None, Some(&home));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout} {stderr}");
+    assert!(!home.join(".envrc").exists(), "{stderr}");
+    let reverted: Vec<&str> = stderr.lines().filter(|l| l.contains("reverted")).collect();
+    assert_eq!(reverted.len(), 1, "{stderr}");
+    assert!(home.join(".zcode-acp/reverted").is_dir(), "{stderr}");
+}
+
 /// `zcode-acp run` waits as a shell does: the command gets SIGPIPE's
 /// default back (a pipeline ends quietly when its reader does), a SIGTERM
 /// sent to `run` reaches the command (which ends with it, and `run` says

@@ -1472,3 +1472,67 @@ fn silent_connections_to_the_editors_socket_take_none_of_its_slots() {
         );
     }
 }
+
+/// A home directory long enough that the editor's socket for run_code
+/// passes what a socket address holds: the socket is still made (bound
+/// through its directory's descriptor), and code reaches the editor's
+/// files through it.
+#[test]
+fn a_long_home_still_gets_the_editors_socket() {
+    use std::io::{BufRead, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    let base = tempfile::tempdir().unwrap();
+    let home = std::fs::canonicalize(base.path())
+        .unwrap()
+        .join("a-rather-long-home-directory-name-as-some-corporate-setups-give-their-users-x");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut opts = Options::new(fake_agent()).arg("--code-exec");
+    opts.home_at = Some(home.clone());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let ws = home.join("w");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("readme.txt"), "read through a long path").unwrap();
+    let (_sid, got) = session_with_servers(&mut ed, &ws, "[]");
+    let servers = &serde_json::from_str::<Value>(&got).unwrap()["params"]["mcpServers"];
+    let entry = servers.as_array().unwrap().last().unwrap().clone();
+    let args: Vec<String> = entry["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| a == "--editor")
+        .expect("the editor's socket is offered");
+    let socket = std::path::PathBuf::from(&args[at + 1]);
+    assert!(socket.as_os_str().len() > 107, "{}", socket.display());
+    let token = entry["env"][0]["value"].as_str().unwrap().to_owned();
+    let path = ws.join("readme.txt");
+    let caller = std::thread::spawn(move || {
+        let dir = std::fs::File::open(socket.parent().unwrap()).unwrap();
+        let short = format!(
+            "/proc/self/fd/{}/{}",
+            dir.as_raw_fd(),
+            socket.file_name().unwrap().to_str().unwrap()
+        );
+        let mut s = UnixStream::connect(short).unwrap();
+        let call = json!({"id": 1, "token": token, "method": "fs/read_text_file", "params": {"path": path}});
+        s.write_all(format!("{call}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !caller.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call was not answered"
+        );
+        ed.drain_for(Duration::from_millis(50));
+    }
+    let answer = caller.join().unwrap();
+    assert!(answer.contains("read through a long path"), "{answer}");
+}

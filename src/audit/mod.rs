@@ -135,6 +135,7 @@ pub fn places(
     let (trees, files) = settings::home_trees_and_files(home, env);
     walk::Places {
         roots: roots.to_vec(),
+        skip: Vec::new(),
         home: Some(home.to_path_buf()),
         trees,
         files,
@@ -225,7 +226,21 @@ pub fn baseline(policy: &Policy, roots: &[PathBuf]) -> Baseline {
     let home = crate::policy::offerable::real_home().unwrap_or_else(|| "/".into());
     let env = crate::policy::discover::ProcessEnv;
     let settings = settings::settings_files(roots, &home, &env);
-    Baseline::take(places(roots, &home, &env), watch_list(policy, settings))
+    let mut places = places(roots, &home, &env);
+    // Inside a root (one that is the home directory), the agent's state,
+    // caches and temp are the policy's to allow and the settings rule's to
+    // read; zcode-acp's own directory is no one's but its own.
+    places.skip = policy
+        .rules
+        .iter()
+        .filter(|r| (r.kind == Band::Allow && !r.root) || r.kind == Band::Island)
+        .filter_map(|r| match &r.matcher {
+            Matcher::Subpath(p) => Some(p.clone()),
+            _ => None,
+        })
+        .filter(|p| roots.iter().any(|r| p.starts_with(r) && p != r))
+        .collect();
+    Baseline::take(places, watch_list(policy, settings))
 }
 
 impl Baseline {

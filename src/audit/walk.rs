@@ -232,6 +232,11 @@ pub struct Walked {
 #[derive(Debug, Clone, Default)]
 pub struct Places {
     pub roots: Vec<PathBuf>,
+    /// Places inside the roots that are someone else's to judge, never
+    /// walked: zcode-acp's own managed root, and what the policy makes
+    /// writable besides the roots (the agent's state, caches, temp), where
+    /// a workspace root holds them (a root that is the home directory).
+    pub skip: Vec<PathBuf>,
     /// The home directory `~` means in the agents' settings.
     pub home: Option<PathBuf>,
     pub trees: Vec<PathBuf>,
@@ -247,7 +252,7 @@ pub fn walk(places: &Places) -> Walked {
         if root.join(".git").symlink_metadata().is_ok() {
             out.work_trees.push(root.clone());
         }
-        walk_dir(root, 0, false, &mut budget, &mut out);
+        walk_dir(root, 0, false, &mut budget, &places.skip, &mut out);
         if budget == 0 {
             out.cut.push((
                 root.clone(),
@@ -264,7 +269,7 @@ pub fn walk(places: &Places) -> Walked {
         }
         let mut budget = MAX_ENTRIES;
         out.dirs.push(tree.clone());
-        walk_dir(tree, 0, true, &mut budget, &mut out);
+        walk_dir(tree, 0, true, &mut budget, &[], &mut out);
         if budget == 0 {
             out.cut.push((
                 tree.clone(),
@@ -305,7 +310,14 @@ pub fn enters(name: &OsStr) -> bool {
         && !INERT_DIRS.iter().any(|d| name == *d)
 }
 
-fn walk_dir(dir: &Path, depth: usize, in_hidden: bool, budget: &mut usize, out: &mut Walked) {
+fn walk_dir(
+    dir: &Path,
+    depth: usize,
+    in_hidden: bool,
+    budget: &mut usize,
+    skip: &[PathBuf],
+    out: &mut Walked,
+) {
     if depth >= MAX_DEPTH {
         out.cut.push((
             dir.to_path_buf(),
@@ -325,6 +337,9 @@ fn walk_dir(dir: &Path, depth: usize, in_hidden: bool, budget: &mut usize, out: 
         let name = entry.file_name();
         let Ok(meta) = entry.metadata() else { continue };
         let path = entry.path();
+        if skip.iter().any(|s| *s == path) {
+            continue;
+        }
         let seen = Seen::of(&meta);
         if let Some(why) = watched_name(&name, in_hidden) {
             out.entries.insert(path.clone(), (seen, why));
@@ -342,7 +357,7 @@ fn walk_dir(dir: &Path, depth: usize, in_hidden: bool, budget: &mut usize, out: 
         if !hidden && path.join(".git").symlink_metadata().is_ok() {
             out.work_trees.push(path.clone());
         }
-        walk_dir(&path, depth + 1, hidden, budget, out);
+        walk_dir(&path, depth + 1, hidden, budget, skip, out);
     }
 }
 

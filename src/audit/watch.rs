@@ -117,9 +117,9 @@ pub fn is_hidden_dir(dir: &Path, roots: &[PathBuf], trees: &[PathBuf]) -> bool {
 #[cfg(target_os = "linux")]
 mod linux {
     use super::*;
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
     use std::collections::{HashMap, HashSet};
     use std::ffi::OsString;
-    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
     use std::os::fd::AsFd;
 
     /// What one watched directory is for.

@@ -32,6 +32,22 @@ impl Bridge {
         }
     }
 
+    /// What the sandbox of the running generation set up less than
+    /// planned (its helpers report it), in words for the editor.
+    pub(super) fn degraded_note(&self) -> Option<String> {
+        #[cfg(target_os = "linux")]
+        if let crate::confine::Confinement::Armed(armed) = &self.confinement {
+            let lines = crate::linux::enforce::degradations(armed);
+            if !lines.is_empty() {
+                return Some(format!(
+                    "The sandbox is set up less than planned here:\n- {}",
+                    lines.join("\n- ")
+                ));
+            }
+        }
+        None
+    }
+
     /// Roots that open `/` or the whole home directory, in words.
     fn dangerous_note(&self) -> Option<String> {
         let home = crate::policy::offerable::real_home();
@@ -78,6 +94,9 @@ impl Bridge {
             }
             if let crate::confine::Confinement::Armed(armed) = &self.confinement {
                 text.push_str(&format!("\nNetwork: {}.", armed.network_line()));
+                if let Some(weaker) = armed.weaker() {
+                    text.push_str(&format!("\n{weaker}"));
+                }
             }
             text
         } else {
@@ -93,6 +112,12 @@ impl Bridge {
         }
         if let Some(note) = self.audit_watch_note() {
             text = format!("{text}\n{note}");
+        }
+        if let Some(note) = self.degraded_note() {
+            text = format!("{text}\n{note}");
+        }
+        if let Some(why) = &self.code_tools.unavailable {
+            text = format!("{text}\nrun_code's code cannot reach the editor's files: {why}.");
         }
         if let Some(note) = &self.cfg.startup_note {
             text = format!("{text}\n{note}");
@@ -116,6 +141,9 @@ impl Bridge {
             text = format!("{text}\n{note}");
         }
         if let Some(note) = self.audit_watch_note() {
+            text = format!("{text}\n{note}");
+        }
+        if let Some(note) = self.degraded_note() {
             text = format!("{text}\n{note}");
         }
         let title = format!("{} (restarted)", self.state_title());

@@ -87,6 +87,8 @@ pub(super) struct CodeTools {
     /// Calls at the editor or held for the user's answer, by their id.
     pending: HashMap<String, oneshot::Sender<ToolReply>>,
     next_id: u64,
+    /// Why the editor's socket could not be made (the editor is told).
+    pub unavailable: Option<String>,
 }
 
 impl CodeTools {
@@ -99,6 +101,7 @@ impl CodeTools {
             awaiting: HashMap::new(),
             pending: HashMap::new(),
             next_id: 0,
+            unavailable: None,
         }
     }
 
@@ -170,18 +173,13 @@ impl CodeTools {
 
     fn listen(&mut self, dir: &Path, session: Option<String>) -> Option<usize> {
         let path = dir.join(format!("e{}.sock", self.sockets.len() + 1));
-        if path.as_os_str().len() > crate::run_code::tools::rpc::MAX_SOCKET_PATH {
-            warn!(
-                "the editor's socket for run_code would be {} ({} bytes, more than a Unix socket takes): code cannot reach the editor's files",
-                path.display(),
-                path.as_os_str().len()
-            );
-            return None;
-        }
-        let listener = match tokio::net::UnixListener::bind(&path) {
+        // A long home directory makes a long path: bound through its
+        // directory's descriptor (Linux), or said where that cannot be.
+        let listener = match crate::run_code::tools::bind_socket(&path) {
             Ok(l) => l,
             Err(e) => {
                 warn!("cannot make the editor's socket for run_code ({e}): code cannot reach the editor's files");
+                self.unavailable = Some(e.to_string());
                 return None;
             }
         };

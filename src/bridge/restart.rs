@@ -640,6 +640,11 @@ impl Bridge {
     /// and what it sent meanwhile is released, in order.
     fn finish_setup(&mut self) {
         self.setup = None;
+        // What the sandbox's helpers could not set up as planned, in this
+        // log too (theirs reaches only the agent's stderr).
+        if let Some(note) = self.degraded_note() {
+            warn!("{note}");
+        }
         let (cause, pending) = self.life.set_up();
         if let Some(why) = cause.announced() {
             self.announce_restart(why);

@@ -85,6 +85,11 @@ pub trait Enforce: Send + Sync {
     fn network(&self, table: &crate::policy::network::NetworkPolicy) -> String {
         table.describe()
     }
+    /// What this machine's sandbox lacks against the full one, in words
+    /// for the editor's notice and the log (None: nothing).
+    fn weaker(&self) -> Option<String> {
+        None
+    }
     /// Whether commands get a network of their own under `table`.
     fn own_network(&self, _table: &crate::policy::network::NetworkPolicy) -> bool {
         false
@@ -154,6 +159,11 @@ impl Armed {
     /// What this arming does with the network, in one line.
     pub fn network_line(&self) -> String {
         self.enforcer.network(&self.policy.network)
+    }
+
+    /// What this arming lacks against the full sandbox, in words.
+    pub fn weaker(&self) -> Option<String> {
+        self.enforcer.weaker()
     }
 
     /// Whether its commands get a network of their own, with a proxy that
@@ -243,7 +253,15 @@ impl Sandbox {
             enforcer.prepare(&policy, dir.as_ref())?;
             Ok::<_, ArmError>(Armed {
                 roots: input.roots.len(),
-                layers: input.roots.first().map(|r| layers_for(managed, &r.path)),
+                // Caches are layered with no root too (a generation armed
+                // before any session opened): never shared, written directly.
+                layers: Some(layers_for(
+                    managed,
+                    input
+                        .roots
+                        .first()
+                        .map_or(std::path::Path::new("/"), |r| &r.path),
+                )),
                 policy,
                 dir,
                 backend_profile,

@@ -79,6 +79,25 @@ impl LinuxEnforcer {
 
 /// The generation's own launch spec, in its directory for as long as it runs.
 const BACKEND_SPEC: &str = "launch.json";
+/// Where the helpers of an arming say what they set up less than planned.
+pub const REPORT: &str = "degraded.txt";
+
+/// What the helpers of `armed` set up less than planned, each said once.
+pub fn degradations(armed: &Armed) -> Vec<String> {
+    let Some(dir) = &armed.dir else {
+        return Vec::new();
+    };
+    let Ok(bytes) = crate::config::atomic::read_nofollow(&dir.path.join(REPORT)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = Vec::new();
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        if !line.is_empty() && !out.iter().any(|l| l == line) && out.len() < 20 {
+            out.push(line.to_owned());
+        }
+    }
+    out
+}
 
 /// The generation's namespaces for a terminal to enter, when its helper
 /// has made them and they are what the terminal's own arming would make
@@ -118,6 +137,15 @@ impl Enforce for LinuxEnforcer {
 
     fn confined_by(&self) -> String {
         self.level.confined_by().into()
+    }
+
+    fn weaker(&self) -> Option<String> {
+        (self.level != Level::Full).then(|| {
+            format!(
+                "The sandbox is armed at a lower level here: {}.",
+                self.level.name()
+            )
+        })
     }
 
     fn own_network(&self, table: &crate::policy::network::NetworkPolicy) -> bool {
@@ -164,6 +192,8 @@ impl Enforce for LinuxEnforcer {
         if launch == Launch::Terminal {
             spec.join = joinable(armed, &spec);
         }
+        // What the helper cannot set up as planned, for the bridge to say.
+        spec.report = armed.dir.as_ref().map(|d| d.path.join(REPORT));
         let text = serde_json::to_string(&spec)?;
         let name = match launch {
             Launch::Backend => BACKEND_SPEC.to_owned(),

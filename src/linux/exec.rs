@@ -92,9 +92,9 @@ impl Level {
     pub fn name(self) -> &'static str {
         match self {
             Level::Full => "full (namespaces+Landlock)",
-            Level::MountsOnly => "mounts-only (no Landlock: device nodes stay writable)",
+            Level::MountsOnly => "mounts-only (no Landlock: device nodes stay writable; install a kernel with Landlock, 5.13 or later, for the full sandbox)",
             Level::LandlockOnly => {
-                "landlock-only (no namespaces: protected paths and islands inside the workspace are not enforced by the kernel)"
+                "landlock-only (no namespaces: the Unix sockets of your session (D-Bus, ssh-agent, docker, tmux, X11) are NOT closed, so the agent can ask a service to run what it likes; /tmp and your caches are shared with it; protected paths and islands inside the workspace are not enforced by the kernel; there is no PID namespace. Allow unprivileged user namespaces (on Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0; in a container: a seccomp profile that permits them) for the full sandbox)"
             }
         }
     }
@@ -345,6 +345,11 @@ pub struct LaunchSpec {
     /// final.
     #[serde(default)]
     pub network_asks: Option<String>,
+    /// Where the helper says what it could not set up as planned (a
+    /// file in the arming's private directory, which the bridge reads into
+    /// the editor's notice); none: stderr only (`zcode-acp run`).
+    #[serde(default)]
+    pub report: Option<PathBuf>,
 }
 
 impl LaunchSpec {
@@ -370,6 +375,7 @@ impl LaunchSpec {
             join: None,
             network: None,
             network_asks: None,
+            report: None,
         }
     }
 
@@ -805,30 +811,52 @@ fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), LaunchError> {
 
 /// A shared cache, copy-on-write: the user's cache (read-only by now) is
 /// the lower layer, the slot this launch holds the upper; `userxattr`
-/// because this is a user namespace.
+/// because this is a user namespace. Where overlayfs cannot be mounted
+/// (a filesystem without user xattrs, an old kernel, a path overlayfs's
+/// options cannot name: `,` `:` `\\`), the cache is the slot's own
+/// directory instead: private and empty, so builds fetch again, and
+/// nothing the agent writes there reaches yours. Said as a degradation.
 fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), LaunchError> {
     let (upper, work) = slot.layer_for(path);
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={},userxattr",
-        path.display(),
-        upper.display(),
-        work.display()
-    );
-    let mounted = mount(
-        Some("overlay"),
-        path,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(options.as_str()),
-    );
-    if let Err(e) = mounted {
-        // The layer's filesystem cannot hold overlayfs's user xattrs, or
-        // the kernel is too old: the cache stays shared, and the log says so.
-        tracing::warn!(
-            cache = %path.display(),
-            "no copy-on-write layer for this cache ({e}): the sandbox writes it directly, and a file planted there reaches your own builds"
+    let nameable = [path, upper.as_path(), work.as_path()].iter().all(|p| {
+        p.to_str()
+            .is_some_and(|s| !s.contains([',', ':', '\\', '\n']))
+    });
+    let mounted = if nameable {
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            path.display(),
+            upper.display(),
+            work.display()
         );
-        bind(path)?;
+        mount(
+            Some("overlay"),
+            path,
+            Some("overlay"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| e.to_string())
+    } else {
+        Err("its path holds a character overlayfs's options cannot name".to_owned())
+    };
+    if let Err(e) = mounted {
+        degraded(&format!(
+                "the cache {} has no copy-on-write layer ({e}): the agent gets a private, empty one instead (builds fetch again; nothing it writes there reaches your own)",
+                path.display()
+            ));
+        // The slot's own directory stands for the cache.
+        let private: &Path = &upper;
+        let opened = sys::open_tree_clone(private).map_err(|errno| LaunchError::Sys {
+            step: Syscall::OpenTree,
+            path: Some(private.to_path_buf()),
+            errno,
+        })?;
+        sys::move_mount_to(&opened, path).map_err(|errno| LaunchError::Sys {
+            step: Syscall::MoveMount,
+            path: Some(path.to_path_buf()),
+            errno,
+        })?;
         setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)?;
     }
     Ok(())
@@ -982,6 +1010,40 @@ fn enforce_landlock(plan: &Plan, abi: i32) -> Result<String, LaunchError> {
     }
 }
 
+/// Where this launch says what it set up less than planned: opened at
+/// the start (the arming's directory is read-only once the mounts are in
+/// place), and inherited by the forks that confine the command.
+static REPORT: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+fn open_report(path: Option<&Path>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = path.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(p)
+            .ok()
+    });
+    if let Ok(mut r) = REPORT.lock() {
+        *r = opened;
+    }
+}
+
+/// A layer set up less than planned (stricter, never wider): said in the
+/// log at WARN, and written to the launch's report for the bridge, which
+/// names it in the editor's notice.
+pub(crate) fn degraded(what: &str) {
+    tracing::warn!("{what}");
+    if let Ok(mut r) = REPORT.lock() {
+        if let Some(f) = r.as_mut() {
+            use std::io::Write;
+            let _ = f.write_all(format!("{}\n", what.replace('\n', " ")).as_bytes());
+        }
+    }
+}
+
 fn die(what: &str, e: impl std::fmt::Display) -> ! {
     eprintln!("zcode-acp sandbox: {what}: {e}");
     std::process::exit(126);
@@ -1022,6 +1084,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     check_island_links(&spec.plan)?;
     let landlock = abi >= 1 && spec.level != Some(Level::MountsOnly);
     let visible = needed_visible(spec);
+    open_report(spec.report.as_deref());
     // The supervisor's handles on the host's mounts must be opened before
     // the mount namespace changes (see `supervise`).
     let mut supervisor = prepare_supervisor(spec);
@@ -1270,7 +1333,7 @@ fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor>
     match super::supervise::Supervisor::prepare(&spec.plan.supervised, policy) {
         Ok(s) => Some(s),
         Err(e) => {
-            tracing::warn!("name-prefix grants are not supervised: {e}");
+            degraded(&format!("the agent cannot save the files its profile grants by name (such as ~/.claude.json) this session: their supervisor could not start ({e})"));
             None
         }
     }
@@ -1417,8 +1480,12 @@ fn confine(
         die("no_new_privs", e);
     }
     if landlock {
-        if let Err(e) = enforce_landlock(&spec.plan, spec.landlock_abi.unwrap_or(0)) {
-            die("Landlock", e);
+        match enforce_landlock(&spec.plan, spec.landlock_abi.unwrap_or(0)) {
+            Err(e) => die("Landlock", e),
+            Ok(status) if status.contains("partially") => degraded(&format!(
+                "{status}: this kernel's Landlock cannot restrict every write right zcode-acp asks for"
+            )),
+            Ok(_) => {}
         }
     }
     if let Err(e) = super::supervise::install_filter(supervisor.as_ref().map(|s| s.as_fd())) {
@@ -1465,8 +1532,16 @@ fn init(
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     );
-    if let (Err(e), true) = (proc, own_proc) {
-        die("mount a /proc of its own", e);
+    match (proc, own_proc) {
+        (Err(e), true) => die("mount a /proc of its own", e),
+        // Without Landlock, the host's /proc would let a process reach
+        // outside through /proc/PID/root: refused.
+        (Err(e), false) if !landlock => die(
+            "mount a /proc of its own (without Landlock, the host's would open a way out)",
+            e,
+        ),
+        (Err(e), false) => degraded(&format!("the sandbox has no /proc of its own ({e}; a container masks parts of it): the host's processes are listed inside, read-only")),
+        (Ok(()), _) => {}
     }
     confine(spec, is_root, landlock, supervisor);
     if let Err(e) = forwarded.thread_block() {

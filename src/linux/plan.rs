@@ -268,13 +268,6 @@ fn served_here(p: &Path, served: &[PathBuf]) -> bool {
     false
 }
 
-/// Whether `p` can be named in overlayfs's options (which split on `,`
-/// and `:`).
-fn layerable(p: &Path) -> bool {
-    p.to_str()
-        .is_some_and(|s| !s.contains([',', ':', '\\', '\n']))
-}
-
 fn depth(p: &Path) -> usize {
     p.components().count()
 }
@@ -335,9 +328,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
                     plan.landlock_dirs.push(p.clone());
                 }
             }
-            Matcher::Subpath(p)
-                if rule.layered && facts.layers.is_some() && fs.is_dir(p) && layerable(p) =>
-            {
+            Matcher::Subpath(p) if rule.layered && facts.layers.is_some() && fs.is_dir(p) => {
                 push_unique(&mut plan.layered, step(p, &rule.why));
                 plan.landlock_dirs.push(p.clone());
                 plan.layers.clone_from(&facts.layers);

@@ -165,7 +165,7 @@ impl EditorLink {
                 format!("cannot reach the editor through zcode-acp: {e}"),
             )
         };
-        let stream = tokio::net::UnixStream::connect(&self.socket)
+        let stream = super::connect_socket(&self.socket)
             .await
             .map_err(unavailable)?;
         let (read, mut write) = stream.into_split();

@@ -225,3 +225,72 @@ impl rpc::Caller for Toolbox {
         })
     }
 }
+
+/// A Unix socket at `path`, whatever its length: a path longer than a
+/// socket address holds (108 bytes on Linux) is bound through its
+/// directory's descriptor (`/proc/self/fd/N/NAME`, which the kernel
+/// resolves to the same place); elsewhere such a path is refused, saying
+/// so.
+pub fn bind_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    through_dir(path, |p| tokio::net::UnixListener::bind(p))
+}
+
+/// Connects to the socket at `path`, a long path as [`bind_socket`] binds
+/// it.
+pub async fn connect_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixStream> {
+    if path.as_os_str().len() <= rpc::MAX_SOCKET_PATH {
+        return tokio::net::UnixStream::connect(path).await;
+    }
+    let (short, _dir) = shortened(path)?;
+    tokio::net::UnixStream::connect(short).await
+}
+
+fn through_dir<T>(
+    path: &std::path::Path,
+    act: impl FnOnce(&std::path::Path) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    if path.as_os_str().len() <= rpc::MAX_SOCKET_PATH {
+        return act(path);
+    }
+    let (short, _dir) = shortened(path)?;
+    act(&short)
+}
+
+/// `path` as `/proc/self/fd/N/NAME`, with the directory's descriptor that
+/// keeps it valid (Linux).
+fn shortened(
+    path: &std::path::Path,
+) -> std::io::Result<(std::path::PathBuf, std::os::fd::OwnedFd)> {
+    let too_long = || {
+        std::io::Error::other(format!(
+            "the socket's path {} is {} bytes, more than a Unix socket takes ({}); give zcode-acp a shorter home directory",
+            path.display(),
+            path.as_os_str().len(),
+            rpc::MAX_SOCKET_PATH
+        ))
+    };
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(too_long());
+        };
+        let fd = nix::fcntl::open(
+            dir,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(std::io::Error::from)?;
+        let short = std::path::Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())).join(name);
+        if short.as_os_str().len() > rpc::MAX_SOCKET_PATH {
+            return Err(too_long());
+        }
+        Ok((short, fd))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err(too_long())
+    }
+}
