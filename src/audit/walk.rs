@@ -337,7 +337,7 @@ fn walk_dir(
         let name = entry.file_name();
         let Ok(meta) = entry.metadata() else { continue };
         let path = entry.path();
-        if skip.iter().any(|s| *s == path) {
+        if skip.contains(&path) {
             continue;
         }
         let seen = Seen::of(&meta);
