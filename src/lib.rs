@@ -16,6 +16,7 @@ pub mod linux;
 pub mod logging;
 pub mod network;
 pub mod policy;
+pub mod procs;
 pub mod relay;
 pub mod run_code;
 pub mod seatbelt;

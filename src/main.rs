@@ -354,7 +354,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
     });
     let sandbox = match requested {
         Some(requested_by) if !args.no_sandbox => {
-            let sandbox = Sandbox::detect(requested_by);
+            let sandbox = Sandbox::detect(requested_by, zcode_acp::commands::platform_enforcer());
             if sandbox.arms() {
                 let swept = config::generation::sweep_dead(&managed);
                 if swept > 0 {
@@ -411,6 +411,7 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let cfg = bridge::BridgeConfig {
+        platform: zcode_acp::commands::platform_enforcer,
         backend,
         max_frame_bytes: args.max_frame_bytes,
         stop_grace: Duration::from_millis(args.stop_grace_ms),

@@ -10,8 +10,8 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use super::procs;
 use super::spawn::{spawn, PreparedCommand, SpawnError};
+use crate::procs;
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::framing::{FrameReader, ReadItem};
 

@@ -93,7 +93,7 @@ pub fn hold(world: &World) -> Result<Held, String> {
 /// The agent and its descendants, stopped until a scan finds none running.
 #[cfg(not(target_os = "linux"))]
 fn hold_descendants(agent: i32) -> Result<Held, String> {
-    use super::procs::{descendants_in, snapshot};
+    use crate::procs::{descendants_in, snapshot};
     let deadline = std::time::Instant::now() + WITHIN;
     let mut held = Held { pids: Vec::new() };
     loop {

@@ -20,20 +20,7 @@ use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, getpid, getppid, ForkResult, Pid};
 
-/// The argv that runs `argv` under a keeper tied to this process, which
-/// starts it (`exe`: `/proc/self/exe`, which still runs this program after
-/// an upgrade replaced its file).
-pub fn wrap(exe: &str, argv: &[String]) -> Vec<String> {
-    let mut out = vec![
-        exe.to_owned(),
-        "__keeper".to_owned(),
-        "--bridge".to_owned(),
-        std::process::id().to_string(),
-        "--".to_owned(),
-    ];
-    out.extend(argv.iter().cloned());
-    out
-}
+pub use crate::confine::keeper_argv as wrap;
 
 /// Runs the keeper; returns only if the agent cannot be started (the exit
 /// code to use). Must run before any thread.
@@ -175,8 +162,8 @@ fn end_the_tree() {
     let me = getpid().as_raw();
     loop {
         let _ = reap(Pid::from_raw(0));
-        let procs = super::procs::snapshot();
-        let alive: Vec<i32> = super::procs::descendants_in(&procs, me)
+        let procs = crate::procs::snapshot();
+        let alive: Vec<i32> = crate::procs::descendants_in(&procs, me)
             .iter()
             .filter(|p| !p.is_zombie())
             .map(|p| p.pid)

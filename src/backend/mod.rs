@@ -4,7 +4,7 @@ pub mod generation;
 pub mod hold;
 #[cfg(target_os = "linux")]
 pub mod keeper;
-pub mod procs;
+
 pub mod spawn;
 
 pub use generation::{BackendEvent, EventSender, Generation};

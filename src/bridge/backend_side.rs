@@ -4,7 +4,7 @@ use std::process::ExitStatus;
 
 use tracing::{debug, error, warn};
 
-use super::editor_side::{cancel_target, rewrite_request_id};
+use super::frames::{cancel_target, rewrite_request_id};
 use super::restart::CallOutcome;
 use super::{police, track, Bridge, Origin};
 use crate::relay::codes;
@@ -327,16 +327,4 @@ impl Bridge {
     }
 }
 
-pub(super) fn error_fields(frame: &Frame) -> (i64, String) {
-    #[derive(serde::Deserialize)]
-    struct E {
-        #[serde(default)]
-        code: i64,
-        #[serde(default)]
-        message: String,
-    }
-    frame
-        .payload_as::<E>()
-        .map(|e| (e.code, e.message))
-        .unwrap_or((0, "unreadable error".into()))
-}
+pub(super) use super::frames::error_fields;

@@ -41,16 +41,6 @@ pub(super) struct EditorCall {
     pub reply: oneshot::Sender<ToolReply>,
 }
 
-/// The environment variable, in the run_code server's entry, holding its
-/// socket's token: every call carries it. The server takes it out of its
-/// environment as it starts, before it starts anything (and overwrites it
-/// where `/proc` shows the environment it began with), so neither the MCP
-/// servers it starts nor its runs get it (a run's environment is an
-/// allowlist besides): code that finds a socket on disk cannot use it,
-/// and no session can act as another. The agent, which starts the server
-/// from the entry, is given it with the entry.
-pub(crate) const TOKEN_ENV: &str = crate::run_code::tools::editor::TOKEN_ENV;
-
 /// Connections one socket serves at once (one call each).
 const MAX_CONNECTIONS: usize = 8;
 
@@ -488,7 +478,7 @@ impl Bridge {
                 .and_then(|r| serde_json::from_str(r).ok())
                 .unwrap_or(Value::Null)),
             _ => {
-                let (code, message) = super::backend_side::error_fields(frame);
+                let (code, message) = super::frames::error_fields(frame);
                 Err((code, message))
             }
         };

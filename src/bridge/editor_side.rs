@@ -233,7 +233,7 @@ impl Bridge {
                     // The user asked for confinement for this project: arm the
                     // bridge before the session opens, or refuse it; never the
                     // opposite silently.
-                    match crate::confine::platform_enforcer() {
+                    match (self.cfg.platform)() {
                         Ok(enforcer) => {
                             self.sandbox = crate::confine::Sandbox::Ready(enforcer);
                             if let track::Track::Create(s) | track::Track::Reopen(s) = &track {
@@ -360,7 +360,7 @@ impl Bridge {
         }
         let env: Vec<(&str, &str)> = made
             .as_ref()
-            .map(|m| (super::code_tools::TOKEN_ENV, m.token.as_str()))
+            .map(|m| (crate::run_code::tools::editor::TOKEN_ENV, m.token.as_str()))
             .into_iter()
             .collect();
         let with = crate::run_code::inject::with_code_server(
@@ -573,19 +573,4 @@ pub(super) fn is_cancellation(frame: &Frame) -> bool {
     matches!(frame.method(), Some("session/cancel" | "$/cancel_request"))
 }
 
-/// The `requestId` of a `$/cancel_request`.
-pub(super) fn cancel_target(frame: &Frame) -> Option<RawId> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Cancel<'a> {
-        #[serde(borrow)]
-        request_id: &'a serde_json::value::RawValue,
-    }
-    let c: Cancel<'_> = serde_json::from_str(frame.params_raw()?).ok()?;
-    Some(RawId(c.request_id.get().to_owned()))
-}
-
-/// The frame with `params.requestId` replaced by `new_id` (JSON text).
-pub(super) fn rewrite_request_id(frame: &Frame, new_id: &str) -> Option<Vec<u8>> {
-    crate::relay::splice::set(&frame.bytes, &["params", "requestId"], new_id).ok()
-}
+pub(super) use super::frames::{cancel_target, rewrite_request_id};

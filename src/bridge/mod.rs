@@ -20,6 +20,7 @@ mod code_tools;
 mod disk;
 mod editor_io;
 mod editor_side;
+mod frames;
 mod hold;
 mod lifecycle;
 mod net_asks;
@@ -38,8 +39,9 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{procs, BackendEvent, Generation};
+use crate::backend::{BackendEvent, Generation};
 use crate::confine::{Confinement, Sandbox};
+use crate::procs;
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
 use crate::relay::envelope::error_response;
@@ -78,6 +80,9 @@ pub struct BridgeConfig {
     pub cannot_start: Option<String>,
     /// Offer the `run_code` MCP server to every session (opt-in).
     pub code_exec: Option<crate::run_code::inject::CodeExec>,
+    /// This platform's sandbox, or why there is none: chosen by the
+    /// command line, asked when a project turns the sandbox on.
+    pub platform: fn() -> Result<std::sync::Arc<dyn crate::confine::Enforce>, String>,
 }
 
 use routing::{AtEditor, Origin, Routes, Terminal};

@@ -22,13 +22,7 @@ pub fn parse_assignment(text: &str) -> Result<(String, String), String> {
 }
 
 /// The argv that runs `argv` through this stage with `env` applied.
-pub fn wrap(exe: &str, env: &[(String, String)], argv: &[String]) -> Vec<String> {
-    let mut out = vec![exe.to_owned(), "__exec-env".to_owned()];
-    out.extend(env.iter().map(|(k, v)| format!("--env={k}={v}")));
-    out.push("--".to_owned());
-    out.extend(argv.iter().cloned());
-    out
-}
+pub use crate::seatbelt::exec_env_argv as wrap;
 
 /// Applies `env` and replaces this process with `argv` (looked up on the
 /// new `PATH`, as a shell would after `NAME=VALUE command`). Returns only

@@ -16,6 +16,36 @@ use crate::config::generation::{GenerationDir, GenerationError};
 use crate::config::managed::ManagedRoot;
 use crate::policy::{Platform, Policy, PolicyInput};
 
+/// The environment variable a confined command carries, naming what
+/// confines it (set by the Linux helper, and by the bridge in the entry it
+/// adds for the run_code server).
+pub const CONFINED_ENV: &str = "ZCODE_ACP_CONFINED";
+
+/// The argv that runs `argv` under a keeper tied to this process, which
+/// starts it (`exe`: `/proc/self/exe`, which still runs this program after
+/// an upgrade replaced its file); `backend::keeper` is the keeper.
+pub fn keeper_argv(exe: &str, argv: &[String]) -> Vec<String> {
+    let mut out = vec![
+        exe.to_owned(),
+        "__keeper".to_owned(),
+        "--bridge".to_owned(),
+        std::process::id().to_string(),
+        "--".to_owned(),
+    ];
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// A fresh name for an arming's socket where the proxy asks about refused
+/// connections (`network::asks`), in the abstract namespace.
+pub fn network_asks_name() -> String {
+    format!(
+        "zcode-acp-network-asks-{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
+}
+
 /// A command to run confined.
 #[derive(Debug, Clone, Default)]
 pub struct Command {
@@ -175,12 +205,14 @@ impl Armed {
 
 impl Sandbox {
     /// This platform's sandbox, or why this machine cannot arm one.
-    pub fn detect(requested_by: String) -> Sandbox {
-        match platform_enforcer() {
+    /// (`probe`: what the command line found this platform can arm; the
+    /// platform is chosen there, not here.)
+    pub fn detect(requested_by: String, probe: Result<Arc<dyn Enforce>, String>) -> Sandbox {
+        match probe {
             Ok(enforcer) => Sandbox::Ready(enforcer),
             Err(reason) => Sandbox::Unavailable {
                 requested_by,
-                reason: reason.to_string(),
+                reason,
             },
         }
     }
@@ -266,7 +298,7 @@ impl Sandbox {
                 dir,
                 backend_profile,
                 holder: None,
-                network_asks: (starter == Starter::Spawned).then(crate::network::asks::new_name),
+                network_asks: (starter == Starter::Spawned).then(network_asks_name),
                 enforcer,
             })
         })();
@@ -322,9 +354,9 @@ impl Confinement {
             // A backend gets a keeper (Linux): nothing of its tree outlives
             // a bridge that is killed.
             #[cfg(target_os = "linux")]
-            Confinement::Unconfined if launch == Launch::Backend => Ok(
-                crate::backend::keeper::wrap("/proc/self/exe", &command.argv),
-            ),
+            Confinement::Unconfined if launch == Launch::Backend => {
+                Ok(keeper_argv("/proc/self/exe", &command.argv))
+            }
             Confinement::Unconfined => Ok(command.argv.clone()),
             Confinement::Refused(why) => Err(ArmError::Refused(why.clone())),
             Confinement::Armed(armed) => armed.enforcer.wrap(armed, command, launch),
@@ -354,28 +386,6 @@ pub fn layers_for(managed: &ManagedRoot, root: &std::path::Path) -> PathBuf {
         .path
         .join("layers")
         .join(crate::config::managed::project_key(root))
-}
-
-/// Why this machine cannot arm a sandbox.
-#[derive(Debug, thiserror::Error)]
-pub enum Unavailable {
-    #[cfg(target_os = "linux")]
-    #[error(transparent)]
-    Linux(#[from] crate::linux::exec::NothingToArm),
-    #[error(transparent)]
-    Macos(#[from] crate::seatbelt::enforce::MissingSandboxExec),
-    #[error("zcode-acp cannot arm a sandbox on this operating system")]
-    UnsupportedOs,
-}
-
-/// This platform's enforcer, or why there is none.
-pub fn platform_enforcer() -> Result<Arc<dyn Enforce>, Unavailable> {
-    #[cfg(target_os = "linux")]
-    return Ok(Arc::new(crate::linux::enforce::LinuxEnforcer::probe()?));
-    #[cfg(target_os = "macos")]
-    return Ok(Arc::new(crate::seatbelt::enforce::SeatbeltEnforcer::new()?));
-    #[allow(unreachable_code)]
-    Err(Unavailable::UnsupportedOs)
 }
 
 /// What a backend generation is armed for.

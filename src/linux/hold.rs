@@ -236,8 +236,9 @@ fn wait_stopped(held: &Held, deadline: Instant) -> usize {
 
 fn is_stopped_or_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => crate::backend::procs::parse_stat(&stat)
-            .is_none_or(|p| matches!(p.state, 'T' | 't' | 'Z' | 'X')),
+        Ok(stat) => {
+            crate::procs::parse_stat(&stat).is_none_or(|p| matches!(p.state, 'T' | 't' | 'Z' | 'X'))
+        }
         Err(_) => true,
     }
 }
@@ -330,8 +331,7 @@ mod tests {
         };
         let held = hold(&world, Duration::from_secs(5)).expect("held");
         assert!(!held.is_empty());
-        let tree =
-            crate::backend::procs::descendants_in(&crate::backend::procs::snapshot(), holder);
+        let tree = crate::procs::descendants_in(&crate::procs::snapshot(), holder);
         for p in &tree {
             assert!(
                 matches!(p.state, 'T' | 't' | 'Z' | 'X'),
@@ -340,14 +340,13 @@ mod tests {
         }
         held.release();
         std::thread::sleep(Duration::from_millis(100));
-        let running =
-            crate::backend::procs::descendants_in(&crate::backend::procs::snapshot(), holder)
-                .iter()
-                .filter(|p| !matches!(p.state, 'T' | 't'))
-                .count();
+        let running = crate::procs::descendants_in(&crate::procs::snapshot(), holder)
+            .iter()
+            .filter(|p| !matches!(p.state, 'T' | 't'))
+            .count();
         assert!(running > 0, "nothing runs after the release");
         // Every process of the tree this test started, by pid.
-        for p in crate::backend::procs::descendants_in(&crate::backend::procs::snapshot(), holder) {
+        for p in crate::procs::descendants_in(&crate::procs::snapshot(), holder) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(p.pid),
                 nix::sys::signal::Signal::SIGKILL,

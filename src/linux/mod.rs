@@ -2,15 +2,21 @@
 //! of ours, and Landlock, built from the same policy as everything else.
 
 pub mod enforce;
+pub mod error;
 pub mod exec;
 pub mod helper;
 pub mod hold;
+mod idmap;
 pub mod join;
 pub mod layers;
+mod level;
 pub mod listening;
+mod mounts;
 pub mod net;
 pub mod plan;
 pub mod seccomp;
+mod spec;
+mod stages;
 pub mod supervise;
 mod sys;
 

@@ -39,7 +39,7 @@ use nix::sys::socket::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::exec::LaunchError;
+use super::error::LaunchError;
 use crate::policy::network::{NetworkPolicy, PROXY_PORT};
 
 /// The variables that point a command at the proxy.

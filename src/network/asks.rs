@@ -24,14 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::policy::network::Zone;
 
-/// A fresh name for an arming's socket, in the abstract namespace.
-pub fn new_name() -> String {
-    format!(
-        "zcode-acp-network-asks-{:016x}{:016x}",
-        rand::random::<u64>(),
-        rand::random::<u64>()
-    )
-}
+pub use crate::confine::network_asks_name as new_name;
 
 #[cfg(target_os = "linux")]
 fn address(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {

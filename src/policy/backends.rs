@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use super::build::Writable;
-use super::discover::Env;
+use super::env::Env;
 use super::{resolve_real, Matcher};
 use crate::config::{UserConfig, BACKEND_PROFILE_ENV};
 
@@ -291,7 +291,7 @@ fn script_words(text: &str) -> Vec<String> {
 
 /// A state directory the backend may write, created before arming.
 fn state_dir(path: &Path, home: &Path, why: &str) -> Option<Writable> {
-    super::discover::dir_grant(path, home, why)
+    super::env::dir_grant(path, home, why)
 }
 
 /// The state each profile writes. `env` is the agent's environment (it

@@ -14,10 +14,13 @@
 pub mod backends;
 pub mod build;
 pub mod discover;
+pub mod env;
+pub mod gather;
 pub mod git_cmd;
 pub mod network;
 pub mod offerable;
 pub mod protected;
+pub mod repos;
 pub mod resolve;
 pub mod sockets;
 

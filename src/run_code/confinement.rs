@@ -22,13 +22,9 @@ use crate::config::managed::ManagedRoot;
 use crate::confine::Command;
 use crate::policy::PolicyInput;
 
-/// The environment variable a confined command carries, naming what
-/// confines it (set by the Linux helper, and by the bridge in the entry it
-/// adds for this server).
-pub const CONFINED_ENV: &str = "ZCODE_ACP_CONFINED";
+pub use crate::confine::CONFINED_ENV;
 
-/// What a Seatbelt sandbox is called in that variable and in labels.
-pub const MACOS_SEATBELT: &str = "macos seatbelt";
+pub use crate::seatbelt::MACOS_SEATBELT;
 
 /// What confines this server's runs.
 pub enum Confiner {
@@ -116,7 +112,10 @@ impl Confiner {
             if let Some(what) = inherited {
                 return Confiner::Inherited(what);
             }
-            let sandbox = crate::confine::Sandbox::detect("run_code".into());
+            let probe = crate::seatbelt::enforce::SeatbeltEnforcer::new()
+                .map(|e| std::sync::Arc::new(e) as std::sync::Arc<dyn crate::confine::Enforce>)
+                .map_err(|e| e.to_string());
+            let sandbox = crate::confine::Sandbox::detect("run_code".into(), probe);
             if !sandbox.arms() {
                 return fallback("Seatbelt's sandbox-exec is not available".into());
             }
@@ -284,7 +283,7 @@ fn gather(
     platform: crate::policy::Platform,
     workspace: &Path,
 ) -> anyhow::Result<(PolicyInput, ManagedRoot)> {
-    let gathered = crate::commands::gather_as_user(
+    let gathered = crate::policy::gather::gather_as_user(
         platform,
         &[workspace.to_path_buf()],
         &[],

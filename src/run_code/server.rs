@@ -53,11 +53,11 @@ pub fn prepare(args: &McpArgs) -> anyhow::Result<Runner> {
     // inherit the editor's token.
     let editor_token = super::tools::editor::take_token();
     let workspace = match &args.workspace {
-        Some(w) => crate::commands::workspaces(std::slice::from_ref(w))?.remove(0),
+        Some(w) => crate::policy::gather::workspaces(std::slice::from_ref(w))?.remove(0),
         None => std::env::current_dir()?,
     };
     let user = crate::config::load_user_config()?;
-    let settings = user.run_code.clone();
+    let settings = super::settings::RunCodeSettings::from_user_config(&user)?;
     let confiner = super::confinement::Confiner::detect(&workspace, settings.allow_unconfined);
     if let Some(why) = confiner.refusal() {
         tracing::warn!("run_code cannot confine runs here, so every run is refused: {why}");

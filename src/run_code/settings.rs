@@ -60,6 +60,26 @@ pub struct RunCodeSettings {
 }
 
 /// The keys [`RunCodeSettings`] knows, for the warning about a misspelled one.
+impl RunCodeSettings {
+    /// The `runCode` section of the user config (default where it is
+    /// missing); its unknown keys named in the log, its errors in words.
+    pub fn from_user_config(user: &crate::config::UserConfig) -> anyhow::Result<RunCodeSettings> {
+        let Some(value) = &user.run_code else {
+            return Ok(RunCodeSettings::default());
+        };
+        if let Some(map) = value.as_object() {
+            for key in map.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+                tracing::warn!(
+                    "the user config has `runCode.{key}`, which zcode-acp does not know (it knows {}); it is ignored",
+                    KNOWN_KEYS.join(", ")
+                );
+            }
+        }
+        serde_json::from_value(value.clone())
+            .map_err(|e| anyhow::anyhow!("the user config's `runCode` cannot be read: {e}"))
+    }
+}
+
 pub const KNOWN_KEYS: &[&str] = &[
     "interpreters",
     "disable",

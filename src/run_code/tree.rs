@@ -7,7 +7,7 @@
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::backend::procs;
+use crate::procs;
 
 /// `root` and all its descendants now.
 pub fn members(root: i32) -> Vec<i32> {

@@ -83,7 +83,7 @@ impl Enforce for SeatbeltEnforcer {
     }
 
     fn confined_by(&self) -> String {
-        crate::run_code::confinement::MACOS_SEATBELT.into()
+        super::MACOS_SEATBELT.into()
     }
 
     fn violation_tag(&self) -> Option<&str> {
@@ -119,7 +119,7 @@ impl Enforce for SeatbeltEnforcer {
             argv.extend(command.argv.iter().cloned());
         } else {
             let exe = std::env::current_exe().map_err(ArmError::OwnPath)?;
-            argv.extend(crate::commands::exec_env::wrap(
+            argv.extend(super::exec_env_argv(
                 &exe.to_string_lossy(),
                 &command.env,
                 &command.argv,

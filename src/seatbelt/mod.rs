@@ -5,6 +5,22 @@
 //! with [`Policy::evaluate_resolved`]); writing it out and wrapping commands
 //! in it is in [`enforce`].
 
+/// The last stage of a command the editor runs in a Seatbelt sandbox:
+/// `zcode-acp __exec-env --env=NAME=VALUE... -- COMMAND ARGS` (carried out
+/// by `commands::exec_env`), already confined when it applies the agent's
+/// environment.
+pub fn exec_env_argv(exe: &str, env: &[(String, String)], argv: &[String]) -> Vec<String> {
+    let mut out = vec![exe.to_owned(), "__exec-env".to_owned()];
+    out.extend(env.iter().map(|(k, v)| format!("--env={k}={v}")));
+    out.push("--".to_owned());
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// What a Seatbelt sandbox is called in the confinement variable
+/// (`confine::CONFINED_ENV`) and in labels.
+pub const MACOS_SEATBELT: &str = "macos seatbelt";
+
 pub mod enforce;
 pub mod quote;
 pub mod violations;

@@ -505,7 +505,7 @@ pub fn alive(pid: i32) -> bool {
 /// No `/proc` here: the same question put to libproc.
 #[cfg(not(target_os = "linux"))]
 pub fn alive(pid: i32) -> bool {
-    zcode_acp::backend::procs::snapshot()
+    zcode_acp::procs::snapshot()
         .iter()
         .any(|p| p.pid == pid && !p.is_zombie())
 }

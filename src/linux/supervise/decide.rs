@@ -14,10 +14,24 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// A directory that stays read-only but whose entries of the granted
+/// prefixes are made by the supervisor: `~/.claude.json*`, `~/.zcode*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supervised {
+    /// The real path.
+    pub dir: PathBuf,
+    /// Other spellings the sandboxed programs may use for it (`$HOME` as
+    /// set, when it goes through a symlink).
+    #[serde(default)]
+    pub spellings: Vec<PathBuf>,
+    pub prefixes: Vec<String>,
+}
 
 use crate::policy::{Op, Policy};
-
-use super::super::plan::Supervised;
 
 /// A directory argument: `AT_FDCWD` or an fd of the caller.
 pub type Dirfd = i32;

@@ -55,9 +55,9 @@ use nix::errno::Errno;
 use nix::fcntl::{open, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 
-use super::plan::Supervised;
 use super::{seccomp, sys};
 use crate::policy::Policy;
+use decide::Supervised;
 
 /// Whether supervised name-prefix grants can work here: a kernel with user
 /// notification and descriptor passing (5.14), an architecture whose

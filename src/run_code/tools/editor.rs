@@ -17,7 +17,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use super::{ToolFailure, ToolSpec};
 
 pub const READ: &str = "editor.read_text_file";
-/// Where the bridge puts the socket's token (see `bridge::code_tools`).
+/// The environment variable, in the run_code server's entry, holding its
+/// editor socket's token: every call carries it. The server takes it out
+/// of its environment as it starts, before it starts anything (and
+/// overwrites it where `/proc` shows the environment it began with), so
+/// neither the MCP servers it starts nor its runs get it (a run's
+/// environment is an allowlist besides): code that finds a socket on disk
+/// cannot use it, and no session can act as another. The agent, which
+/// starts the server from the entry, is given it with the entry.
 pub const TOKEN_ENV: &str = "ZCODE_ACP_EDITOR_TOKEN";
 pub const WRITE: &str = "editor.write_text_file";
 

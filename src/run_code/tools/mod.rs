@@ -5,6 +5,7 @@
 //! ([`mcp`]). The server, the socket and the stubs end with the run.
 
 mod budget;
+mod calls;
 pub mod editor;
 pub mod mcp;
 pub mod rpc;

@@ -1,0 +1,102 @@
+//! The launch spec: everything the helper needs, written by the caller
+//! (the bridge, `run`) and read once by the helper.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::level::Level;
+use super::plan::Plan;
+
+/// Everything the helper needs: the plan and the command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub plan: Plan,
+    pub argv: Vec<String>,
+    /// Applied after the sandbox is armed (so nothing the caller sets can
+    /// run code in the helper itself).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The policy, when the plan has supervised directories: the
+    /// supervisor decides each name with it.
+    #[serde(default)]
+    pub policy: Option<crate::policy::Policy>,
+    /// The level the caller decided and announced, and the Landlock ABI it
+    /// probed: the helper arms exactly that, or refuses. `None` (`zcode-acp
+    /// run`, where the helper is the caller): the helper decides itself.
+    #[serde(default)]
+    pub level: Option<Level>,
+    #[serde(default)]
+    pub landlock_abi: Option<i32>,
+    /// The command gets `env` alone, not the helper's environment with
+    /// `env` on top (`run_code`: an allowlist, never inherited).
+    #[serde(default)]
+    pub clear_env: bool,
+    /// A generation's namespaces to enter instead of building new ones
+    /// (an editor terminal of an armed bridge; see [`super::join`]).
+    #[serde(default)]
+    pub join: Option<super::join::Join>,
+    /// The network table, when the sandbox gets a network of its own
+    /// (see [`super::net`]); `None`: the host's network, as it is.
+    #[serde(default)]
+    pub network: Option<crate::policy::network::NetworkPolicy>,
+    /// Where the proxy asks about the connections the table refuses (the
+    /// bridge's abstract socket, see `network::asks`); none: refusals are
+    /// final.
+    #[serde(default)]
+    pub network_asks: Option<String>,
+    /// Where the helper says what it could not set up as planned (a
+    /// file in the arming's private directory, which the bridge reads into
+    /// the editor's notice); none: stderr only (`zcode-acp run`).
+    #[serde(default)]
+    pub report: Option<PathBuf>,
+}
+
+impl LaunchSpec {
+    /// The launch of `argv` under `plan`, carrying `policy` where the
+    /// supervisor needs it.
+    pub fn new(
+        plan: Plan,
+        policy: &crate::policy::Policy,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<PathBuf>,
+    ) -> LaunchSpec {
+        let policy = (!plan.supervised.is_empty()).then(|| policy.clone());
+        LaunchSpec {
+            plan,
+            argv,
+            env,
+            cwd,
+            policy,
+            level: None,
+            landlock_abi: None,
+            clear_env: false,
+            join: None,
+            network: None,
+            network_asks: None,
+            report: None,
+        }
+    }
+
+    /// A network of its own under `table` where `own` (the table does not
+    /// share the host's, and the machine allows it).
+    pub fn with_network(
+        mut self,
+        table: &crate::policy::network::NetworkPolicy,
+        own: bool,
+    ) -> LaunchSpec {
+        self.network = own.then(|| table.clone());
+        self
+    }
+
+    /// The level decided (and announced) by the caller, with the Landlock
+    /// ABI it probed: the helper arms exactly that, or refuses.
+    pub fn armed_at(mut self, level: Level, landlock_abi: i32) -> LaunchSpec {
+        self.level = Some(level);
+        self.landlock_abi = Some(landlock_abi);
+        self
+    }
+}
