@@ -1100,6 +1100,73 @@ fn the_editor_writes_exactly_where_it_was_judged_while_the_agent_races_the_path(
     common::editor_writes_land_where_judged(&mut ed, &ws, &sid, &outside);
 }
 
+/// A write the editor does not answer holds the agent only until the user
+/// cancels the turn: the write is withdrawn (`$/cancel_request`) and the
+/// agent told, and since the editor may still make it, the agent's
+/// processes are ended, not let go (a racer waiting to swap the directory
+/// never runs), and the agent comes back for the next prompt. A FIFO,
+/// which the editor would block on, is never sent to it at all.
+#[test]
+fn a_held_write_the_editor_never_answers_is_withdrawn_when_the_user_cancels() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, outside) = armed_editor();
+    ed.prompt(
+        &sid,
+        &format!(
+            "mkfifo p && mkdir d && nohup sh -c 'while [ ! -e go ]; do date +%s%N > ticks.tmp && mv ticks.tmp ticks; sleep 0.02; done; mv d d.old && ln -s {} d' > /dev/null 2>&1 & while [ ! -e ticks ]; do sleep 0.01; done; echo started",
+            outside.display()
+        ),
+    );
+    ed.manual.push("fs/write_text_file");
+    let (_, text) = ed.prompt(&sid, "/write p x");
+    assert!(text.contains("not a regular file"), "{text}");
+    let ticks = || std::fs::read_to_string(ws.join("ticks")).unwrap_or_default();
+    let start = ed.seen.len();
+    let id = ed.prompt_request(&sid, "/write d/f x");
+    let write = ed
+        .wait_for("the write at the editor", |v| {
+            v["method"] == "fs/write_text_file"
+        })
+        .value;
+    // The racer is told to swap now: held, it cannot.
+    std::fs::write(ws.join("go"), "").unwrap();
+    let before = ticks();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        ticks(),
+        before,
+        "the agent's processes ran while the editor wrote"
+    );
+    ed.notify("session/cancel", serde_json::json!({ "sessionId": sid }));
+    ed.wait_for("the write withdrawn", |v| {
+        v["method"] == "$/cancel_request" && v["params"]["requestId"] == write["id"]
+    });
+    // The turn ends with the agent's processes: said as zcode-acp's doing.
+    let r = ed.response(&id);
+    assert!(
+        r.to_string().contains("ended the agent's processes"),
+        "{r} {}",
+        ed.agent_text_since(start, &sid)
+    );
+    // The editor makes the write late anyway: it lands where it was judged.
+    let path = write["params"]["path"].as_str().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(path, "late").unwrap();
+    ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": write["id"], "result": {}}));
+    assert!(!outside.join("f").exists(), "the late write landed outside");
+    assert_eq!(std::fs::read_to_string(ws.join("d/f")).unwrap(), "late");
+    assert!(
+        !ws.join("d.old").exists(),
+        "the racer ran after the withdrawal"
+    );
+    // The agent is back for the next prompt.
+    ed.manual.clear();
+    let (_, text) = ed.prompt(&sid, "echo back");
+    assert!(text.contains("back"), "{text}");
+}
+
 /// The same in the home directory: a hook planted in the agent's own
 /// settings, and an MCP server in `~/.claude.json` (saved as Claude saves
 /// it, through a temporary file), by a process it left running, after its

@@ -21,14 +21,32 @@ use super::{Action, Finding};
 pub const KEEP_FILE: u64 = 256 << 10;
 /// The most kept across every file of a baseline.
 pub const KEEP_TOTAL: u64 = 32 << 20;
+/// Files larger than this are not even hashed (a sparse file of many
+/// gigabytes would make every look read it): their size, change time and
+/// inode stand for their content.
+pub const HASH_FILE: u64 = 64 << 20;
 
 /// What was there when the sandbox was armed.
 #[derive(Debug, Clone)]
 pub enum Was {
-    File { bytes: Kept, mode: u32 },
+    File {
+        bytes: Kept,
+        mode: u32,
+    },
     Dir,
-    Symlink(PathBuf),
+    /// A symlink (its target as written), and the regular file it leads
+    /// to, as it was: a tool reading the hidden name reads that file, so
+    /// a change there is a change of the hidden entry.
+    Symlink(PathBuf, Option<Box<LinkedFile>>),
     Other,
+}
+
+/// The regular file a hidden symlink leads to.
+#[derive(Debug, Clone)]
+pub struct LinkedFile {
+    pub real: PathBuf,
+    pub seen: Seen,
+    pub bytes: Kept,
 }
 
 /// A file's content as remembered.
@@ -65,8 +83,12 @@ impl Entries {
                             }
                             None => Kept::Unread,
                         }
-                    } else {
+                    } else if s.len <= HASH_FILE {
                         hash_of(&hasher, path).map_or(Kept::Unread, Kept::Hash)
+                    } else {
+                        // Too large to hash at each look: its size, times
+                        // and inode stand for it.
+                        Kept::Unread
                     };
                     Was::File {
                         bytes,
@@ -74,7 +96,10 @@ impl Entries {
                     }
                 }
                 Kind::Dir => Was::Dir,
-                Kind::Symlink => std::fs::read_link(path).map_or(Was::Other, Was::Symlink),
+                Kind::Symlink => match std::fs::read_link(path) {
+                    Ok(target) => Was::Symlink(target, linked_file(&hasher, path, &mut total)),
+                    Err(_) => Was::Other,
+                },
                 Kind::Other => Was::Other,
             };
             seen.insert(path.clone(), (*s, *why, was));
@@ -86,19 +111,38 @@ impl Entries {
     /// roots). Paths in `covered` are another rule's (a settings file, whose
     /// saved permissions are no finding): neither they nor a new directory
     /// holding one is a finding here, though what else is new in it is.
-    pub fn compare(&self, now: &Walked, covered: &[PathBuf]) -> Vec<Finding> {
+    pub fn compare(
+        &self,
+        now: &Walked,
+        covered: &[PathBuf],
+        dirty: &[(PathBuf, Why)],
+    ) -> Vec<Finding> {
         let mut out: Vec<Finding> = Vec::new();
-        // New entries: one finding for the topmost new one (a new directory
-        // carries what is in it).
-        let mut new_tops: Vec<&Path> = Vec::new();
-        for (path, (s, why)) in &now.entries {
+        // New entries: what the walk found, and what the watcher saw
+        // change (past where a walk stopped too). One finding for the
+        // topmost new one (a new directory carries what is in it).
+        let mut candidates: Vec<(PathBuf, Seen, Why)> = now
+            .entries
+            .iter()
+            .map(|(p, (s, w))| (p.clone(), *s, *w))
+            .collect();
+        for (p, why) in dirty {
+            if !now.entries.contains_key(p) {
+                if let Some(s) = Seen::at(p) {
+                    candidates.push((p.clone(), s, *why));
+                }
+            }
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut new_tops: Vec<PathBuf> = Vec::new();
+        for (path, s, why) in &candidates {
             if self.seen.contains_key(path) || new_tops.iter().any(|t| path.starts_with(t)) {
                 continue;
             }
             if covered.iter().any(|c| c.starts_with(path)) {
                 continue;
             }
-            new_tops.push(path);
+            new_tops.push(path.clone());
             out.push(Finding {
                 path: path.clone(),
                 what: format!(
@@ -109,22 +153,17 @@ impl Entries {
                 shown: super::show(path),
                 revert: Some(Action::Remove(path.clone())),
                 keep: super::snapshot(path),
+                blind: false,
             });
         }
-        let walked: std::collections::HashSet<&Path> =
-            now.dirs.iter().map(PathBuf::as_path).collect();
+        // What was there: looked at where it is, not through the walk, so
+        // a walk that stopped short (its bound filled on purpose) misses
+        // none of it.
         for (path, (then, why, was)) in &self.seen {
             if covered.iter().any(|c| c == path) {
                 continue;
             }
-            let now_seen = now.entries.get(path).map(|(s, _)| *s);
-            let parent_walked = path.parent().is_some_and(|p| walked.contains(p));
-            if now_seen.is_none() && !parent_walked && Seen::at(path).is_some() {
-                // Not seen now because the walk stopped short of it (a
-                // bound): not a finding of its own.
-                continue;
-            }
-            if let Some(f) = self.changed(path, then, now_seen, *why, was) {
+            if let Some(f) = self.changed(path, then, Seen::at(path), *why, was) {
                 out.push(f);
             }
         }
@@ -140,7 +179,6 @@ impl Entries {
         why: Why,
         was: &Was,
     ) -> Option<Finding> {
-        let now = now.or_else(|| Seen::at(path));
         match (was, now) {
             (Was::Dir, Some(n)) if n.kind == Kind::Dir => None,
             (Was::Dir, _) => Some(Finding {
@@ -152,6 +190,7 @@ impl Entries {
                     Action::Dir(path.to_path_buf()),
                 ])),
                 keep: None,
+                blind: false,
             }),
             (Was::File { bytes, mode }, Some(n)) if n.kind == Kind::File => {
                 if n.len == then.len
@@ -161,7 +200,7 @@ impl Entries {
                 {
                     return None;
                 }
-                if n.mode == *mode && self.same_content(path, bytes) {
+                if n.mode == *mode && n.len == then.len && self.same_content(path, bytes) {
                     return None;
                 }
                 let mut what = format!("the {} was changed", described_file(why));
@@ -185,6 +224,7 @@ impl Entries {
                         _ => Action::Remove(path.to_path_buf()),
                     }),
                     keep: super::snapshot(path),
+                    blind: false,
                 })
             }
             (Was::File { bytes, mode }, now) => Some(Finding {
@@ -203,6 +243,9 @@ impl Entries {
                         Action::Remove(path.to_path_buf()),
                         Action::Write(path.to_path_buf(), b.clone(), *mode),
                     ])),
+                    // Its content was not kept (a large file): what the agent
+                    // put there goes, and the finding says the rest.
+                    _ if now.is_some() => Some(Action::Remove(path.to_path_buf())),
                     _ => None,
                 },
                 keep: if now.is_some() {
@@ -210,14 +253,15 @@ impl Entries {
                 } else {
                     Some(Action::Remove(path.to_path_buf()))
                 },
+                blind: false,
             }),
-            (Was::Symlink(target), Some(n))
+            (Was::Symlink(target, linked), Some(n))
                 if n.kind == Kind::Symlink
                     && std::fs::read_link(path).ok().as_ref() == Some(target) =>
             {
-                None
+                self.linked_changed(path, linked.as_deref(), why)
             }
-            (Was::Symlink(target), _) => Some(Finding {
+            (Was::Symlink(target, _), _) => Some(Finding {
                 path: path.to_path_buf(),
                 what: format!(
                     "the symlink {} (to {}) was removed or repointed",
@@ -230,9 +274,68 @@ impl Entries {
                     Action::Link(path.to_path_buf(), target.clone()),
                 ])),
                 keep: super::snapshot(path),
+                blind: false,
             }),
             (Was::Other, _) => None,
         }
+    }
+
+    /// A finding when the file a hidden symlink leads to is not as it was
+    /// (put back there, the link left as it is).
+    fn linked_changed(
+        &self,
+        link: &Path,
+        linked: Option<&LinkedFile>,
+        why: Why,
+    ) -> Option<Finding> {
+        let linked = linked?;
+        let now = Seen::at(&linked.real);
+        if now.is_some_and(|n| {
+            n.len == linked.seen.len
+                && n.ctime == linked.seen.ctime
+                && n.ino == linked.seen.ino
+                && n.mode == linked.seen.mode
+        }) {
+            return None;
+        }
+        if now.is_some_and(|n| {
+            n.kind == Kind::File && n.len == linked.seen.len && n.mode == linked.seen.mode
+        }) && self.same_content(&linked.real, &linked.bytes)
+        {
+            return None;
+        }
+        let Kept::Bytes(b) = &linked.bytes else {
+            // Not kept: said, not undone (the file is reached by another
+            // name, and may be yours).
+            return Some(Finding {
+                path: linked.real.clone(),
+                what: format!(
+                    "the file the {} symlink {} leads to was changed; its version from before was not kept (over {} KiB)",
+                    described_link(why),
+                    link.display(),
+                    KEEP_FILE >> 10
+                ),
+                shown: super::show(&linked.real),
+                revert: None,
+                keep: None,
+                blind: false,
+            });
+        };
+        Some(Finding {
+            path: linked.real.clone(),
+            what: format!(
+                "the file the {} symlink {} leads to was changed",
+                described_link(why),
+                link.display()
+            ),
+            shown: super::show(&linked.real),
+            revert: Some(Action::All(vec![
+                Action::Remove(linked.real.clone()),
+                Action::Write(linked.real.clone(), b.clone(), linked.seen.mode),
+            ])),
+            keep: super::snapshot(&linked.real),
+            blind: false,
+        })
     }
 
     fn same_content(&self, path: &Path, kept: &Kept) -> bool {
@@ -271,6 +374,41 @@ impl Entries {
             };
             self.seen.insert(p, (s, why, was));
         }
+    }
+}
+
+/// The regular file a symlink leads to, remembered as a file of the
+/// baseline is (within the same bounds).
+fn linked_file(
+    hasher: &std::collections::hash_map::RandomState,
+    link: &Path,
+    total: &mut u64,
+) -> Option<Box<LinkedFile>> {
+    let real = crate::policy::resolve_real(link).ok()?;
+    let seen = Seen::at(&real)?;
+    if seen.kind != Kind::File {
+        return None;
+    }
+    let bytes = if seen.len <= KEEP_FILE && *total + seen.len <= KEEP_TOTAL {
+        match super::read(&real) {
+            Some(b) => {
+                *total += b.len() as u64;
+                Kept::Bytes(b)
+            }
+            None => Kept::Unread,
+        }
+    } else if seen.len <= HASH_FILE {
+        hash_of(hasher, &real).map_or(Kept::Unread, Kept::Hash)
+    } else {
+        Kept::Unread
+    };
+    Some(Box::new(LinkedFile { real, seen, bytes }))
+}
+
+fn described_link(why: Why) -> &'static str {
+    match why {
+        Why::Hidden => "hidden",
+        Why::NamedConfig => "configuration",
     }
 }
 

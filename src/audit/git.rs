@@ -105,6 +105,12 @@ const RUNS: &[&str] = &[
     "svn.authorsprog",
     "pull.twohead",
     "pull.octopus",
+    // git-lfs, which git runs as a filter: its own keys name programs
+    // (git-lfs-config.adoc).
+    "lfs.customtransfer.*.path",
+    "lfs.standalonetransferagent",
+    "lfs.extension.*.clean",
+    "lfs.extension.*.smudge",
     // More config (includeif.adoc, extensions.adoc).
     "include.path",
     "includeif.*.path",
@@ -157,7 +163,16 @@ pub fn runs(key: &str, value: &str) -> bool {
             let Some((ps, psub, pname)) = parts(pattern) else {
                 return false;
             };
-            ps == section && pname == name && (psub == Some("*")) == sub.is_some()
+            let sub_matches = match (psub, sub) {
+                (None, None) => true,
+                (Some("*"), Some(_)) => true,
+                // `customtransfer.*`: a subsection that starts so.
+                (Some(p), Some(s)) => p.strip_suffix('*').is_some_and(|pre| {
+                    s.to_ascii_lowercase().starts_with(pre) && s.len() > pre.len()
+                }),
+                _ => false,
+            };
+            ps == section && pname == name && sub_matches
         }),
     }
 }
@@ -172,19 +187,47 @@ pub struct Unread(pub String);
 /// answer (none to trust on PATH, or it took too long), the file is read
 /// by [`parse`] instead; a file neither can read is [`Unread`].
 pub fn running_entries(config: &Path) -> Result<Vec<(String, String)>, Unread> {
-    use crate::policy::git_cmd;
-    if !git_cmd::readable_config(config) {
+    if !crate::policy::git_cmd::readable_config(config) {
         // Not a file git could read without blocking: git reading it later
         // blocks rather than runs anything.
         return Ok(Vec::new());
     }
+    let bytes = crate::config::atomic::read_regular(config, true)
+        .map_err(|e| Unread(format!("zcode-acp cannot read it ({e})")))?;
+    Ok(running_entries_of(bytes))
+}
+
+/// What in a config's text runs, as git reads it: git is given this very
+/// text (so what is judged is what was read), or where git cannot answer,
+/// [`parse`] reads it. Remembered by content, so one config many
+/// repositories share, or one unchanged since the last look, is read once.
+pub fn running_entries_of(bytes: Vec<u8>) -> Vec<(String, String)> {
+    use crate::policy::git_cmd;
+    use std::hash::BuildHasher;
+    type Cache = std::collections::HashMap<(u64, usize), Vec<(String, String)>>;
+    static CACHE: std::sync::OnceLock<(
+        std::collections::hash_map::RandomState,
+        std::sync::Mutex<Cache>,
+    )> = std::sync::OnceLock::new();
+    let (hasher, cache) = CACHE.get_or_init(Default::default);
+    let key = (hasher.hash_one(&bytes), bytes.len());
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return hit;
+    }
+    let text = String::from_utf8_lossy(&bytes).into_owned();
     let listed = (|| {
         git_cmd::program()?;
         let mut cmd = git_cmd::command();
-        cmd.args(["--no-pager", "config", "--no-includes", "--file"])
-            .arg(config)
-            .args(["--list", "-z"]);
-        let out = git_cmd::output(cmd, git_cmd::LIMIT).ok()?;
+        cmd.args([
+            "--no-pager",
+            "config",
+            "--no-includes",
+            "--file",
+            "-",
+            "--list",
+            "-z",
+        ]);
+        let out = git_cmd::output_with_input(cmd, Some(bytes), git_cmd::LIMIT).ok()?;
         if !out.status.success() {
             return None;
         }
@@ -199,24 +242,26 @@ pub fn running_entries(config: &Path) -> Result<Vec<(String, String)>, Unread> {
                 .collect::<Vec<_>>(),
         )
     })();
-    let entries = match listed {
-        Some(entries) => entries,
-        None => {
-            let bytes = crate::config::atomic::read_regular(config, true)
-                .map_err(|e| Unread(format!("git could not read it, nor could zcode-acp ({e})")))?;
-            parse(&String::from_utf8_lossy(&bytes))
-        }
-    };
-    Ok(entries
+    let entries: Vec<(String, String)> = listed
+        .unwrap_or_else(|| parse(&text))
         .into_iter()
         .filter(|(k, v)| !k.is_empty() && runs(k, v))
-        .collect())
+        .collect();
+    if let Ok(mut c) = cache.lock() {
+        if c.len() >= 4096 {
+            c.clear();
+        }
+        c.insert(key, entries.clone());
+    }
+    entries
 }
 
 /// Every `(key, value)` of a config file in git's syntax, read by
 /// zcode-acp where git cannot be asked. It errs on the side of seeing a
 /// key: a line it cannot place is taken as a key of the section it is in.
 pub fn parse(text: &str) -> Vec<(String, String)> {
+    // Git skips a byte order mark at the start.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut out = Vec::new();
     let mut section = String::new();
     let mut lines = text.lines();
@@ -366,7 +411,13 @@ pub fn unset(config: &Path, keys: &[String]) -> bool {
 /// The hooks git would run: regular files in `hooks/` that are not the
 /// `.sample` files `git init` leaves.
 pub fn hooks(git_dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(git_dir.join("hooks")) else {
+    hooks_in(&git_dir.join("hooks"))
+}
+
+/// The hooks in a hooks directory (`core.hooksPath`'s, or a git
+/// directory's `hooks`).
+pub fn hooks_in(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out: Vec<PathBuf> = entries
@@ -405,6 +456,9 @@ mod tests {
             ("hook.lint.command", "evil"),
             ("protocol.ext.allow", "always"),
             ("extensions.worktreeConfig", "true"),
+            ("lfs.customtransfer.mine.path", "evil"),
+            ("lfs.extension.x.smudge", "evil"),
+            ("lfs.standalonetransferagent", "mine"),
             ("log.showSignature", "true"),
         ] {
             assert!(runs(k, v), "{k}");
@@ -438,6 +492,11 @@ mod tests {
             ]
         );
         assert!(entries.iter().filter(|(k, v)| runs(k, v)).count() == 4);
+        // A byte-order mark is skipped, as git skips it.
+        assert_eq!(
+            parse("\u{feff}[core]\n\tfsmonitor = x\n"),
+            vec![("core.fsmonitor".to_string(), "x".to_string())]
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! the audit cannot look (a root past its walk's bound, an index neither
 //! it nor git can read), it says so, never that all is well.
 
+pub mod action;
 pub mod entries;
 pub mod git;
 pub mod index;
@@ -41,15 +42,9 @@ pub mod watch;
 use std::path::{Path, PathBuf};
 
 use crate::policy::{Band, Matcher, Ops, Policy};
+use action::snapshot;
+pub use action::{show, Action, Node};
 use settings::Format;
-
-/// Files larger than this are not held in memory for "keep" (the stash
-/// keeps them on disk).
-const MAX_KEPT: u64 = 1 << 20;
-/// At most this many entries of a new directory are held in memory.
-const MAX_KEPT_ENTRIES: usize = 256;
-/// How much of the agent's version a finding shows.
-const SHOWN: usize = 2048;
 
 /// What is watched, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +75,11 @@ pub struct Baseline {
     pub unchecked: Vec<(PathBuf, String)>,
     /// The directories the walk entered (the watcher's).
     dirs: Vec<PathBuf>,
+    /// Symlinks to directories there were (the user's own ways in).
+    dir_links: Vec<PathBuf>,
+    /// Where the user's hidden symlinks into the roots lead: walked and
+    /// watched as hidden directories.
+    followed: Vec<PathBuf>,
 }
 
 /// One thing the agent left that would run.
@@ -96,34 +96,9 @@ pub struct Finding {
     /// Puts the agent's version back (None: not held in memory; the stash
     /// keeps it on disk instead).
     pub keep: Option<Action>,
-}
-
-/// One entry of a directory tree held in memory.
-#[derive(Debug, Clone)]
-pub enum Node {
-    Dir,
-    File(Vec<u8>, u32),
-    Link(PathBuf),
-}
-
-/// A change made outside the sandbox, never through a symlinked directory.
-#[derive(Debug, Clone)]
-pub enum Action {
-    /// Write these bytes (atomically, with this mode) at the path.
-    Write(PathBuf, Vec<u8>, u32),
-    /// Remove the path (a file, a symlink, or a directory with everything
-    /// in it).
-    Remove(PathBuf),
-    /// Make a directory at the path (where nothing is).
-    Dir(PathBuf),
-    /// Make a symlink at the path, to this target.
-    Link(PathBuf, PathBuf),
-    /// Recreate a directory tree: (relative path, what it is).
-    Tree(PathBuf, Vec<(PathBuf, Node)>),
-    /// Move one path to another (the stash's: never across filesystems).
-    Move(PathBuf, PathBuf),
-    /// Several of these, in order.
-    All(Vec<Action>),
+    /// A place the audit cannot look into (`what` says why): nothing to
+    /// undo, and no word that all is well there.
+    pub blind: bool,
 }
 
 /// Where the audit looks for the roots, in the user's real home.
@@ -136,6 +111,7 @@ pub fn places(
     walk::Places {
         roots: roots.to_vec(),
         skip: Vec::new(),
+        follow: Vec::new(),
         home: Some(home.to_path_buf()),
         trees,
         files,
@@ -174,39 +150,6 @@ fn first_link_on_the_way(path: &Path) -> Option<PathBuf> {
         .into_iter()
         .find(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()))
         .map(Path::to_path_buf)
-}
-
-/// Runs `act` on `path` with its directory pinned: on Linux the directory
-/// is opened with no symlink anywhere on its path (`openat2`,
-/// `RESOLVE_NO_SYMLINKS`) and `act` is given the path through that
-/// descriptor, so no swap of a directory for a symlink (by a process the
-/// agent left running) can redirect it; elsewhere the directory is checked
-/// to be its own real path first.
-fn at_real<T>(path: &Path, act: impl FnOnce(&Path) -> std::io::Result<T>) -> std::io::Result<T> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(std::io::Error::other("no parent directory"));
-    };
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let pinned = crate::linux::open_dir_without_symlinks(dir).map_err(|e| {
-            std::io::Error::other(format!(
-                "{} is reached through a symlink or cannot be opened ({e}); not followed",
-                dir.display()
-            ))
-        })?;
-        act(&Path::new(&format!("/proc/self/fd/{}", pinned.as_raw_fd())).join(name))
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        if crate::policy::resolve_real(dir).ok().as_deref() != Some(dir) {
-            return Err(std::io::Error::other(format!(
-                "{} is reached through a symlink; not followed",
-                dir.display()
-            )));
-        }
-        act(&dir.join(name))
-    }
 }
 
 /// A file's bytes, not through a symlink at its last component.
@@ -268,13 +211,32 @@ impl Baseline {
                 _ => None,
             })
             .collect();
-        let walked = walk::walk(&places);
+        let mut places = places;
+        let mut walked = walk::walk(&places);
+        // The user's hidden symlinks to directories in the roots (a shared
+        // `.claude/skills`): walked where they lead from now on.
+        let followed: Vec<(PathBuf, PathBuf)> = walked
+            .dir_links
+            .iter()
+            .filter(|(link, target)| {
+                link.components()
+                    .any(|c| c.as_os_str().as_encoded_bytes().first() == Some(&b'.'))
+                    && places.roots.iter().any(|r| target.starts_with(r))
+            })
+            .cloned()
+            .collect();
+        places.follow = followed.iter().map(|(link, _)| link.clone()).collect();
+        if !places.follow.is_empty() {
+            walked = walk::walk(&places);
+        }
         let repos = repos::Repos::take(&places.roots, &walked);
         let mut unchecked = walked.cut.clone();
         unchecked.extend(repos.unreadable.iter().cloned());
         Baseline {
             entries: entries::Entries::take(&walked),
             dirs: walked.dirs.clone(),
+            dir_links: walked.dir_links.iter().map(|(l, _)| l.clone()).collect(),
+            followed: followed.into_iter().map(|(_, t)| t).collect(),
             places,
             watched,
             settings,
@@ -297,18 +259,72 @@ impl Baseline {
 
     /// What changed since, that would run.
     pub fn audit(&self) -> Vec<Finding> {
+        self.audit_with(&[])
+    }
+
+    /// The same, looking also at `dirty`: the paths the watcher saw change
+    /// (found even where a walk stops short).
+    pub fn audit_with(&self, dirty: &[PathBuf]) -> Vec<Finding> {
         let mut out: Vec<Finding> = Vec::new();
         let walked = walk::walk(&self.places);
+        for dir in &walked.unreadable {
+            if self.unchecked.iter().any(|(p, _)| p == dir) {
+                continue;
+            }
+            out.push(Finding {
+                path: dir.clone(),
+                what: "its permissions were changed so that nothing can list it, and zcode-acp could not give them back".into(),
+                shown: String::new(),
+                revert: None,
+                keep: None,
+                blind: true,
+            });
+        }
+        // A walk cut short where the baseline's was not (the agent filled
+        // a root past the walk's bound, or nested it past its depth): said.
+        for (path, why) in &walked.cut {
+            if !self.unchecked.iter().any(|(p, _)| p == path) {
+                out.push(Finding {
+                    path: path.clone(),
+                    what: why.clone(),
+                    shown: String::new(),
+                    revert: None,
+                    keep: None,
+                    blind: true,
+                });
+            }
+        }
+        for (link, target) in &walked.dir_links {
+            if self.dir_links.contains(link) {
+                continue;
+            }
+            // A new way into a directory the walk does not judge as this
+            // name would be.
+            if self.leads_where_unjudged(target) {
+                out.push(Finding {
+                    path: link.clone(),
+                    what: format!(
+                        "a new symlink leads to {}, where a tool entering it would obey what it holds",
+                        target.display()
+                    ),
+                    shown: format!("a symlink to {}", target.display()),
+                    revert: Some(Action::Remove(link.clone())),
+                    keep: snapshot(link),
+                    blind: false,
+                });
+            }
+        }
         for w in &self.watched {
             match w {
                 Watched::Absent { path, why } => {
-                    if std::fs::symlink_metadata(path).is_ok() {
+                    if std::fs::symlink_metadata(path).is_ok() && !self.granted(path) {
                         out.push(Finding {
                             path: path.clone(),
                             what: format!("it did not exist when the sandbox was armed, and {why}"),
                             shown: show(path),
                             revert: Some(Action::Remove(path.clone())),
                             keep: snapshot(path),
+                            blind: false,
                         });
                     }
                 }
@@ -332,6 +348,7 @@ impl Baseline {
                                 revert: Some(Action::Remove(link.clone())),
                                 keep: None,
                                 path: link,
+                                blind: false,
                             });
                         }
                         continue;
@@ -357,10 +374,16 @@ impl Baseline {
                         None => Action::Remove(real.clone()),
                     }),
                     keep: snapshot(&real),
+                    blind: false,
                 });
             }
         }
-        out.extend(self.repos.audit(&self.places.roots, &walked));
+        out.extend(
+            self.repos
+                .audit(&self.places.roots, &walked)
+                .into_iter()
+                .filter(|f| !self.granted(&f.path)),
+        );
         // What the rules above look at is theirs to judge.
         let mut covered: Vec<PathBuf> = self
             .watched
@@ -371,17 +394,74 @@ impl Baseline {
             .collect();
         covered.extend(self.scripts.iter().map(|(p, _)| p.clone()));
         covered.extend(self.repos.covered());
-        for f in self.entries.compare(&walked, &covered) {
+        let dirty: Vec<(PathBuf, walk::Why)> = dirty
+            .iter()
+            // As the walk: never inside a `.git` (git's rule reads those),
+            // an environment, or what the policy lets the agent write.
+            .filter(|p| {
+                let below = self
+                    .places
+                    .roots
+                    .iter()
+                    .chain(&self.places.trees)
+                    .find_map(|r| p.strip_prefix(r).ok())
+                    .unwrap_or(p);
+                !self.granted(p) && below.components().all(|c| walk::enters(c.as_os_str()))
+            })
+            .filter_map(|p| {
+                let hidden = p.parent().is_some_and(|d| self.is_hidden_dir(d));
+                walk::watched_name(p.file_name()?, hidden).map(|w| (p.clone(), w))
+            })
+            .collect();
+        for f in self.entries.compare(&walked, &covered, &dirty) {
             // Said once: a protected path, a settings file or a repository's
             // own finding says more than the general rule.
             if !out
                 .iter()
-                .any(|o| o.path == f.path || f.path.starts_with(&o.path))
+                .any(|o| !o.blind && (o.path == f.path || f.path.starts_with(&o.path)))
             {
                 out.push(f);
             }
         }
         out
+    }
+
+    /// Whether a new symlink to `target` is a way into what the walk does
+    /// not judge as a plain directory would be: inside the roots (outside
+    /// them, what is there is not the agent's to write), in a `.git`, an
+    /// environment, a CI directory, a place the policy lets the agent
+    /// write, or a directory holding what a tool obeys on entering it (a
+    /// `.envrc`, a `.git`) that the link would let it enter by another name.
+    fn leads_where_unjudged(&self, target: &Path) -> bool {
+        let Some(rel) = self
+            .places
+            .roots
+            .iter()
+            .find_map(|r| target.strip_prefix(r).ok())
+        else {
+            return false;
+        };
+        let mut walked_to = PathBuf::new();
+        for c in rel.components() {
+            walked_to.push(c);
+            if !walk::enters(c.as_os_str()) || walk::is_inert_dir(&walked_to) {
+                return true;
+            }
+        }
+        self.granted(target)
+            || std::fs::read_dir(target).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    walk::watched_name(&e.file_name(), false).is_some() || e.file_name() == ".git"
+                })
+            })
+    }
+
+    /// Whether the policy lets the agent write `path` inside the roots (a
+    /// path you granted it, its state, caches, temp): not the repository
+    /// or protected-path rules' to take back (the settings rule still
+    /// reads an agent's settings there).
+    fn granted(&self, path: &Path) -> bool {
+        self.places.skip.iter().any(|s| path.starts_with(s))
     }
 
     /// What the watcher watches for this baseline: the directories the
@@ -391,7 +471,7 @@ impl Baseline {
             .dirs
             .iter()
             .map(|d| {
-                let hidden = watch::is_hidden_dir(d, &self.places.roots, &self.places.trees);
+                let hidden = self.is_hidden_dir(d);
                 (d.clone(), hidden)
             })
             .collect();
@@ -406,7 +486,37 @@ impl Baseline {
         paths.extend(self.places.trees.iter().cloned());
         paths.extend(self.places.files.iter().cloned());
         paths.extend(self.repos.watched_paths());
-        watch::Targets { dirs, paths }
+        // Hidden files watched as files too: written through a hard link
+        // of another name, they still raise a look.
+        let files = self
+            .entries
+            .seen
+            .iter()
+            .filter(|(_, (s, _, _))| s.kind == walk::Kind::File)
+            .map(|(p, _)| p.clone())
+            .take(10_000)
+            .collect();
+        let tops = self
+            .places
+            .roots
+            .iter()
+            .map(|r| (r.clone(), false))
+            .chain(self.places.trees.iter().map(|t| (t.clone(), true)))
+            .collect();
+        watch::Targets {
+            dirs,
+            paths,
+            files,
+            tops,
+        }
+    }
+
+    /// Whether what is in `dir` is judged whatever its names: beneath a
+    /// hidden name, in an agent's tree, or where a hidden symlink of the
+    /// user's leads.
+    fn is_hidden_dir(&self, dir: &Path) -> bool {
+        watch::is_hidden_dir(dir, &self.places.roots, &self.places.trees)
+            || self.followed.iter().any(|t| dir.starts_with(t))
     }
 
     fn setting(&self, path: &Path) -> Option<&[u8]> {
@@ -414,6 +524,14 @@ impl Baseline {
             .iter()
             .find(|(p, _)| p == path)
             .and_then(|(_, b)| b.as_deref())
+    }
+
+    /// A place the audit cannot look into was said: from now on it is
+    /// one of [`Baseline::unchecked`], said once rather than at every look.
+    pub fn said_blind(&mut self, f: &Finding) {
+        if f.blind && !self.unchecked.iter().any(|(p, _)| *p == f.path) {
+            self.unchecked.push((f.path.clone(), f.what.clone()));
+        }
     }
 
     /// The user kept what a finding is about: it is the baseline now.
@@ -442,7 +560,29 @@ fn mode_of(p: &Path) -> Option<u32> {
 }
 
 fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Option<Finding> {
-    let now = read_following(path);
+    let now = match crate::config::atomic::read_regular(path, true) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        // Too large to read, or not a regular file: what it would run
+        // cannot be seen, so it is taken back whole.
+        Err(e) => {
+            let at = crate::policy::resolve_real(path).unwrap_or_else(|_| path.to_path_buf());
+            return Some(Finding {
+                path: path.to_path_buf(),
+                what: format!("it changed and cannot be read to see what it would run ({e})"),
+                shown: String::new(),
+                revert: Some(match before {
+                    Some(b) => Action::All(vec![
+                        Action::Remove(at.clone()),
+                        Action::Write(at.clone(), b.to_vec(), 0o644),
+                    ]),
+                    None => Action::Remove(path.to_path_buf()),
+                }),
+                keep: None,
+                blind: false,
+            });
+        }
+    };
     if now.as_deref() == before {
         return None;
     }
@@ -484,6 +624,7 @@ fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Optio
                 shown: what.clone(),
                 revert: Some(revert),
                 keep: Some(keep_whole()),
+                blind: false,
             })
         }
         // Not readable as its format: any change is put to the user whole.
@@ -493,6 +634,7 @@ fn settings_finding(path: &Path, format: Format, before: Option<&[u8]>) -> Optio
             shown: show(path),
             revert: Some(revert_whole()),
             keep: Some(keep_whole()),
+            blind: false,
         }),
     }
 }
@@ -505,208 +647,7 @@ fn short(s: &str) -> String {
     }
 }
 
-/// The agent's version of `path`, for the user to see: a file's text (cut
-/// at [`SHOWN`] bytes), a directory's listing, a symlink's target.
-pub fn show(path: &Path) -> String {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return "(gone)".into();
-    };
-    if meta.file_type().is_symlink() {
-        return match std::fs::read_link(path) {
-            Ok(t) => format!("a symlink to {}", t.display()),
-            Err(_) => "a symlink".into(),
-        };
-    }
-    if meta.is_dir() {
-        let mut names: Vec<String> = Vec::new();
-        let mut stack = vec![(path.to_path_buf(), PathBuf::new())];
-        while let Some((dir, rel)) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let r = rel.join(e.file_name());
-                if names.len() >= 40 {
-                    names.push("…".into());
-                    return names.join("\n");
-                }
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    names.push(format!("{}/", r.display()));
-                    stack.push((e.path(), r));
-                } else {
-                    names.push(r.display().to_string());
-                }
-            }
-        }
-        return if names.is_empty() {
-            "an empty directory".into()
-        } else {
-            names.join("\n")
-        };
-    }
-    if !meta.is_file() {
-        return "a special file".into();
-    }
-    use std::io::Read;
-    let mut head = Vec::new();
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path);
-    if let Ok(f) = opened {
-        let _ = f.take(SHOWN as u64 + 1).read_to_end(&mut head);
-    }
-    if head.contains(&0) {
-        return format!("binary, {} bytes", meta.len());
-    }
-    let mut text = String::from_utf8_lossy(&head[..head.len().min(SHOWN)]).into_owned();
-    if meta.len() > SHOWN as u64 {
-        text.push_str(&format!("\n… ({} bytes in all)", meta.len()));
-    }
-    text
-}
-
-use std::os::unix::fs::OpenOptionsExt;
-
-/// What it takes to put `path` back as it is now, held in memory within
-/// bounds (None past them: the stash keeps it on disk).
-fn snapshot(path: &Path) -> Option<Action> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if meta.file_type().is_symlink() {
-        return std::fs::read_link(path)
-            .ok()
-            .map(|t| Action::Link(path.to_path_buf(), t));
-    }
-    if meta.is_file() {
-        if meta.len() > MAX_KEPT {
-            return None;
-        }
-        let mode = meta.permissions().mode() & 0o7777;
-        return read(path).map(|b| Action::Write(path.to_path_buf(), b, mode));
-    }
-    if !meta.is_dir() {
-        return None;
-    }
-    let mut entries = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = path.join(&rel);
-        for e in std::fs::read_dir(&dir).ok()?.flatten() {
-            if entries.len() >= MAX_KEPT_ENTRIES {
-                return None;
-            }
-            let r = rel.join(e.file_name());
-            let m = e.metadata().ok()?;
-            if m.file_type().is_symlink() {
-                entries.push((r, Node::Link(std::fs::read_link(e.path()).ok()?)));
-            } else if m.is_dir() {
-                entries.push((r.clone(), Node::Dir));
-                stack.push(r);
-            } else if m.is_file() {
-                if m.len() > MAX_KEPT {
-                    return None;
-                }
-                let mode = m.permissions().mode() & 0o7777;
-                entries.push((r, Node::File(read(&e.path())?, mode)));
-            } else {
-                return None;
-            }
-        }
-    }
-    Some(Action::Tree(path.to_path_buf(), entries))
-}
-
-impl Action {
-    /// Carries the action out (outside the sandbox): never through a
-    /// symlinked directory, writes atomic.
-    pub fn apply(&self) -> std::io::Result<()> {
-        match self {
-            Action::Write(path, bytes, mode) => at_real(path, |p| {
-                crate::config::atomic::write_atomic(p, bytes, *mode)
-            }),
-            Action::Remove(path) => at_real(path, remove),
-            Action::Dir(path) => at_real(path, |p| match std::fs::create_dir(p) {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-                other => other,
-            }),
-            Action::Link(path, target) => at_real(path, |p| {
-                remove(p)?;
-                std::os::unix::fs::symlink(target, p)
-            }),
-            Action::Tree(path, entries) => {
-                at_real(path, |p| {
-                    remove(p)?;
-                    std::fs::create_dir(p)
-                })?;
-                for (rel, node) in entries {
-                    at_real(&path.join(rel), |p| match node {
-                        Node::Dir => std::fs::create_dir(p),
-                        Node::File(b, mode) => crate::config::atomic::write_atomic(p, b, *mode),
-                        Node::Link(t) => std::os::unix::fs::symlink(t, p),
-                    })?;
-                }
-                Ok(())
-            }
-            Action::Move(from, to) => at_real(from, |f| at_real(to, |t| std::fs::rename(f, t))),
-            Action::All(actions) => actions.iter().try_for_each(Action::apply),
-        }
-    }
-
-    /// Writes what this action would put back beneath `dir`, each path
-    /// under its own file name (a copy kept where nothing runs it); whether
-    /// it wrote anything (a removal keeps nothing).
-    pub fn save_under(&self, dir: &Path) -> std::io::Result<bool> {
-        use std::os::unix::fs::PermissionsExt;
-        let name = |p: &Path| p.file_name().map(|n| n.to_owned()).unwrap_or_default();
-        // Kept copies never run: no execute or set-id bits.
-        let quiet = |mode: u32| mode & 0o666;
-        match self {
-            Action::Write(path, bytes, mode) => {
-                crate::config::atomic::write_atomic(&dir.join(name(path)), bytes, quiet(*mode))?;
-                Ok(true)
-            }
-            Action::Link(path, target) => {
-                std::os::unix::fs::symlink(target, dir.join(name(path)))?;
-                Ok(true)
-            }
-            Action::Remove(_) | Action::Dir(_) | Action::Move(..) => Ok(false),
-            Action::Tree(path, entries) => {
-                let top = dir.join(name(path));
-                std::fs::create_dir(&top)?;
-                // Relative paths the snapshot made itself, parents first.
-                for (rel, node) in entries {
-                    match node {
-                        Node::Dir => std::fs::create_dir(top.join(rel))?,
-                        Node::File(b, mode) => {
-                            crate::config::atomic::write_atomic(&top.join(rel), b, quiet(*mode))?;
-                            let _ = std::fs::set_permissions(
-                                top.join(rel),
-                                std::fs::Permissions::from_mode(quiet(*mode)),
-                            );
-                        }
-                        Node::Link(t) => std::os::unix::fs::symlink(t, top.join(rel))?,
-                    }
-                }
-                Ok(true)
-            }
-            Action::All(actions) => actions
-                .iter()
-                .try_fold(false, |wrote, a| Ok(a.save_under(dir)? || wrote)),
-        }
-    }
-}
-
-/// Removes a file, a symlink itself, or a directory tree (whose symlinks
-/// are removed, never followed).
-fn remove(path: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-        Ok(_) => std::fs::remove_file(path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 //! walk finds them or an index links them in; and the includes of your
 //! own repositories that lie in the roots, where the agent may write.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::walk::Walked;
@@ -21,7 +22,7 @@ type Include = (PathBuf, Option<Vec<u8>>, Vec<(String, String)>);
 #[derive(Debug, Clone, Default)]
 pub struct Repos {
     /// Git directories.
-    git_dirs: Vec<PathBuf>,
+    git_dirs: HashSet<PathBuf>,
     /// Every config file git read for them: a new repository's config that
     /// is one of these is yours (a linked worktree's common config).
     configs: Vec<PathBuf>,
@@ -36,6 +37,113 @@ pub struct Repos {
     /// Indexes that could not be read when armed: what they link in is
     /// unchecked.
     pub unreadable: Vec<(PathBuf, String)>,
+    /// Your repositories' configs (what in them runs), hooks, and the
+    /// state files git acts on (a rebase's todo list, whose `exec` lines
+    /// `git rebase --continue` runs; alternates), as they were: the
+    /// sandbox protects those of the repositories it found when it armed,
+    /// this catches a change to any (one deeper than its look, say).
+    guarded: HashMap<PathBuf, Guarded>,
+    /// Where each of your repositories' guarded files are, by git directory.
+    guards: HashMap<PathBuf, Guard>,
+}
+
+/// Where one repository's guarded files are: its configs as they were
+/// when armed (a new include is itself a config entry that runs), the
+/// directories whose files git runs as hooks (`hooks/` of its git and
+/// common directories, and `core.hooksPath`), and its git and common
+/// directories (for the state files).
+#[derive(Debug, Clone, Default)]
+struct Guard {
+    configs: Vec<PathBuf>,
+    hook_dirs: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
+}
+
+/// New repositories one look reads, at most (each may ask git about its
+/// configs): past them the look says what it did not check.
+const MAX_NEW_REPOS: usize = 64;
+
+/// A file of one of your repositories, as it was.
+#[derive(Debug, Clone)]
+struct Guarded {
+    path: PathBuf,
+    bytes: Option<Vec<u8>>,
+    /// For a config: what in it runs (a change that runs nothing new,
+    /// such as a new remote, is no finding).
+    running: Option<Vec<(String, String)>>,
+}
+
+/// The state files of a git directory that make git run something.
+const STATE_FILES: &[&str] = &[
+    "rebase-merge/git-rebase-todo",
+    "rebase-apply/patch",
+    "sequencer/todo",
+    "objects/info/alternates",
+];
+
+/// Where `repo`'s guarded files are (see [`Guard`]).
+fn guard_of(repo: &Repo) -> Guard {
+    let configs = git::configs_of(&repo.git_dir, &repo.common_dir);
+    let mut hook_dirs = vec![repo.git_dir.join("hooks"), repo.common_dir.join("hooks")];
+    for c in &configs {
+        let Ok(entries) = git::running_entries(c) else {
+            continue;
+        };
+        for (_, v) in entries
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("core.hookspath"))
+        {
+            let dir = match v.strip_prefix("~/") {
+                Some(rest) => dirs::home_dir().map(|h| h.join(rest)),
+                None => Some(repo.work_tree.join(v)),
+            };
+            hook_dirs.extend(dir);
+        }
+    }
+    hook_dirs.dedup();
+    Guard {
+        configs,
+        hook_dirs,
+        dirs: vec![repo.git_dir.clone(), repo.common_dir.clone()],
+    }
+}
+
+/// The files `guard` guards now: its configs, the hooks in its hook
+/// directories, its state files (those that exist, and those that do not
+/// yet); whether each is a config.
+fn guarded_files(guard: &Guard) -> Vec<(PathBuf, bool)> {
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut out: Vec<(PathBuf, bool)> = Vec::new();
+    let mut add = |p: PathBuf, config: bool| {
+        if seen.insert(p.clone()) {
+            out.push((p, config));
+        }
+    };
+    for c in &guard.configs {
+        add(c.clone(), true);
+    }
+    for d in &guard.hook_dirs {
+        for h in git::hooks_in(d) {
+            add(h, false);
+        }
+    }
+    for d in &guard.dirs {
+        for f in STATE_FILES {
+            add(d.join(f), false);
+        }
+    }
+    out
+}
+
+fn guard(path: PathBuf, config: bool) -> Guarded {
+    let bytes = super::read_following(&path);
+    let running =
+        (config && bytes.is_some()).then(|| git::running_entries(&path).unwrap_or_default());
+    Guarded {
+        path,
+        bytes,
+        running,
+    }
 }
 
 impl Repos {
@@ -43,10 +151,11 @@ impl Repos {
         let mut repos = super::walk::repos(roots, walked);
         let (linked, unreadable) = gitlinked_from(roots, &repos, |_| true);
         repos.extend(linked);
-        let configs: Vec<PathBuf> = repos
+        let guards: HashMap<PathBuf, Guard> = repos
             .iter()
-            .flat_map(|r| git::configs_of(&r.git_dir, &r.common_dir))
+            .map(|r| (r.git_dir.clone(), guard_of(r)))
             .collect();
+        let configs: Vec<PathBuf> = guards.values().flat_map(|g| g.configs.clone()).collect();
         let includes = configs
             .iter()
             .filter(|c| roots.iter().any(|r| c.starts_with(r)))
@@ -74,6 +183,12 @@ impl Repos {
                 .map(|r| r.work_tree.join(".git"))
                 .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir()))
                 .collect(),
+            guards: guards.clone(),
+            guarded: guards
+                .values()
+                .flat_map(guarded_files)
+                .map(|(p, config)| (p.clone(), guard(p, config)))
+                .collect(),
             git_dirs: repos.iter().map(|r| r.git_dir.clone()).collect(),
             configs,
             includes,
@@ -87,12 +202,27 @@ impl Repos {
     pub fn watched_paths(&self) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         for g in &self.git_dirs {
-            for name in ["config", "config.worktree", "commondir", "hooks", "index"] {
+            for name in [
+                "config",
+                "config.worktree",
+                "commondir",
+                "hooks",
+                "index",
+                "rebase-merge",
+                "sequencer",
+                "objects/info",
+            ] {
                 out.push(g.join(name));
             }
         }
         out.extend(self.configs.iter().cloned());
         out.extend(self.includes.iter().map(|(p, _, _)| p.clone()));
+        // Hooks directories elsewhere (`core.hooksPath`).
+        out.extend(
+            self.guards
+                .values()
+                .flat_map(|g| g.hook_dirs.iter().cloned()),
+        );
         out
     }
 
@@ -115,16 +245,106 @@ impl Repos {
                 revert: None,
                 keep: None,
                 path: index,
+                blind: false,
             });
         }
-        for repo in now.iter().chain(&linked) {
-            if !self.git_dirs.contains(&repo.git_dir) {
-                out.extend(self.new_repo_finding(repo, roots));
+        let new: Vec<&Repo> = now
+            .iter()
+            .chain(&linked)
+            .filter(|r| !self.git_dirs.contains(&r.git_dir))
+            .collect();
+        for repo in new.iter().take(MAX_NEW_REPOS) {
+            out.extend(self.new_repo_finding(repo, roots));
+        }
+        if new.len() > MAX_NEW_REPOS {
+            out.push(Finding {
+                path: roots.first().cloned().unwrap_or_default(),
+                what: format!(
+                    "{} repositories were made since the sandbox was armed; the audit reads {MAX_NEW_REPOS} of them at a look, and the rest are not checked",
+                    new.len()
+                ),
+                shown: String::new(),
+                revert: None,
+                keep: None,
+                blind: true,
+            });
+        }
+        // Your repositories: a hook or state file made or changed, a config
+        // that runs something new.
+        let now_repos: Vec<&Repo> = now
+            .iter()
+            .filter(|r| self.git_dirs.contains(&r.git_dir))
+            .collect();
+        for repo in now_repos {
+            let Some(g) = self.guards.get(&repo.git_dir) else {
+                continue;
+            };
+            for (path, config) in guarded_files(g) {
+                let then = self.guarded.get(&path);
+                let bytes_now = super::read_following(&path);
+                if then.map(|g| &g.bytes) == Some(&bytes_now)
+                    || (then.is_none() && bytes_now.is_none())
+                {
+                    continue;
+                }
+                if config {
+                    let running_now = git::running_entries(&path).unwrap_or_default();
+                    let running_then = then.and_then(|g| g.running.clone()).unwrap_or_default();
+                    let added: Vec<String> = running_now
+                        .iter()
+                        .filter(|e| !running_then.contains(e))
+                        .map(|(k, v)| format!("{k} = {}", short(v)))
+                        .collect();
+                    if added.is_empty() {
+                        continue;
+                    }
+                    let real = crate::policy::resolve_real(&path).unwrap_or_else(|_| path.clone());
+                    out.push(Finding {
+                        what: format!(
+                            "a config of your repository now names programs git runs: {}",
+                            added.join("; ")
+                        ),
+                        shown: show(&real),
+                        revert: Some(match then.and_then(|g| g.bytes.clone()) {
+                            Some(b) => Action::Write(
+                                real.clone(),
+                                b,
+                                super::mode_of(&real).unwrap_or(0o644),
+                            ),
+                            None => Action::Remove(real.clone()),
+                        }),
+                        keep: snapshot(&real),
+                        path: real,
+                        blind: false,
+                    });
+                } else {
+                    out.push(Finding {
+                        what: match then.and_then(|g| g.bytes.as_ref()) {
+                            Some(_) => "a hook or state file of your repository, which git runs, was changed".into(),
+                            None => "a hook or state file of your repository, which git runs, was made".into(),
+                        },
+                        shown: show(&path),
+                        // Put back where it really is: a hook of yours that
+                        // is a symlink stays one.
+                        revert: Some(match then.and_then(|g| g.bytes.clone()) {
+                            Some(b) => {
+                                let real = crate::policy::resolve_real(&path)
+                                    .unwrap_or_else(|_| path.clone());
+                                Action::Write(real.clone(), b, super::mode_of(&real).unwrap_or(0o755))
+                            }
+                            None => Action::Remove(path.clone()),
+                        }),
+                        keep: snapshot(&path),
+                        path,
+                        blind: false,
+                    });
+                }
             }
         }
         for (path, before, running_then) in &self.includes {
             let now_bytes = super::read_following(path);
-            if now_bytes == *before {
+            // Said once: as your repository's config, where it is one.
+            if now_bytes == *before || out.iter().any(|f: &Finding| f.path == *path) {
                 continue;
             }
             let running_now = match git::running_entries(path) {
@@ -156,6 +376,7 @@ impl Repos {
                 }),
                 keep: snapshot(&real),
                 path: real,
+                blind: false,
             });
         }
         out
@@ -187,9 +408,21 @@ impl Repos {
             let touches = |p: &Path| path.starts_with(p) || p.starts_with(path);
             let dot_git = r.work_tree.join(".git");
             if !self.git_dirs.contains(&r.git_dir) && (touches(&r.git_dir) || touches(&dot_git)) {
-                self.git_dirs.push(r.git_dir.clone());
-                self.configs
-                    .extend(git::configs_of(&r.git_dir, &r.common_dir));
+                self.git_dirs.insert(r.git_dir.clone());
+                // Kept: yours from now on, guarded as it is now.
+                let g = guard_of(r);
+                self.configs.extend(g.configs.iter().cloned());
+                for (p, config) in guarded_files(&g) {
+                    self.guarded
+                        .entry(p.clone())
+                        .or_insert_with(|| guard(p, config));
+                }
+                self.guards.insert(r.git_dir.clone(), g);
+            }
+        }
+        for g in self.guarded.values_mut() {
+            if g.path.starts_with(path) || path.starts_with(&g.path) {
+                *g = guard(g.path.clone(), g.running.is_some());
             }
         }
         for (p, bytes, running) in self.includes.iter_mut() {
@@ -259,6 +492,7 @@ impl Repos {
                 revert: made_now.then(|| Action::Remove(pointer.clone())),
                 keep: if made_now { snapshot(&pointer) } else { None },
                 path: if made_now { pointer } else { git_dir.clone() },
+                blind: false,
             }];
         }
         let mut out = Vec::new();
@@ -272,6 +506,7 @@ impl Repos {
                 revert: Some(Action::Remove(hook.clone())),
                 keep: snapshot(&hook),
                 path: hook,
+                blind: false,
             });
         }
         for (config, entries) in running {
@@ -285,6 +520,7 @@ impl Repos {
                 revert: Some(Action::Remove(config.clone())),
                 keep: snapshot(&config),
                 path: config,
+                blind: false,
             });
         }
         out
@@ -322,6 +558,7 @@ fn config_finding(config: &Path, entries: &[(String, String)], roots: &[PathBuf]
         shown: what,
         revert,
         keep: snapshot(config),
+        blind: false,
     }
 }
 

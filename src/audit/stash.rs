@@ -154,7 +154,16 @@ fn move_aside(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The most a move across filesystems copies before giving up (the
+/// original is then undone all the same, and not kept).
+const MAX_COPY: u64 = 1 << 30;
+
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut budget = MAX_COPY;
+    copy_within(from, to, &mut budget)
+}
+
+fn copy_within(from: &Path, to: &Path, budget: &mut u64) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::symlink_metadata(from)?;
     if meta.file_type().is_symlink() {
@@ -164,11 +173,18 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         std::fs::create_dir(to)?;
         for e in std::fs::read_dir(from)? {
             let e = e?;
-            copy_tree(&e.path(), &to.join(e.file_name()))?;
+            copy_within(&e.path(), &to.join(e.file_name()), budget)?;
         }
         return Ok(());
     }
     if meta.is_file() {
+        if meta.len() > *budget {
+            return Err(std::io::Error::other(format!(
+                "more than {} MiB would have to be copied",
+                MAX_COPY >> 20
+            )));
+        }
+        *budget -= meta.len();
         let mut src = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)

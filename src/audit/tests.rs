@@ -3,7 +3,7 @@
 use super::*;
 use crate::policy::build::{Platform, PolicyInput, ProjectRules, RootInput};
 
-fn armed(root: &Path, home: &Path) -> Baseline {
+pub(super) fn armed(root: &Path, home: &Path) -> Baseline {
     let policy = Policy::build(&PolicyInput {
         links: Vec::new(),
         platform: Platform::Linux,
@@ -169,7 +169,7 @@ fn a_new_repository_with_its_git_dir_elsewhere_is_audited() {
         .contains("fsmonitor"));
 }
 
-fn git(dir: &Path, args: &[&str]) {
+pub(super) fn git(dir: &Path, args: &[&str]) {
     let ok = std::process::Command::new("git")
         .args(["-c", "user.email=t@e", "-c", "user.name=t"])
         .args(args)
@@ -183,7 +183,7 @@ fn git(dir: &Path, args: &[&str]) {
 }
 
 /// A repository at `dir` (made if missing) with one empty commit.
-fn committed_repo(dir: &Path) {
+pub(super) fn committed_repo(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     git(dir, &["init", "-q"]);
     git(dir, &["commit", "-q", "--allow-empty", "-m", "x"]);
@@ -304,7 +304,7 @@ fn a_repository_linked_into_an_index_is_audited_wherever_it_is() {
         .contains("fsmonitor"));
 }
 
-fn dirs(t: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+pub(super) fn dirs(t: &tempfile::TempDir) -> (PathBuf, PathBuf) {
     let t = std::fs::canonicalize(t.path()).unwrap();
     let (root, home) = (t.join("w"), t.join("h"));
     std::fs::create_dir_all(&root).unwrap();
@@ -312,7 +312,7 @@ fn dirs(t: &tempfile::TempDir) -> (PathBuf, PathBuf) {
     (root, home)
 }
 
-fn paths(findings: &[Finding]) -> Vec<PathBuf> {
+pub(super) fn paths(findings: &[Finding]) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = findings.iter().map(|f| f.path.clone()).collect();
     v.sort();
     v

@@ -20,10 +20,15 @@ use std::path::{Path, PathBuf};
 
 use crate::policy::build::Repo;
 
-/// Entries one root's walk visits, at most.
-pub const MAX_ENTRIES: usize = 100_000;
+/// Entries one root's walk visits, at most (a million entries take about a
+/// second to walk; past them the walk says where it stopped).
+#[cfg(not(test))]
+pub const MAX_ENTRIES: usize = 1_000_000;
+/// (Small in unit tests, which fill it on purpose.)
+#[cfg(test)]
+pub const MAX_ENTRIES: usize = 3_000;
 /// How deep below a root the walk goes.
-pub const MAX_DEPTH: usize = 32;
+pub const MAX_DEPTH: usize = 64;
 
 /// Directories filled by builds and package managers, never entered: what
 /// is in them runs when you use the environment they make (yours to trust,
@@ -74,9 +79,10 @@ pub const ENVIRONMENTS: &[&str] = &[
 ];
 
 /// Hidden directories whose content no tool on this machine runs on its
-/// own: a CI service's (run there, after you push and review), release
-/// notes. Walked past, never findings.
-pub const INERT_DIRS: &[&str] = &[".github", ".gitlab", ".circleci", ".changeset"];
+/// own, by their path below a root: a CI service's workflows and issue
+/// forms (run there, after you push and review). Walked past, never
+/// findings. (Not `.github` whole: Copilot loads `.github/hooks`.)
+pub const INERT_DIRS: &[&str] = &[".github/workflows", ".github/ISSUE_TEMPLATE", ".circleci"];
 
 /// Hidden files that name nothing to run: ignore lists, editor and version
 /// pins, caches of linters, the OS's own.
@@ -126,18 +132,32 @@ pub const NAMED_CONFIGS: &[&str] = &[
     "devcontainer.json",
 ];
 
-/// Whether `name` is one no tool loads by name: a temporary file of an
-/// atomic save (zcode-acp's own, editors', agents'), a swap or lock file.
+/// Configuration files some tool obeys by their path below a directory
+/// (mise reads `mise/config.toml` and `mise/conf.d/*.toml` as it reads
+/// `mise.toml`): what is inside these directories is judged like a hidden
+/// directory's.
+pub const CONFIG_DIRS: &[&str] = &["mise"];
+
+/// Whether `name` is one no tool loads: a swap or backup file an editor
+/// keeps beside what it edits, a lock or stale-handle file, a temporary
+/// file of an atomic save (zcode-acp's own, and hidden `.tmp-<id>`
+/// files), each a hidden name. Judged by how the name ends, never by a
+/// marker in its middle: a tool that loads `*.toml` from a directory would
+/// load `x.tmp.toml`.
 pub fn is_transient(name: &OsStr) -> bool {
     if crate::config::atomic::is_temp_name(name) {
         return true;
     }
     let n = name.to_string_lossy();
-    n.starts_with(".tmp")
-        || n.ends_with(".tmp")
-        || n.contains(".tmp.")
-        || n.contains(".tmp-")
-        || n.ends_with('~')
+    // Only hidden names: a directory some shell sources whole
+    // (`~/.bashrc.d/*`) skips them, as globs do; any other name is judged.
+    if !n.starts_with('.') {
+        return false;
+    }
+    let temp_id = n.rsplit_once(".tmp-").is_some_and(|(_, id)| {
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+    });
+    temp_id
         || n.ends_with(".swp")
         || n.ends_with(".swo")
         || n.ends_with(".swx")
@@ -224,6 +244,16 @@ pub struct Walked {
     pub dirs: Vec<PathBuf>,
     /// Where the walk stopped at a bound: what lies past it is unchecked.
     pub cut: Vec<(PathBuf, String)>,
+    /// Directories laid out as a bare repository (`HEAD`, `objects/`,
+    /// `refs/`): git inside them obeys their `config` and hooks.
+    pub bare: Vec<PathBuf>,
+    /// Symlinks to directories, of any name, with where they lead: a way
+    /// into a directory the walk does not enter (`tools` ->
+    /// `node_modules/x`, whose `.envrc` a `cd tools` loads).
+    pub dir_links: Vec<(PathBuf, PathBuf)>,
+    /// Directories the walk could not list (their permissions were taken
+    /// away, and could not be given back).
+    pub unreadable: Vec<PathBuf>,
 }
 
 /// Where the audit looks: the roots, trees outside them whose every file
@@ -239,6 +269,10 @@ pub struct Places {
     pub skip: Vec<PathBuf>,
     /// The home directory `~` means in the agents' settings.
     pub home: Option<PathBuf>,
+    /// Hidden symlinks to directories in the roots that are walked where
+    /// they lead: the user's own (there when the sandbox was armed), never
+    /// one the agent made.
+    pub follow: Vec<PathBuf>,
     pub trees: Vec<PathBuf>,
     pub files: Vec<PathBuf>,
 }
@@ -252,7 +286,13 @@ pub fn walk(places: &Places) -> Walked {
         if root.join(".git").symlink_metadata().is_ok() {
             out.work_trees.push(root.clone());
         }
-        walk_dir(root, 0, false, &mut budget, &places.skip, &mut out);
+        let mut seen_dirs = std::collections::HashSet::new();
+        let ctx = Ctx {
+            root,
+            skip: &places.skip,
+            follow: &places.follow,
+        };
+        walk_dir(&ctx, root, 0, false, &mut budget, &mut seen_dirs, &mut out);
         if budget == 0 {
             out.cut.push((
                 root.clone(),
@@ -269,7 +309,13 @@ pub fn walk(places: &Places) -> Walked {
         }
         let mut budget = MAX_ENTRIES;
         out.dirs.push(tree.clone());
-        walk_dir(tree, 0, true, &mut budget, &[], &mut out);
+        let mut seen_dirs = std::collections::HashSet::new();
+        let ctx = Ctx {
+            root: tree,
+            skip: &[],
+            follow: &[],
+        };
+        walk_dir(&ctx, tree, 0, true, &mut budget, &mut seen_dirs, &mut out);
         if budget == 0 {
             out.cut.push((
                 tree.clone(),
@@ -295,7 +341,7 @@ pub fn watched_name(name: &OsStr, in_hidden: bool) -> Option<Why> {
     }
     let hidden = name.as_encoded_bytes().first() == Some(&b'.');
     if in_hidden || hidden {
-        if INERT_FILES.iter().any(|f| name == *f) || INERT_DIRS.iter().any(|d| name == *d) {
+        if INERT_FILES.iter().any(|f| name == *f) {
             return None;
         }
         return Some(Why::Hidden);
@@ -305,17 +351,54 @@ pub fn watched_name(name: &OsStr, in_hidden: bool) -> Option<Why> {
 
 /// Whether the walk enters a directory of this name.
 pub fn enters(name: &OsStr) -> bool {
-    name != ".git"
-        && !ENVIRONMENTS.iter().any(|e| name == *e)
-        && !INERT_DIRS.iter().any(|d| name == *d)
+    name != ".git" && !ENVIRONMENTS.iter().any(|e| name == *e)
+}
+
+/// Whether `rel` (a directory's path below its root) is one no tool runs
+/// anything from ([`INERT_DIRS`]).
+pub fn is_inert_dir(rel: &Path) -> bool {
+    INERT_DIRS.iter().any(|d| rel == Path::new(d))
+}
+
+/// Whether a directory laid out as a bare repository is at `dir`, as git
+/// decides it: a `HEAD` that is a file or symlink, and `objects` and
+/// `refs` of any kind.
+pub fn is_bare_repo(dir: &Path) -> bool {
+    let there = |n: &str| std::fs::symlink_metadata(dir.join(n));
+    there("HEAD").is_ok_and(|m| m.is_file() || m.file_type().is_symlink())
+        && there("objects").is_ok()
+        && there("refs").is_ok()
+}
+
+/// Gives the user's own directory its owner's permissions back (the agent
+/// took them away so that nothing could look inside); whether it did.
+fn give_back(dir: &Path) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::symlink_metadata(dir).is_ok_and(|m| {
+        m.is_dir()
+            && m.uid() == nix::unistd::geteuid().as_raw()
+            && std::fs::set_permissions(
+                dir,
+                std::fs::Permissions::from_mode((m.mode() & 0o7777) | 0o700),
+            )
+            .is_ok()
+    })
+}
+
+/// What one walk carries down.
+struct Ctx<'a> {
+    root: &'a Path,
+    skip: &'a [PathBuf],
+    follow: &'a [PathBuf],
 }
 
 fn walk_dir(
+    ctx: &Ctx<'_>,
     dir: &Path,
     depth: usize,
     in_hidden: bool,
     budget: &mut usize,
-    skip: &[PathBuf],
+    seen_dirs: &mut std::collections::HashSet<(u64, u64, bool)>,
     out: &mut Walked,
 ) {
     if depth >= MAX_DEPTH {
@@ -325,39 +408,130 @@ fn walk_dir(
         ));
         return;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+    // Each directory once as hidden and once as not (a symlinked one may
+    // lead back; one of the user's hidden links may lead to a directory
+    // walked as plain before).
+    if let Ok(m) = std::fs::metadata(dir) {
+        use std::os::unix::fs::MetadataExt;
+        if !seen_dirs.insert((m.dev(), m.ino(), in_hidden)) {
+            return;
+        }
+    }
+    // The agent may take its own directory's permissions away so that
+    // nothing can list it (no `r`) or look at what it lists (no `x`),
+    // while direnv and git still open files there by name: given back, as
+    // it is the user's own, or else said.
+    let mut given_back = false;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            given_back = give_back(dir);
+            match given_back.then(|| std::fs::read_dir(dir)) {
+                Some(Ok(e)) => e,
+                _ => {
+                    out.unreadable.push(dir.to_path_buf());
+                    return;
+                }
+            }
+        }
+        // Removed meanwhile: nothing left to check.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        // A path too long to open, or any other failure: what is inside
+        // is not checked, and the user is told so.
+        Err(e) => {
+            out.cut
+                .push((dir.to_path_buf(), format!("the walk cannot list it ({e})")));
+            return;
+        }
     };
     let mut subdirs = Vec::new();
+    let (mut head, mut objects, mut refs) = (false, false, false);
     for entry in entries.flatten() {
         if *budget == 0 {
             return;
         }
         *budget -= 1;
         let name = entry.file_name();
-        let Ok(meta) = entry.metadata() else { continue };
         let path = entry.path();
-        if skip.contains(&path) {
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                // Listed but not searchable: given back once, or said.
+                match (!given_back && give_back(dir)).then(|| std::fs::symlink_metadata(&path)) {
+                    Some(Ok(m)) => {
+                        given_back = true;
+                        m
+                    }
+                    _ => {
+                        out.unreadable.push(dir.to_path_buf());
+                        return;
+                    }
+                }
+            }
+            Err(_) => continue, // removed meanwhile
+        };
+        if ctx.skip.contains(&path) {
             continue;
         }
         let seen = Seen::of(&meta);
-        if let Some(why) = watched_name(&name, in_hidden) {
+        // Git takes a directory for a bare repository when its `HEAD` is a
+        // file or symlink and `objects` and `refs` are there at all.
+        match name.as_encoded_bytes() {
+            b"HEAD" => head = matches!(seen.kind, Kind::File | Kind::Symlink),
+            b"objects" => objects = true,
+            b"refs" => refs = true,
+            _ => {}
+        }
+        let rel = path.strip_prefix(ctx.root).unwrap_or(&path);
+        if seen.kind == Kind::Dir && is_inert_dir(rel) {
+            continue;
+        }
+        // An environment (`.venv`, `.next`) is neither walked nor judged:
+        // a build makes and removes it.
+        let environment = seen.kind == Kind::Dir && !enters(&name);
+        if let Some(why) = watched_name(&name, in_hidden).filter(|_| !environment) {
             out.entries.insert(path.clone(), (seen, why));
         }
-        if seen.kind == Kind::Dir && enters(&name) {
-            subdirs.push((path, name));
+        if seen.kind == Kind::Symlink && std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            if let Ok(target) = crate::policy::resolve_real(&path) {
+                out.dir_links.push((path.clone(), target.clone()));
+                // One of the user's, walked where it leads, as hidden.
+                if ctx.follow.contains(&path) {
+                    subdirs.push((target, name.clone(), true));
+                }
+            }
+        }
+        if seen.kind == Kind::Dir {
+            if enters(&name) {
+                subdirs.push((path, name, false));
+            } else if name != ".git" {
+                // An environment is not walked, but a repository made at
+                // its top is still a repository.
+                if path.join(".git").symlink_metadata().is_ok() {
+                    out.work_trees.push(path.clone());
+                }
+                if is_bare_repo(&path) {
+                    out.bare.push(path);
+                }
+            }
         }
     }
-    for (path, name) in subdirs {
+    if head && objects && refs {
+        out.bare.push(dir.to_path_buf());
+    }
+    for (path, name, through_link) in subdirs {
         if *budget == 0 {
             return;
         }
-        let hidden = in_hidden || name.as_encoded_bytes().first() == Some(&b'.');
+        let hidden = in_hidden
+            || through_link
+            || name.as_encoded_bytes().first() == Some(&b'.')
+            || CONFIG_DIRS.iter().any(|c| name == *c);
         out.dirs.push(path.clone());
         if !hidden && path.join(".git").symlink_metadata().is_ok() {
             out.work_trees.push(path.clone());
         }
-        walk_dir(&path, depth + 1, hidden, budget, skip, out);
+        walk_dir(ctx, &path, depth + 1, hidden, budget, seen_dirs, out);
     }
 }
 
@@ -365,7 +539,23 @@ fn walk_dir(
 /// one each root is inside), with their submodules' and linked
 /// worktrees' git directories.
 pub fn repos(roots: &[PathBuf], walked: &Walked) -> Vec<Repo> {
-    crate::policy::discover::repos_of_work_trees(roots, &walked.work_trees)
+    let mut repos = crate::policy::discover::repos_of_work_trees(roots, &walked.work_trees);
+    // A bare repository is its own git directory (git in it obeys its
+    // config and hooks).
+    for dir in &walked.bare {
+        if let Ok(real) = crate::policy::resolve_real(dir) {
+            if !repos.iter().any(|r| r.git_dir == real) {
+                repos.push(Repo {
+                    work_tree: real.clone(),
+                    git_dir: real.clone(),
+                    common_dir: real,
+                    hooks_path: None,
+                    gitfile: false,
+                });
+            }
+        }
+    }
+    repos
 }
 
 #[cfg(test)]
@@ -381,9 +571,11 @@ mod tests {
         assert_eq!(w("opencode.json", false), Some(Why::NamedConfig));
         assert_eq!(w("mise.dev.toml", false), Some(Why::NamedConfig));
         assert_eq!(w("my.code-workspace", false), Some(Why::NamedConfig));
+        assert_eq!(w(".github", false), Some(Why::Hidden));
+        // A temporary-looking name a tool loads by its ending is judged.
+        assert_eq!(w("x.tmp.toml", true), Some(Why::Hidden));
         for quiet in [
             ".gitignore",
-            ".github",
             "main.rs",
             ".zcode-acp-0123456789abcdef.tmp",
             ".x.swp",

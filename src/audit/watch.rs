@@ -39,6 +39,12 @@ pub struct Targets {
     pub dirs: Vec<(PathBuf, bool)>,
     /// Files (and directories) any change to which matters.
     pub paths: Vec<PathBuf>,
+    /// Files watched as files, whatever name they are reached by (a hard
+    /// link of a hidden file, written through another name).
+    pub files: Vec<PathBuf>,
+    /// Where the walk starts (roots, and the agents' trees): walked again
+    /// for directories to watch when events were lost.
+    pub tops: Vec<(PathBuf, bool)>,
 }
 
 /// A running watcher; stopped when dropped.
@@ -60,8 +66,9 @@ impl Drop for Watcher {
 
 impl Watcher {
     /// Watches `targets`, calling `on_change` (from the watcher's own
-    /// thread) after each burst of relevant changes.
-    pub fn start(targets: Targets, on_change: impl Fn() + Send + 'static) -> Watcher {
+    /// thread) after each burst of relevant changes, with the paths that
+    /// changed (empty: look everywhere).
+    pub fn start(targets: Targets, on_change: impl Fn(Vec<PathBuf>) + Send + 'static) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         #[cfg(target_os = "linux")]
         let (degraded, thread) = linux::start(targets, on_change, stop.clone());
@@ -72,13 +79,13 @@ impl Watcher {
             let thread = std::thread::spawn(move || {
                 // Slept in steps, so that a drop does not wait long.
                 let mut waited = Duration::ZERO;
-                on_change();
+                on_change(Vec::new());
                 while !stop2.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(100));
                     waited += Duration::from_millis(100);
                     if waited >= POLL {
                         waited = Duration::ZERO;
-                        on_change();
+                        on_change(Vec::new());
                     }
                 }
             });
@@ -132,6 +139,8 @@ mod linux {
         names: HashSet<OsString>,
         /// Every change in it matters (a hooks directory, an agent's tree).
         any: bool,
+        /// A file watched as a file (its own events).
+        file: bool,
     }
 
     struct State {
@@ -139,7 +148,20 @@ mod linux {
         watches: HashMap<WatchDescriptor, Watch>,
         by_dir: HashMap<PathBuf, WatchDescriptor>,
         full: Option<String>,
+        /// The paths that changed since the last call.
+        dirty: Vec<PathBuf>,
+        /// Events were lost: the next call looks everywhere.
+        lost: bool,
+        tops: Vec<(PathBuf, bool)>,
     }
+
+    /// What a file's watch reports.
+    const FILE_MASK: AddWatchFlags = AddWatchFlags::IN_MODIFY
+        .union(AddWatchFlags::IN_CLOSE_WRITE)
+        .union(AddWatchFlags::IN_ATTRIB)
+        .union(AddWatchFlags::IN_DELETE_SELF)
+        .union(AddWatchFlags::IN_MOVE_SELF)
+        .union(AddWatchFlags::IN_DONT_FOLLOW);
 
     const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
         .union(AddWatchFlags::IN_MOVED_TO)
@@ -156,7 +178,16 @@ mod linux {
     impl State {
         /// Watches `dir` for `what` (merged with what it is watched for).
         fn watch(&mut self, dir: &Path, edit: impl FnOnce(&mut Watch)) -> bool {
-            if let Some(wd) = self.by_dir.get(dir) {
+            self.add(dir, MASK, edit)
+        }
+
+        /// Watches the file `path` itself, whatever name it is written by.
+        fn watch_file(&mut self, path: &Path) -> bool {
+            self.add(path, FILE_MASK, |w| w.file = true)
+        }
+
+        fn add(&mut self, path: &Path, mask: AddWatchFlags, edit: impl FnOnce(&mut Watch)) -> bool {
+            if let Some(wd) = self.by_dir.get(path) {
                 if let Some(w) = self.watches.get_mut(wd) {
                     edit(w);
                 }
@@ -168,15 +199,15 @@ mod linux {
                 });
                 return false;
             }
-            match self.inotify.add_watch(dir, MASK) {
+            match self.inotify.add_watch(path, mask) {
                 Ok(wd) => {
                     let mut w = Watch {
-                        dir: dir.to_path_buf(),
+                        dir: path.to_path_buf(),
                         ..Default::default()
                     };
                     edit(&mut w);
                     self.watches.insert(wd, w);
-                    self.by_dir.insert(dir.to_path_buf(), wd);
+                    self.by_dir.insert(path.to_path_buf(), wd);
                     true
                 }
                 Err(nix::errno::Errno::ENOSPC) => {
@@ -185,7 +216,7 @@ mod linux {
                     });
                     false
                 }
-                // Gone, or not a directory: nothing to watch there.
+                // Gone, or not what the mask wants: nothing to watch there.
                 Err(_) => false,
             }
         }
@@ -205,6 +236,11 @@ mod linux {
                 let name = e.file_name();
                 if crate::audit::walk::watched_name(&name, hidden).is_some() || name == ".git" {
                     judged = true;
+                    self.dirty.push(e.path());
+                }
+                if name == ".git" && e.file_type().is_ok_and(|t| t.is_dir()) {
+                    self.watch(&e.path(), |w| w.any = true);
+                    self.watch(&e.path().join("hooks"), |w| w.any = true);
                 }
                 if e.file_type().is_ok_and(|t| t.is_dir()) && crate::audit::walk::enters(&name) {
                     let inner = hidden || name.as_encoded_bytes().first() == Some(&b'.');
@@ -217,7 +253,7 @@ mod linux {
 
     pub(super) fn start(
         targets: Targets,
-        on_change: impl Fn() + Send + 'static,
+        on_change: impl Fn(Vec<PathBuf>) + Send + 'static,
         stop: Arc<AtomicBool>,
     ) -> (Option<String>, Option<std::thread::JoinHandle<()>>) {
         let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
@@ -232,7 +268,13 @@ mod linux {
             watches: HashMap::new(),
             by_dir: HashMap::new(),
             full: None,
+            dirty: Vec::new(),
+            lost: false,
+            tops: targets.tops.clone(),
         };
+        for f in &targets.files {
+            state.watch_file(f);
+        }
         for (dir, hidden) in &targets.dirs {
             let hidden = *hidden;
             state.watch(dir, |w| w.walked = Some(hidden));
@@ -269,7 +311,7 @@ mod linux {
     }
 
     fn poll_only(
-        on_change: impl Fn() + Send + 'static,
+        on_change: impl Fn(Vec<PathBuf>) + Send + 'static,
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
@@ -279,17 +321,17 @@ mod linux {
                 waited += Duration::from_millis(100);
                 if waited >= POLL {
                     waited = Duration::ZERO;
-                    on_change();
+                    on_change(Vec::new());
                 }
             }
         })
     }
 
-    fn run(mut state: State, on_change: impl Fn(), stop: Arc<AtomicBool>) {
+    fn run(mut state: State, on_change: impl Fn(Vec<PathBuf>), stop: Arc<AtomicBool>) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         // What was changed between the walk and the watches being added is
         // looked at once now.
-        on_change();
+        on_change(Vec::new());
         let mut since_poll = Duration::ZERO;
         let mut due: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
@@ -311,19 +353,34 @@ mod linux {
             }
             if due.is_some_and(|at| std::time::Instant::now() >= at) {
                 due = None;
-                on_change();
+                if state.lost {
+                    // Events were lost: directories made meanwhile are
+                    // watched now, and the look covers everything.
+                    state.lost = false;
+                    for (top, hidden) in state.tops.clone() {
+                        state.walk_in(&top, hidden, 0);
+                    }
+                    state.dirty.clear();
+                    on_change(Vec::new());
+                } else {
+                    let mut dirty = std::mem::take(&mut state.dirty);
+                    dirty.sort();
+                    dirty.dedup();
+                    on_change(dirty);
+                }
             }
             if state.full.is_some() {
                 since_poll += timeout;
                 if since_poll >= POLL {
                     since_poll = Duration::ZERO;
-                    on_change();
+                    on_change(Vec::new());
                 }
             }
         }
     }
 
-    /// Reads the queued events; whether one of them matters.
+    /// Reads the queued events; whether one of them matters (noted in
+    /// `state.dirty`).
     fn relevant_events(state: &mut State) -> bool {
         let mut relevant = false;
         loop {
@@ -334,6 +391,7 @@ mod linux {
             for ev in events {
                 if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                     // Events were lost: look at everything.
+                    state.lost = true;
                     relevant = true;
                     continue;
                 }
@@ -346,30 +404,47 @@ mod linux {
                 let Some(w) = state.watches.get(&ev.wd) else {
                     continue;
                 };
+                let dir = w.dir.clone();
                 let Some(name) = ev.name else {
-                    // The directory itself was removed or moved.
-                    relevant |= w.any || w.walked == Some(true) || !w.names.is_empty();
+                    // The watched directory or file itself changed.
+                    if w.file || w.any || w.walked == Some(true) || !w.names.is_empty() {
+                        state.dirty.push(dir);
+                        relevant = true;
+                    }
                     continue;
                 };
-                let dir = w.dir.clone();
+                let path = dir.join(&name);
                 let walked = w.walked;
-                if w.any || w.names.contains(&name) || name == ".git" {
-                    relevant = true;
+                let mut matters = w.any || w.names.contains(&name);
+                let made_dir = ev.mask.contains(AddWatchFlags::IN_ISDIR)
+                    && ev
+                        .mask
+                        .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO);
+                if name == ".git" {
+                    // A repository made: its git directory is watched from
+                    // now on (hooks and config written after `git init`).
+                    matters = true;
+                    if made_dir {
+                        state.watch(&path, |w| w.any = true);
+                        state.watch(&path.join("hooks"), |w| w.any = true);
+                    }
                 }
                 if let Some(hidden) = walked {
                     if crate::audit::walk::watched_name(&name, hidden).is_some() {
-                        relevant = true;
+                        matters = true;
                     }
-                    let made = ev.mask.contains(AddWatchFlags::IN_ISDIR)
-                        && ev
-                            .mask
-                            .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO);
-                    if made && crate::audit::walk::enters(&name) {
-                        let inner = hidden || name.as_encoded_bytes().first() == Some(&b'.');
-                        if state.walk_in(&dir.join(&name), inner, 0) {
-                            relevant = true;
+                    if made_dir && crate::audit::walk::enters(&name) {
+                        let inner = hidden
+                            || name.as_encoded_bytes().first() == Some(&b'.')
+                            || crate::audit::walk::CONFIG_DIRS.iter().any(|c| name == *c);
+                        if state.walk_in(&path, inner, 0) {
+                            matters = true;
                         }
                     }
+                }
+                if matters {
+                    state.dirty.push(path);
+                    relevant = true;
                 }
             }
         }
@@ -407,9 +482,10 @@ mod tests {
         let w = Watcher::start(
             Targets {
                 dirs: vec![(root.clone(), false), (root.join("src"), false)],
-                paths: vec![],
+                tops: vec![(root.clone(), false)],
+                ..Default::default()
             },
-            move || {
+            move |_| {
                 let _ = tx.send(());
             },
         );

@@ -57,6 +57,20 @@ impl Held {
     pub fn release(self) {
         drop(self);
     }
+
+    /// Ends every held process instead (they must not go on while a write
+    /// may still be made for them).
+    pub fn kill(mut self) {
+        #[cfg(target_os = "linux")]
+        std::mem::take(&mut self.inner).kill();
+        #[cfg(not(target_os = "linux"))]
+        for pid in self.pids.drain(..) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -22,14 +22,22 @@ use crate::relay::envelope::request;
 use crate::relay::Frame;
 
 pub(super) use super::permissions::HeldWrite;
-use super::permissions::{Answered, Prompt};
+use super::permissions::{Answered, Joined, Prompt, MAX_JOINED};
 
 impl Bridge {
     /// Puts a denied write to the user, or joins the prompt already open
     /// for the same path.
     pub(super) fn ask(&mut self, session: String, path: PathBuf, reason: String, held: HeldWrite) {
-        let Some(held) = self.permissions.join(&path, held) else {
-            return;
+        let held = match self.permissions.join(&path, held) {
+            Joined::Waits => return,
+            Joined::New(held) => held,
+            Joined::Full(held) => {
+                let message = format!(
+                    "zcode-acp refused writing {} without asking you: {MAX_JOINED} writes of it already wait on the question about it",
+                    path.display()
+                );
+                return self.refuse_write(held, codes::WRITE_DENIED, message);
+            }
         };
         if let Err(why) = self.permissions.may_ask() {
             // Too many questions: refused without asking, summed up when

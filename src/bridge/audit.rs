@@ -25,8 +25,8 @@ impl Bridge {
             // Watched for as long as this generation lives: a change by a
             // process the agent left running is looked at within a second.
             let tx = self.audit_changes_tx.clone();
-            let watcher = audit::watch::Watcher::start(base.watch_targets(), move || {
-                let _ = tx.send(());
+            let watcher = audit::watch::Watcher::start(base.watch_targets(), move |dirty| {
+                let _ = tx.send(dirty);
             });
             if let Some(why) = &watcher.degraded {
                 warn!("the audit cannot watch everything for changes ({why}): it also looks every {} s, which costs a walk of the roots each time; raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change instead", audit::watch::POLL.as_secs());
@@ -39,10 +39,11 @@ impl Bridge {
     /// The watcher saw a change the audit judges: it looks now, whatever
     /// the agent is doing, and puts what it finds to the session whose root
     /// holds it (else the latest turn's, else the first live one).
-    pub(super) fn on_audit_change(&mut self) {
+    pub(super) fn on_audit_change(&mut self, dirty: Vec<std::path::PathBuf>) {
         if self.audit.is_none() {
             return;
         }
+        self.audit_dirty.extend(dirty);
         let session = self
             .routes
             .latest_turn()
@@ -110,8 +111,9 @@ impl Bridge {
             return;
         }
         self.auditing = Some(session.to_owned());
+        let dirty = std::mem::take(&mut self.audit_dirty);
         self.disk
-            .audit(base.clone(), self.audit_epoch, session.to_owned());
+            .audit(base.clone(), dirty, self.audit_epoch, session.to_owned());
     }
 
     /// The same, at once, on the loop: before a re-arm and at shutdown,
@@ -119,7 +121,8 @@ impl Bridge {
     /// every turn that ended before it, so their answers go out.
     pub(super) fn run_audit_now(&mut self, session: &str) {
         if let Some(base) = &self.audit {
-            let findings = base.audit();
+            let dirty = std::mem::take(&mut self.audit_dirty);
+            let findings = base.audit_with(&dirty);
             // One still running off the loop would bring the same findings
             // again: dropped.
             self.audit_epoch += 1;
@@ -197,16 +200,42 @@ impl Bridge {
     fn revert_and_ask(&mut self, session: &str, findings: Vec<Finding>) {
         // Keep questions of one look: a few on their own, the rest in one.
         let mut to_ask: Vec<(String, Finding, crate::audit::Action)> = Vec::new();
+        // Keep questions: a few open at once, whatever the looks. With
+        // none left, the agent's versions go to the stash on disk, and what
+        // was reverted is summed up instead of asked.
+        let room = MAX_OPEN_AUDIT_QUESTIONS.saturating_sub(self.routes.audit_prompts_open());
+        // By session: notices given, reverts not given one, not asked.
+        let mut said: std::collections::BTreeMap<String, (usize, usize, Vec<std::path::PathBuf>)> =
+            Default::default();
         for finding in findings {
+            if finding.blind {
+                // Said once, not at every look.
+                if let Some(base) = &mut self.audit {
+                    base.said_blind(&finding);
+                }
+            }
             let session = self.session_for(&finding.path, session);
             if session.is_empty() {
                 // No live session to tell: undone all the same, and logged.
                 if finding.revert.is_some() {
-                    let undone = self.stash.undo(&finding, false);
+                    let undone = self.stash.undo(&finding, true);
                     warn!(path = %finding.path.display(), reverted = undone.reverted.is_ok(), kept = ?undone.kept_at, "the agent left what would run outside the sandbox, with no session open to tell: {}", finding.what);
                 } else {
                     warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox: {}", finding.what);
                 }
+                continue;
+            }
+            if finding.blind {
+                warn!(path = %finding.path.display(), "the audit cannot look there: {}", finding.what);
+                self.announce_to(
+                    &session,
+                    format!("Sandbox: the audit cannot look at {}", finding.path.display()),
+                    format!(
+                        "The audit cannot look at {}: {}. What the agent left there is not checked: look at it before you run anything there.",
+                        finding.path.display(),
+                        finding.what
+                    ),
+                );
                 continue;
             }
             let Some(_) = &finding.revert else {
@@ -223,7 +252,7 @@ impl Bridge {
                 );
                 continue;
             };
-            let undone = self.stash.undo(&finding, false);
+            let undone = self.stash.undo(&finding, room == 0);
             let kept = match (&undone.kept_at, &undone.not_kept) {
                 (Some(at), _) => format!(" The agent's version is kept in {}.", at.display()),
                 (None, Some(why)) => format!(" The agent's version could not be kept: {why}."),
@@ -254,22 +283,37 @@ impl Bridge {
                     finding.what
                 ),
             };
-            self.announce_to(
-                &session,
-                format!("Sandbox: reverted {}", finding.path.display()),
-                text,
-            );
+            // A flood is said in a few notices and one that sums it up.
+            let told = said.entry(session.clone()).or_default();
+            if told.0 < MAX_NOTICES {
+                told.0 += 1;
+                self.announce_to(
+                    &session,
+                    format!("Sandbox: reverted {}", finding.path.display()),
+                    text,
+                );
+            } else {
+                told.1 += 1;
+            }
             if let (Ok(()), Some(keep)) = (&undone.reverted, undone.keep) {
                 if self.audit_questions.insert(finding.path.clone()) {
                     to_ask.push((session, finding, keep));
                 }
             }
         }
-        let alone = to_ask.len().min(if to_ask.len() > MAX_AUDIT_QUESTIONS {
-            MAX_AUDIT_QUESTIONS - 1
+        let mut unasked: Vec<(String, Finding)> = Vec::new();
+        if room == 0 {
+            for (session, finding, _) in to_ask.drain(..) {
+                self.audit_questions.remove(&finding.path);
+                unasked.push((session, finding));
+            }
+        }
+        // Within the room: a few alone, and the rest in the last question.
+        let alone = if to_ask.len() > room {
+            room.saturating_sub(1)
         } else {
-            MAX_AUDIT_QUESTIONS
-        });
+            to_ask.len()
+        };
         let rest = to_ask.split_off(alone);
         for (session, finding, keep) in to_ask {
             self.ask_keep(&session, vec![(finding, keep)]);
@@ -277,6 +321,33 @@ impl Bridge {
         if let Some((session, _, _)) = rest.first() {
             let session = session.clone();
             self.ask_keep(&session, rest.into_iter().map(|(_, f, k)| (f, k)).collect());
+        }
+        for (session, finding) in unasked {
+            said.entry(session).or_default().2.push(finding.path);
+        }
+        for (session, (_, more, unasked)) in said {
+            if more == 0 && unasked.is_empty() {
+                continue;
+            }
+            let at = match self.stash.dir() {
+                Ok(dir) => dir.display().to_string(),
+                Err(_) => "zcode-acp's stash".to_owned(),
+            };
+            let mut text = String::new();
+            if more > 0 {
+                text.push_str(&format!(
+                    "The agent left {more} more things that would run outside the sandbox; each was put back as it was (zcode-acp's log names them). "
+                ));
+            }
+            if !unasked.is_empty() {
+                text.push_str(&format!(
+                    "{} reverted places are not asked about while {MAX_OPEN_AUDIT_QUESTIONS} questions are open: {}. ",
+                    unasked.len(),
+                    unasked.iter().take(5).map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            text.push_str(&format!("The agent's versions are kept in {at}."));
+            self.announce_to(&session, "Sandbox: more reverted".into(), text);
         }
     }
 
@@ -347,6 +418,9 @@ impl Bridge {
     }
 }
 
-/// Keep questions one look puts on their own; past them, the rest share
-/// one question.
-const MAX_AUDIT_QUESTIONS: usize = 3;
+/// Keep questions open at once, at most, of every look: past them, the
+/// rest of a look share the last one, and a look with none left says what
+/// it reverted instead of asking.
+const MAX_OPEN_AUDIT_QUESTIONS: usize = 3;
+/// Revert notices one look gives each session; past them, one sums up.
+const MAX_NOTICES: usize = 5;

@@ -313,6 +313,18 @@ impl Bridge {
             self.dying.push(generation);
             return;
         }
+        if let Some(why) = self.hold.ended.take() {
+            // Ended on purpose (see `hold::end_held_world`): restarted as
+            // asked, not counted as a crash.
+            let id = generation.id;
+            self.dying.push(generation);
+            self.fail_in_flight(
+                id,
+                codes::BACKEND_CRASHED,
+                &format!("zcode-acp ended the agent's processes ({why}) and is starting it again; send the request again once it is back"),
+            );
+            return self.request_restart(&why);
+        }
         error!(
             generation = generation.id,
             pid = generation.pid,

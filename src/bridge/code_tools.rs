@@ -228,6 +228,9 @@ impl CodeTools {
 /// How long a new connection has to send its first call with the
 /// socket's token; until it has, it holds none of the socket's slots.
 const FIRST_CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How much of a connection's first call is read before its token is
+/// checked.
+const FIRST_CALL_HEAD: u64 = 4096;
 /// Connections still waiting for their first call, at most: one more
 /// closes the oldest of them.
 const MAX_UNPROVEN: usize = 32;
@@ -265,20 +268,35 @@ async fn serve(
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut reader = BufReader::new(read.take(MAX_REQUEST));
+            // Proven from the start of the first call (zcode-acp's server
+            // writes the token right after the id), so a connection not yet
+            // proven holds at most FIRST_CALL_HEAD bytes of the bridge's.
             let mut line = Vec::new();
+            let mut head = (&mut reader).take(FIRST_CALL_HEAD);
             let first = tokio::select! {
-                r = reader.read_until(b'\n', &mut line) => r,
+                r = head.read_until(b'\n', &mut line) => r,
                 _ = tokio::time::sleep(FIRST_CALL_WAIT) => return,
                 _ = evicted => return,
             };
             if !matches!(first, Ok(n) if n > 0) {
                 return;
             }
-            let proven = serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
-                v.get("token")
-                    .and_then(Value::as_str)
-                    .map(|t| t == token.as_str())
-            }) == Some(true);
+            let shown = if line.ends_with(b"\n") {
+                serde_json::from_slice::<Value>(&line)
+                    .ok()
+                    .and_then(|v| v.get("token").and_then(Value::as_str).map(str::to_owned))
+            } else {
+                crate::run_code::tools::rpc::leading_str(&line, "token")
+            };
+            let proven = shown.is_some_and(|t| {
+                crate::run_code::tools::secret::same(t.as_bytes(), token.as_bytes())
+            });
+            if proven && !line.ends_with(b"\n") {
+                // The rest of the call, now that it is the socket's.
+                if !matches!(reader.read_until(b'\n', &mut line).await, Ok(n) if n > 0) {
+                    return;
+                }
+            }
             if !proven {
                 let id = serde_json::from_slice::<Value>(&line)
                     .ok()
@@ -334,7 +352,8 @@ async fn call(
         return error(&Value::Null, "not a JSON object".into());
     };
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
-    if msg.get("token").and_then(Value::as_str) != Some(token) {
+    let shown = msg.get("token").and_then(Value::as_str).unwrap_or_default();
+    if !crate::run_code::tools::secret::same(shown.as_bytes(), token.as_bytes()) {
         return error(&id, "not this socket's token".into());
     }
     let method = match msg.get("method").and_then(Value::as_str) {

@@ -174,12 +174,18 @@ impl Disk {
     /// Looks for what the agent left that would run (walking the roots,
     /// reading settings, asking git about new repositories), off the loop:
     /// relaying goes on meanwhile. Reverting is the loop's, on the answer.
-    pub fn audit(&mut self, baseline: crate::audit::Baseline, epoch: u64, session: String) {
+    pub fn audit(
+        &mut self,
+        baseline: crate::audit::Baseline,
+        dirty: Vec<PathBuf>,
+        epoch: u64,
+        session: String,
+    ) {
         let tx = self.tx.clone();
         self.pending += 1;
         tokio::task::spawn_blocking(move || {
             let findings =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| baseline.audit()))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| baseline.audit_with(&dirty)))
                     .unwrap_or_else(|_| {
                         tracing::error!("the audit failed (a bug: please report it)");
                         // Said to the user, never taken for "nothing found".
@@ -190,6 +196,7 @@ impl Disk {
                             shown: String::new(),
                             revert: None,
                             keep: None,
+                            blind: false,
                         }]
                     });
             let _ = tx.send(DiskDone::Audited {
@@ -219,7 +226,7 @@ impl Disk {
         self.pending += 1;
         tokio::task::spawn_blocking(move || {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                project::load(&root, &managed)
+                project::prepare(&root, &managed)
             }));
             let _ = tx.send(DiskDone::Prepared { root });
         });

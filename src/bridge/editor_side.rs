@@ -78,6 +78,13 @@ impl Bridge {
             let id = id.clone();
             return self.on_editor_response(id, frame);
         }
+        // A held agent could not act on a cancelled turn: the writes it
+        // waits on are withdrawn first.
+        if frame.method() == Some("session/cancel")
+            && self.writes_under_hold_for(&super::frames::session_of(&frame))
+        {
+            self.withdraw_held_writes("the user cancelled the turn");
+        }
         // Whether it goes on now is the lifecycle's to say (`Bridge::admit`).
         self.admit(frame)
     }

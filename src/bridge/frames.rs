@@ -34,3 +34,16 @@ pub(super) fn error_fields(frame: &Frame) -> (i64, String) {
         .map(|e| (e.code, e.message))
         .unwrap_or((0, "unreadable error".into()))
 }
+
+/// The session a request is for (`params.sessionId`), or "".
+pub(super) fn session_of(frame: &Frame) -> String {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Session {
+        session_id: String,
+    }
+    frame
+        .params_as::<Session>()
+        .map(|s| s.session_id)
+        .unwrap_or_default()
+}

@@ -8,16 +8,21 @@
 //! (`backend::hold`): its processes are stopped, the path is judged again,
 //! the write goes to the editor, and the processes go on once the editor
 //! has answered. Several writes share one hold; a terminal the editor is
-//! still starting for the agent is waited for first (its processes could
-//! otherwise start after the hold was taken), and one asked for while the
-//! hold is being taken waits for it to end.
+//! still starting for the agent waits for the release (its helper takes the
+//! generation's hold lock, see `linux::hold`), and one asked for while the
+//! hold is being taken or held is sent to the editor after it.
+//!
+//! A write the editor does not answer in time, or one whose turn the user
+//! cancels, is withdrawn; the editor may still make it, by path, so the
+//! agent's processes are ended rather than let go, and the agent restarts
+//! with its sessions, as after a crash.
 //!
 //! The hold is taken off the loop (stopping and checking the processes
 //! takes milliseconds, or up to `backend::hold::WITHIN` for one that will
 //! not stop); a hold that cannot be taken refuses the writes waiting on
 //! it, saying why, rather than making them with the agent moving.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -28,6 +33,25 @@ use super::Bridge;
 use crate::backend::hold::{Held, World};
 use crate::relay::codes;
 use crate::relay::Frame;
+
+/// How long the editor gets to answer the writes made under a hold: past
+/// it they are withdrawn and the agent goes on (an editor that never
+/// answers, a FIFO it blocks on, would otherwise hold the agent for good).
+const EDITOR_ANSWER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Writes waiting for the hold, at most, in number and in bytes: past
+/// them a write is refused at once (an agent that keeps a terminal
+/// starting must not fill the bridge's memory with frames).
+const MAX_WAITING: usize = 256;
+const MAX_WAITING_BYTES: usize = 64 << 20;
+
+/// What the hold reports to the loop.
+pub(super) enum HoldEvent {
+    /// The hold was taken, or could not be.
+    Taken(Result<Held, String>),
+    /// The editor did not answer the writes under the hold in time.
+    Overdue,
+}
 
 /// Where the hold is.
 enum State {
@@ -41,8 +65,16 @@ pub(super) struct WriteHold {
     state: State,
     /// Writes waiting for the hold, in order.
     waiting: Vec<HeldWrite>,
-    /// Requests made under the hold that the editor has not answered.
-    in_flight: HashSet<u64>,
+    /// Requests made under the hold that the editor has not answered, with
+    /// the session each is for.
+    in_flight: HashMap<u64, String>,
+    /// The bytes of the writes waiting for the hold.
+    waiting_bytes: usize,
+    /// Why the agent's processes were ended (see `end_held_world`): its
+    /// loss is then a restart zcode-acp made, not a crash.
+    pub(super) ended: Option<String>,
+    /// When they are withdrawn, unanswered.
+    overdue_at: Option<tokio::time::Instant>,
     /// Terminals asked for while the hold is taken or held: sent once it
     /// is released.
     deferred_terminals: Vec<(u64, crate::relay::RawId, Frame)>,
@@ -56,7 +88,10 @@ impl Default for WriteHold {
         WriteHold {
             state: State::Free,
             waiting: Vec::new(),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
+            waiting_bytes: 0,
+            ended: None,
+            overdue_at: None,
             deferred_terminals: Vec::new(),
             tx,
             rx,
@@ -65,10 +100,16 @@ impl Default for WriteHold {
 }
 
 impl WriteHold {
-    /// The next hold taken (or refused): never while none is being taken.
-    pub async fn next(&mut self) -> Result<Held, String> {
-        match self.state {
-            State::Taking => self.rx.recv().await.expect("the hold keeps a sender"),
+    /// The next hold taken (or refused), or writes under it overdue.
+    pub async fn next(&mut self) -> HoldEvent {
+        match (&self.state, self.overdue_at) {
+            (State::Taking, _) => {
+                HoldEvent::Taken(self.rx.recv().await.expect("the hold keeps a sender"))
+            }
+            (State::Held(_), Some(at)) if !self.in_flight.is_empty() => {
+                tokio::time::sleep_until(at).await;
+                HoldEvent::Overdue
+            }
             _ => std::future::pending().await,
         }
     }
@@ -82,6 +123,18 @@ impl WriteHold {
 impl Bridge {
     /// An allowed write: made with the agent held still.
     pub(super) fn write_held(&mut self, write: HeldWrite) {
+        let bytes = write.frame.bytes.len();
+        if self.hold.waiting.len() >= MAX_WAITING
+            || self.hold.waiting_bytes + bytes > MAX_WAITING_BYTES
+        {
+            let message = format!(
+                "zcode-acp refused this write: {} writes ({} MiB) already wait for the agent to be held still",
+                self.hold.waiting.len(),
+                self.hold.waiting_bytes >> 20
+            );
+            return self.refuse_write(write, codes::WRITE_DENIED, message);
+        }
+        self.hold.waiting_bytes += bytes;
         self.hold.waiting.push(write);
         match self.hold.state {
             State::Held(_) => self.make_held_writes(),
@@ -93,10 +146,6 @@ impl Bridge {
     /// Starts taking the hold, once no terminal is being started.
     fn take_hold(&mut self) {
         if self.hold.waiting.is_empty() || !matches!(self.hold.state, State::Free) {
-            return;
-        }
-        if self.routes.terminals_being_created() > 0 {
-            debug!("a write waits for the terminal the editor is starting");
             return;
         }
         let Some(world) = self.world() else {
@@ -131,7 +180,7 @@ impl Bridge {
     }
 
     /// The hold was taken, or could not be.
-    pub(super) fn on_held(&mut self, taken: Result<Held, String>) {
+    fn on_held(&mut self, taken: Result<Held, String>) {
         match taken {
             Ok(held) => {
                 debug!(
@@ -144,6 +193,7 @@ impl Bridge {
             Err(why) => {
                 self.hold.state = State::Free;
                 warn!("the agent's processes could not be held still while the editor writes ({why}); the writes waiting for it are refused");
+                self.hold.waiting_bytes = 0;
                 for write in std::mem::take(&mut self.hold.waiting) {
                     let message = format!(
                         "zcode-acp did not ask the editor to make this write: the agent's processes could not be held still meanwhile ({why})"
@@ -158,7 +208,9 @@ impl Bridge {
     /// With the agent held: each waiting write is judged again (its path
     /// can no longer change) and sent, or refused.
     fn make_held_writes(&mut self) {
+        self.hold.waiting_bytes = 0;
         for write in std::mem::take(&mut self.hold.waiting) {
+            let session = super::frames::session_of(&write.frame);
             let current = self.generation.as_ref().map(|g| g.id);
             if let Asker::Agent(generation) = write.from {
                 if Some(generation) != current {
@@ -200,24 +252,102 @@ impl Bridge {
                 }
                 Asker::CodeTool => self.forward_code_tool_request(write.backend_id, frame),
             };
-            self.hold.in_flight.insert(bid);
+            self.hold.in_flight.insert(bid, session);
+            self.hold
+                .overdue_at
+                .get_or_insert_with(|| tokio::time::Instant::now() + EDITOR_ANSWER);
         }
         self.release_hold_when_done();
+    }
+
+    /// What the hold reports.
+    pub(super) fn on_hold_event(&mut self, event: HoldEvent) {
+        match event {
+            HoldEvent::Taken(taken) => self.on_held(taken),
+            HoldEvent::Overdue => self.withdraw_held_writes(&format!(
+                "the editor did not answer it within {} s",
+                EDITOR_ANSWER.as_secs()
+            )),
+        }
+    }
+
+    /// The writes under the hold are withdrawn from the editor
+    /// (`$/cancel_request`) and answered as refused toward whoever asked (an
+    /// answer the editor sends later is dropped): past the editor's time,
+    /// or when the user cancels a turn one of them is for (a held agent
+    /// could not act on it). The editor may still make such a write, by
+    /// path, so the agent's processes must not go on and race it: they are
+    /// ended, and the agent restarts as after a crash, its sessions
+    /// restored.
+    pub(super) fn withdraw_held_writes(&mut self, why: &str) {
+        let in_flight = std::mem::take(&mut self.hold.in_flight);
+        let mut ids: Vec<u64> = in_flight.into_keys().collect();
+        ids.sort_unstable();
+        for bid in ids {
+            let Some(entry) = self.routes.editor_answered(bid) else {
+                continue;
+            };
+            self.to_editor(crate::relay::envelope::notification(
+                "$/cancel_request",
+                &serde_json::json!({ "requestId": bid }).to_string(),
+            ));
+            let message = format!(
+                "zcode-acp withdrew this write from the editor: {why} (it may have been made; read the file to know)"
+            );
+            warn!("{message}");
+            match entry {
+                super::routing::AtEditor::CodeTool { id } => self
+                    .code_tools
+                    .answer(&id, Err((codes::WRITE_DENIED, message))),
+                super::routing::AtEditor::Backend { generation, id, .. } => {
+                    if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
+                        g.send(crate::relay::envelope::error_response(
+                            &id,
+                            codes::WRITE_DENIED,
+                            &message,
+                            None,
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.end_held_world(why, true);
+    }
+
+    /// Ends the held processes rather than letting them go on (a write
+    /// may still be made for them), and says so.
+    fn end_held_world(&mut self, why: &str, restart: bool) {
+        self.hold.overdue_at = None;
+        if let State::Held(held) = std::mem::replace(&mut self.hold.state, State::Free) {
+            if !held.is_empty() {
+                warn!("the agent's processes were ended, not let go: {why}, and the editor may still make that write, which a process of the agent's could race; the agent restarts with its sessions");
+                if restart {
+                    self.hold.ended = Some(why.to_owned());
+                }
+            }
+            held.kill();
+        }
+        self.send_deferred_terminals();
+    }
+
+    /// Whether a held write for `session` waits for the editor.
+    pub(super) fn writes_under_hold_for(&self, session: &str) -> bool {
+        self.hold.in_flight.values().any(|s| s == session)
     }
 
     /// The editor answered request `bid`: a write made under the hold is
     /// done; the hold is released with the last one. A terminal it
     /// started may let a waiting hold be taken.
     pub(super) fn editor_answered_under_hold(&mut self, bid: u64) {
-        if self.hold.in_flight.remove(&bid) {
+        if self.hold.in_flight.remove(&bid).is_some() {
             self.release_hold_when_done();
-        } else if matches!(self.hold.state, State::Free) {
-            self.take_hold();
         }
     }
 
     fn release_hold_when_done(&mut self) {
         if self.hold.in_flight.is_empty() && self.hold.waiting.is_empty() {
+            self.hold.overdue_at = None;
             if let State::Held(held) = std::mem::replace(&mut self.hold.state, State::Free) {
                 held.release();
             }
@@ -229,7 +359,15 @@ impl Bridge {
     /// is stopped (a stopped process would not act on SIGTERM) and when the
     /// bridge ends.
     pub(super) fn release_hold_now(&mut self) {
-        self.hold.in_flight.clear();
+        if !self.hold.in_flight.is_empty() {
+            // A write is still at the editor: they must not race it.
+            self.hold.in_flight.clear();
+            return self.end_held_world(
+                "the agent is being stopped while a write it asked for is at the editor",
+                false,
+            );
+        }
+        self.hold.overdue_at = None;
         if let State::Held(held) = std::mem::replace(&mut self.hold.state, State::Free) {
             held.release();
         }

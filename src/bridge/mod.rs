@@ -117,9 +117,10 @@ enum Event {
     /// Code run by run_code calls the editor (see `code_tools`).
     CodeTool(code_tools::EditorCall),
     /// The agent is held still for the editor's writes, or cannot be.
-    Held(Result<crate::backend::hold::Held, String>),
-    /// The audit's watcher saw a change it judges.
-    AuditChange,
+    Held(hold::HoldEvent),
+    /// The audit's watcher saw a change it judges (at these paths; none:
+    /// look everywhere).
+    AuditChange(Vec<std::path::PathBuf>),
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -223,8 +224,10 @@ pub struct Bridge {
     /// The audit's watcher of the running generation, and where it says a
     /// change was seen.
     audit_watch: Option<crate::audit::watch::Watcher>,
-    audit_changes_tx: mpsc::UnboundedSender<()>,
-    audit_changes: mpsc::UnboundedReceiver<()>,
+    audit_changes_tx: mpsc::UnboundedSender<Vec<std::path::PathBuf>>,
+    audit_changes: mpsc::UnboundedReceiver<Vec<std::path::PathBuf>>,
+    /// The paths the watcher saw change since the last look.
+    audit_dirty: Vec<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -313,6 +316,7 @@ impl Bridge {
             audit_watch: None,
             audit_changes_tx,
             audit_changes,
+            audit_dirty: Vec::new(),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -366,11 +370,13 @@ impl Bridge {
             done = self.disk.next() => Event::Disk(done),
             question = self.net_asks.next() => Event::NetworkAsk(question),
             call = self.code_tools.next() => Event::CodeTool(call),
-            taken = self.hold.next() => Event::Held(taken),
-            Some(()) = self.audit_changes.recv() => {
+            event = self.hold.next() => Event::Held(event),
+            Some(mut dirty) = self.audit_changes.recv() => {
                 // A burst is one look.
-                while self.audit_changes.try_recv().is_ok() {}
-                Event::AuditChange
+                while let Ok(more) = self.audit_changes.try_recv() {
+                    dirty.extend(more);
+                }
+                Event::AuditChange(dirty)
             }
         }
     }
@@ -478,8 +484,8 @@ impl Bridge {
             Event::Refused(v) => self.on_refused_in_log(v),
             Event::NetworkAsk(question) => self.on_network_ask(question),
             Event::CodeTool(call) => self.on_code_tool(call),
-            Event::Held(taken) => self.on_held(taken),
-            Event::AuditChange => self.on_audit_change(),
+            Event::Held(event) => self.on_hold_event(event),
+            Event::AuditChange(dirty) => self.on_audit_change(dirty),
             Event::Disk(disk::DiskDone::NetworkRecorded {
                 session,
                 what,

@@ -42,6 +42,21 @@ pub(super) struct HeldWrite {
     pub frame: Frame,
 }
 
+/// Writes of one path that wait on its open question, at most: each holds
+/// its frame, and an "Allow once" makes them all.
+pub(super) const MAX_JOINED: usize = 64;
+
+/// What became of a denied write, given the questions open.
+#[derive(Debug)]
+pub(super) enum Joined {
+    /// It waits on the question open for its path.
+    Waits,
+    /// No question is open for its path: one may be asked.
+    New(HeldWrite),
+    /// Too many wait on the question already: it is refused.
+    Full(HeldWrite),
+}
+
 /// An open prompt.
 #[derive(Debug)]
 pub(super) struct Prompt {
@@ -119,19 +134,21 @@ impl Permissions {
         self.never.iter().any(|n| path.starts_with(n))
     }
 
-    /// A denied write of `path`: joins the prompt already open for it
-    /// (`None`), or is handed back for a new prompt.
-    pub fn join(&mut self, path: &Path, held: HeldWrite) -> Option<HeldWrite> {
+    /// A denied write of `path`: joins the prompt already open for it, or
+    /// is handed back for a new prompt, or (past [`MAX_JOINED`] waiting on
+    /// that prompt) handed back to be refused.
+    pub fn join(&mut self, path: &Path, held: HeldWrite) -> Joined {
         match self
             .by_path
             .get(path)
             .and_then(|bid| self.open.get_mut(bid))
         {
+            Some(p) if p.held.len() >= MAX_JOINED => Joined::Full(held),
             Some(p) => {
                 p.held.push(held);
-                None
+                Joined::Waits
             }
-            None => Some(held),
+            None => Joined::New(held),
         }
     }
 
@@ -264,13 +281,28 @@ mod tests {
     #[test]
     fn one_prompt_per_path_and_its_writes_go_together() {
         let mut p = Permissions::default();
-        let first = p.join(Path::new("/srv/x"), held(1)).unwrap();
+        let Joined::New(first) = p.join(Path::new("/srv/x"), held(1)) else {
+            panic!("no question is open yet")
+        };
         p.opened(10, prompt("/srv/x", false, vec![first]));
-        assert!(p.join(Path::new("/srv/x"), held(2)).is_none());
-        assert!(p.join(Path::new("/srv/y"), held(3)).is_some());
+        for i in 2..=MAX_JOINED as u64 {
+            assert!(matches!(
+                p.join(Path::new("/srv/x"), held(i)),
+                Joined::Waits
+            ));
+        }
+        // One more than a question holds is refused, not kept.
+        assert!(matches!(
+            p.join(Path::new("/srv/x"), held(99)),
+            Joined::Full(_)
+        ));
+        assert!(matches!(
+            p.join(Path::new("/srv/y"), held(3)),
+            Joined::New(_)
+        ));
         let a = p.answered(10, Some(prompts::ALLOW_ONCE)).unwrap();
         assert!(a.allowed && a.record.is_none() && !a.rearm);
-        assert_eq!(a.prompt.held.len(), 2);
+        assert_eq!(a.prompt.held.len(), MAX_JOINED);
         assert!(p.granted(Path::new("/srv/x")));
         assert!(p.granted(Path::new("/srv/x/deeper")));
         assert!(!p.granted(Path::new("/srv/xy")));

@@ -147,6 +147,16 @@ impl Bridge {
                 ))
             }
         };
+        // The editor opens what it writes: a FIFO would block it (and the
+        // agent, held until it answers), a device or socket is no file.
+        if let Ok(meta) = std::fs::symlink_metadata(&real) {
+            if !meta.is_file() {
+                return refuse(format!(
+                    "zcode-acp refused writing {}: it is not a regular file (a directory, FIFO, socket or device), which the editor cannot write as text",
+                    real.display()
+                ));
+            }
+        }
         let real_frame = || {
             if real == request.path {
                 Some(frame.clone())

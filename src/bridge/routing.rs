@@ -216,20 +216,11 @@ impl Routes {
         bid
     }
 
-    /// `terminal/create` requests the editor has not answered: the terminals
-    /// it may be starting.
-    pub fn terminals_being_created(&self) -> usize {
+    /// Keep questions of the audit's the editor has not answered.
+    pub fn audit_prompts_open(&self) -> usize {
         self.at_editor
             .values()
-            .filter(|r| {
-                matches!(
-                    r,
-                    AtEditor::Backend {
-                        terminal_for: Some(_),
-                        ..
-                    }
-                )
-            })
+            .filter(|r| matches!(r, AtEditor::AuditPrompt { .. }))
             .count()
     }
 

@@ -49,7 +49,6 @@ pub fn run(list: List, args: ListArgs) -> anyhow::Result<()> {
             state: &Default::default(),
             once_allows: &[],
             managed: &managed,
-            inspect: true,
         })?
         .input;
         let decision = Policy::build(&input).evaluate_resolved(&path, Op::Write);

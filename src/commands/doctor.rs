@@ -89,7 +89,6 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         &backend,
         args.backend_profile.as_deref(),
         &[],
-        true,
     )?;
     println!(
         "\nbackend: {}",

@@ -57,7 +57,6 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         &backend,
         args.backend_profile.as_deref(),
         &[],
-        true,
     )?;
     eprintln!("note: backend profile: {}", backend.describe());
     let policy = Policy::build_resolving_links(&mut input, crate::policy::build::link_chain);

@@ -29,9 +29,10 @@ pub struct RunArgs {
 }
 
 /// What the policy for `args` is built from, and which backend profile
-/// chose the command's writable state. Creates each workspace's
-/// `.zcode/acp` (the island must exist to be made read-only) and the
-/// missing state and cache directories the policy makes writable.
+/// chose the command's writable state. Prepares each workspace
+/// (`config::project::prepare`: its `.zcode/acp`, which must exist to be
+/// made read-only) and creates the missing state and cache directories the
+/// policy makes writable.
 fn policy_input(
     args: &RunArgs,
     platform: Platform,
@@ -42,13 +43,19 @@ fn policy_input(
         .map(|a| crate::policy::resolve::absolutize(a))
         .collect::<Result<Vec<_>, _>>()?;
     let workspaces = super::workspaces(&args.workspaces)?;
+    // Arming records what the projects say that needs no approval (the
+    // one place it is written); gathering then only reads.
+    let managed = crate::config::managed::ManagedRoot::user_default()?;
+    for ws in &workspaces {
+        let real = crate::policy::resolve_real(ws).unwrap_or_else(|_| ws.clone());
+        crate::config::project::prepare(&real, &managed);
+    }
     let gathered = super::gather_as_user(
         platform,
         &workspaces,
         &args.command,
         args.backend_profile.as_deref(),
         &allow,
-        false,
     )?;
     let profile = gathered.backend.describe();
     tracing::debug!(backend_profile = %profile, "state the command may write");
@@ -117,16 +124,27 @@ impl Audit {
 
     /// Watches while the command runs: what it leaves is undone as it is
     /// made (within the watcher's bound), as the bridge does between turns.
-    fn watch(audit: &std::sync::Arc<std::sync::Mutex<Audit>>) -> crate::audit::watch::Watcher {
+    /// The looks run on a thread of their own, so a long one never keeps
+    /// the watcher from reading its events.
+    fn watch(audit: &std::sync::Arc<std::sync::Mutex<Audit>>) -> Watching {
         let targets = match audit.lock() {
             Ok(a) => a.baseline.watch_targets(),
             Err(_) => Default::default(),
         };
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<PathBuf>>();
         let shared = audit.clone();
-        let watcher = crate::audit::watch::Watcher::start(targets, move || {
-            if let Ok(mut a) = shared.lock() {
-                a.look();
+        let looker = std::thread::spawn(move || {
+            while let Ok(mut dirty) = rx.recv() {
+                while let Ok(more) = rx.try_recv() {
+                    dirty.extend(more);
+                }
+                if let Ok(mut a) = shared.lock() {
+                    a.look(&dirty);
+                }
             }
+        });
+        let watcher = crate::audit::watch::Watcher::start(targets, move |dirty| {
+            let _ = tx.send(dirty);
         });
         if let Some(why) = &watcher.degraded {
             eprintln!(
@@ -134,19 +152,40 @@ impl Audit {
                 crate::audit::watch::POLL.as_secs()
             );
         }
-        watcher
+        Watching { watcher, looker }
     }
 
     /// Looks, and undoes what it finds: nobody is there to ask, so each is
     /// reverted, said on stderr, and the command's version kept.
-    fn look(&mut self) {
-        for f in self.baseline.audit() {
-            if f.revert.is_none() {
+    fn look(&mut self, dirty: &[PathBuf]) {
+        let findings = self.baseline.audit_with(dirty);
+        // A flood of findings is said in a few lines, all undone.
+        let total = findings.len();
+        for (i, f) in findings.into_iter().enumerate() {
+            let quiet = i >= MAX_SAID;
+            if i == MAX_SAID {
                 eprintln!(
-                    "zcode-acp: {} was left by the command: {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
+                    "zcode-acp: and {} more left by the command, each reverted the same way (see the index in ~/.zcode-acp/reverted)",
+                    total - MAX_SAID
+                );
+            }
+            if f.blind {
+                self.baseline.said_blind(&f);
+                eprintln!(
+                    "zcode-acp: the audit cannot look at {}: {}; what the command left there is not checked: look at it before you run anything there",
                     f.path.display(),
                     f.what
                 );
+                continue;
+            }
+            if f.revert.is_none() {
+                if !quiet {
+                    eprintln!(
+                        "zcode-acp: {} was left by the command: {}; it was not changed (undoing it would touch what is yours): look at it before you run anything there",
+                        f.path.display(),
+                        f.what
+                    );
+                }
                 continue;
             }
             // Undone whether or not the command's version could be kept.
@@ -157,6 +196,7 @@ impl Audit {
                 (None, None) => String::new(),
             };
             match undone.reverted {
+                Ok(()) if quiet => {}
                 Ok(()) => eprintln!("zcode-acp: reverted {}: {}{kept}", f.path.display(), f.what),
                 Err(e) => eprintln!(
                     "zcode-acp: could not revert {} ({e}): {}{kept}; look at it before you run anything there",
@@ -167,17 +207,29 @@ impl Audit {
         }
     }
 
-    /// The last look, once the command and everything it started ended.
-    fn after(
-        audit: std::sync::Arc<std::sync::Mutex<Audit>>,
-        watcher: crate::audit::watch::Watcher,
-    ) {
+    /// The last look, once the command and everything it started ended:
+    /// the watcher stops, the looker finishes what it was sent, and one
+    /// full look covers whatever came after.
+    fn after(audit: std::sync::Arc<std::sync::Mutex<Audit>>, watching: Watching) {
+        let Watching { watcher, looker } = watching;
+        // Dropping the watcher drops its sender, so the looker's loop ends.
         drop(watcher);
+        let _ = looker.join();
         if let Ok(mut a) = audit.lock() {
-            a.look();
+            a.look(&[]);
         }
     }
 }
+
+/// The watcher and the thread that looks when it reports a change.
+struct Watching {
+    watcher: crate::audit::watch::Watcher,
+    looker: std::thread::JoinHandle<()>,
+}
+
+/// Findings said one per line; the rest are counted in one line (all are
+/// undone and indexed alike).
+const MAX_SAID: usize = 50;
 
 fn command(args: &RunArgs) -> Command {
     Command {

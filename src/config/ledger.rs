@@ -54,9 +54,13 @@ impl Ledger {
             root: root.to_path_buf(),
             ..Approved::default()
         };
-        let Ok(file) = self.file(root) else {
-            return empty;
-        };
+        // Read where it would be, without making the directory: reading
+        // writes nothing.
+        let file = self
+            .managed
+            .path
+            .join("ledger")
+            .join(format!("{}.json", project_key(root)));
         match read_nofollow(&file)
             .ok()
             .and_then(|b| serde_json::from_slice::<Approved>(&b).ok())

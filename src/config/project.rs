@@ -328,10 +328,16 @@ pub fn effective(read: &ProjectRead, approved: &Approved) -> Effective {
     }
 }
 
-/// Reads, applies the ledger and records what needs no approval. Under the
-/// project's lock (it may wait for it), so a record being written (ledger
-/// first, then the file) is never seen half done and undone.
-pub fn load(root: &Path, managed: &ManagedRoot) -> Effective {
+/// Prepares a project for arming, the one place a project is written
+/// without the user's answer: creates its sandbox.json template on first
+/// touch, and records in the ledger what needs no approval (a restriction
+/// the file makes: `enabled: true`, a narrower network table), so undoing
+/// it needs one. Called when a session opens the project and before
+/// `zcode-acp run` arms; reading a project ([`inspect`]) writes nothing.
+/// Under the project's lock (it may wait for it), so a record being
+/// written (ledger first, then the file) is never seen half done and
+/// undone.
+pub fn prepare(root: &Path, managed: &ManagedRoot) -> Effective {
     let lock = lock_project(root, managed);
     if let Err(e) = &lock {
         tracing::debug!(root = %root.display(), "reading sandbox.json without the project's lock: {e}");

@@ -41,7 +41,7 @@ fn first_touch_creates_a_disarmed_template() {
     );
     // Presence is not the switch.
     assert_eq!(read(&f.root).state, FileState::Ok);
-    assert!(!load(&f.root, &f.managed).armed);
+    assert!(!prepare(&f.root, &f.managed).armed);
 }
 
 #[test]
@@ -103,17 +103,17 @@ fn symlinked_and_hardlinked_configs_are_armed_and_not_persisted() {
 fn an_armed_config_that_vanishes_or_turns_unreadable_stays_armed() {
     let f = fixture();
     write(&f.root, r#"{"enabled": true}"#);
-    assert!(load(&f.root, &f.managed).armed);
+    assert!(prepare(&f.root, &f.managed).armed);
     std::fs::remove_file(config_path(&f.root)).unwrap();
     // The template comes back disarmed, but the ledger remembers.
-    let again = load(&f.root, &f.managed);
+    let again = prepare(&f.root, &f.managed);
     assert!(
         again.armed && again.state == FileState::Created,
         "{again:?}"
     );
     assert!(!read(&f.root).config.enabled);
     std::fs::write(config_path(&f.root), b"{not json").unwrap();
-    assert!(load(&f.root, &f.managed).armed);
+    assert!(prepare(&f.root, &f.managed).armed);
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn the_ledger_gates_permissive_changes() {
     let f = fixture();
     // A hand-added allow entry is ignored until approved.
     write(&f.root, r#"{"enabled": true, "allow": ["/usr"]}"#);
-    let e = load(&f.root, &f.managed);
+    let e = prepare(&f.root, &f.managed);
     assert!(e.armed && e.rules.allow.is_empty());
     assert!(
         e.ignored.iter().any(|i| i.contains("/usr")),
@@ -152,16 +152,16 @@ fn the_ledger_gates_permissive_changes() {
     );
     // The bridge's own append is approved in the same step.
     assert!(append(&f.root, List::Allow, "/var", &f.managed).is_ok());
-    let e = load(&f.root, &f.managed);
+    let e = prepare(&f.root, &f.managed);
     assert_eq!(e.rules.allow, vec!["/var".to_owned()]);
     // An unapproved `enabled: false` keeps the sandbox armed.
     let text = file(&f.root).replace("\"enabled\": true", "\"enabled\": false");
     write(&f.root, &text);
-    let e = load(&f.root, &f.managed);
+    let e = prepare(&f.root, &f.managed);
     assert!(e.armed, "{:?}", e.ignored);
     // Approving the hand edit makes both count.
     approve_current(&f.root, &f.managed).unwrap();
-    let e = load(&f.root, &f.managed);
+    let e = prepare(&f.root, &f.managed);
     assert!(!e.armed);
     assert_eq!(e.rules.allow.len(), 2);
     assert!(e.ignored.is_empty());
@@ -173,9 +173,9 @@ fn removed_entries_need_a_new_approval() {
     write(&f.root, r#"{"enabled": true}"#);
     assert!(append(&f.root, List::Allow, "/opt", &f.managed).is_ok());
     write(&f.root, r#"{"enabled": true, "allow": []}"#);
-    load(&f.root, &f.managed);
+    prepare(&f.root, &f.managed);
     write(&f.root, r#"{"enabled": true, "allow": ["/opt"]}"#);
-    assert!(load(&f.root, &f.managed).rules.allow.is_empty());
+    assert!(prepare(&f.root, &f.managed).rules.allow.is_empty());
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn an_always_allowed_connection_widens_the_table_and_is_approved() {
         json!({"hostLoopback": [8888], "egress": ["a.com", "b.com"]})
     );
     assert_eq!(v["future"], 1);
-    let eff = load(&f.root, &f.managed);
+    let eff = prepare(&f.root, &f.managed);
     assert_eq!(eff.network.unwrap().to_json(), v["network"]);
     assert!(eff.ignored.is_empty(), "{:?}", eff.ignored);
 }

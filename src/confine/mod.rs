@@ -405,15 +405,22 @@ pub struct BackendRequest<'a> {
 }
 
 impl Sandbox {
-    /// Arms a backend generation: its policy input gathered as the bridge
-    /// does (templates created, the ledger kept), with the writable state
-    /// and cache directories created beforehand.
+    /// Arms a backend generation: each project prepared
+    /// (`config::project::prepare`), its policy input gathered as the
+    /// bridge does, with the writable state and cache directories created
+    /// beforehand.
     pub fn arm_backend(&self, request: &BackendRequest<'_>) -> Confinement {
         use crate::policy::discover::{create_writable_dirs, gather, Sources};
         let platform = match self.ready() {
             Ok(enforcer) => enforcer.platform(),
             Err(confinement) => return confinement,
         };
+        // Arming records what the projects say that needs no approval
+        // (the one place it is written), then reads.
+        for root in request.roots {
+            let real = crate::policy::resolve_real(root).unwrap_or_else(|_| root.clone());
+            crate::config::project::prepare(&real, request.managed);
+        }
         let gathered = gather(&Sources {
             platform,
             workspaces: request.roots,
@@ -421,7 +428,6 @@ impl Sandbox {
             state: request.state,
             once_allows: request.grants,
             managed: request.managed,
-            inspect: false,
         });
         match gathered {
             Ok(mut gathered) => {

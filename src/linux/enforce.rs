@@ -191,6 +191,10 @@ impl Enforce for LinuxEnforcer {
         }
         if launch == Launch::Terminal {
             spec.join = joinable(armed, &spec);
+            spec.hold_lock = armed
+                .dir
+                .as_ref()
+                .map(|d| d.path.join(crate::linux::hold::HOLD_LOCK));
         }
         // What the helper cannot set up as planned, for the bridge to say.
         spec.report = armed.dir.as_ref().map(|d| d.path.join(REPORT));

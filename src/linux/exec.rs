@@ -160,6 +160,18 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // Probed here when the caller did not; every later step reads it.
     let abi = *spec.landlock_abi.get_or_insert_with(sys::landlock_abi);
     let spec = &spec;
+    // An editor terminal waits here while the agent is held, and holds
+    // the next hold off until its first process exists (then found in the
+    // world): it never starts unseen by a hold (see `hold`).
+    let hold_lock = match &spec.hold_lock {
+        Some(path) => Some(super::hold::wait_for_no_hold(path).map_err(|e| {
+            LaunchError::Refused(format!(
+                "cannot take the agent's hold lock {} ({e})",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
     check_island_links(&spec.plan)?;
     let landlock = abi >= 1 && spec.level != Some(Level::MountsOnly);
     let visible = needed_visible(spec);
@@ -345,6 +357,8 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // cannot leave a lock held by another thread.
     match sys(Syscall::ForkInit, unsafe { fork() })? {
         ForkResult::Parent { child } => {
+            // The command's first process exists: a hold finds it now.
+            drop(hold_lock);
             // The helper stays outside the PID namespace and waits, passing
             // on the signals it gets (an editor's terminal/kill signals this
             // process alone, not its group), and supervising.

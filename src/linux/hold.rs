@@ -8,25 +8,35 @@
 //! every process of the agent's world is stopped: the judgment is made
 //! after they are, and nothing of theirs moves until the editor answered.
 //!
-//! The world is every process whose user namespace is the generation's or
-//! lies below it (a process may create a nested one; it cannot leave it),
-//! and likewise for each editor terminal that armed a sandbox of its own
-//! (found by its helper's command line, which names the generation's
-//! directory). Each is stopped with SIGSTOP through a pidfd, so the later
-//! SIGCONT reaches exactly the process stopped, never one that took its
-//! pid. The scan is repeated until it finds nothing running: a process
-//! that forks while it is being stopped shows its child in the next scan,
-//! and a stopped process forks nothing. Only when every one is seen
-//! stopped (or gone) is the hold taken; a process that will not stop in
-//! time (one in an uninterruptible sleep) fails the hold, and the write is
-//! refused rather than made with the world moving.
+//! The world is every process descended from the generation's helper,
+//! and every editor terminal's helper of this generation (found by its
+//! command line, which names the generation's directory) with its
+//! descendants: both helpers are child subreapers, so nothing of theirs
+//! leaves their tree by double forking. Where the generation has a user
+//! namespace of its own, the world is also every process whose user
+//! namespace is the generation's, a terminal's, or lies below one (a
+//! process may create a nested one; it cannot leave it). Where it has none
+//! (the Landlock-only level), no namespace is taken for the world: other
+//! programs' sandboxes nest their namespaces below this one too.
+//!
+//! Each process is opened as a pidfd before it is judged, and stopped with
+//! SIGSTOP through it, so neither the stop nor the later SIGCONT can reach
+//! a process that took its pid. The scan is repeated until it finds
+//! nothing new: a process that forks while it is being stopped shows its
+//! child in the next scan, and a stopped process forks nothing. Only when
+//! every thread of every one is seen stopped (or gone) is the hold taken.
+//! Anything that cannot be read, opened or signalled for a reason other
+//! than the process being gone fails the hold, as does a process that will
+//! not stop in time (in an uninterruptible sleep): the write is refused
+//! rather than made with the world moving.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 
 /// Whose processes to hold.
 #[derive(Debug, Clone)]
@@ -47,12 +57,23 @@ pub enum HoldError {
     WouldNotStop(usize, Duration),
     #[error("the agent's processes kept starting new ones while being stopped")]
     KeptForking,
+    #[error("the agent runs more than {0} processes, more than zcode-acp holds at once: end some of them")]
+    TooMany(usize),
+    #[error("zcode-acp ran out of file descriptors holding the agent's {0} processes: raise the limit (`ulimit -n`) for the editor, or end some of them")]
+    OutOfDescriptors(usize),
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("an editor terminal of the agent's kept starting (it holds the hold lock)")]
+    TerminalStarting,
 }
 
 /// The held processes: each is continued when this is released or dropped.
 #[derive(Debug, Default)]
 pub struct Held {
     stopped: Vec<(i32, OwnedFd)>,
+    /// Released after every process is continued (a field drops after
+    /// `Drop::drop` ran).
+    _lock: Option<Flock<std::fs::File>>,
 }
 
 impl Held {
@@ -68,6 +89,14 @@ impl Held {
     /// Continues every held process.
     pub fn release(mut self) {
         self.continue_all();
+    }
+
+    /// Ends every held process (SIGKILL reaches a stopped one): when they
+    /// must not go on, with a write at the editor that may still be made.
+    pub fn kill(mut self) {
+        for (_, pidfd) in self.stopped.drain(..) {
+            let _ = send(&pidfd, libc::SIGKILL);
+        }
     }
 
     fn continue_all(&mut self) {
@@ -89,6 +118,57 @@ const NS_GET_PARENT: libc::c_ulong = 0xb702;
 const MAX_NESTING: usize = 33;
 /// Rounds of scanning, at most: each stops what the last one found.
 const MAX_ROUNDS: usize = 64;
+/// Processes held at once, at most (each takes a descriptor).
+pub const MAX_HELD: usize = 8192;
+
+/// The generation's hold lock, in its directory: a hold takes it
+/// exclusively for as long as it lasts; an editor terminal's helper takes
+/// it shared from its start until its command's first process exists. So
+/// a terminal whose helper the hold could not see yet (still starting,
+/// under another name) waits for the release instead of running unheld.
+pub const HOLD_LOCK: &str = "hold.lock";
+
+/// Opens (making it where missing) the lock at `path`.
+fn open_lock(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// A terminal's helper: waits until no hold is in effect, and keeps the
+/// next one off until the returned lock is dropped.
+pub fn wait_for_no_hold(path: &Path) -> std::io::Result<Flock<std::fs::File>> {
+    Flock::lock(open_lock(path)?, FlockArg::LockShared).map_err(|(_, e)| e.into())
+}
+
+/// The hold's side: the lock taken exclusively (a terminal's helper
+/// between its start and its command's first process holds it off),
+/// waiting up to `deadline`.
+fn take_lock(path: &Path, deadline: Instant) -> Result<Flock<std::fs::File>, HoldError> {
+    let unreadable = |e: std::io::Error| {
+        HoldError::Unreadable(format!(
+            "cannot take the hold lock {} ({e})",
+            path.display()
+        ))
+    };
+    let mut file = open_lock(path).map_err(unreadable)?;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(locked),
+            Err((back, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                file = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => return Err(HoldError::TerminalStarting),
+            Err((_, e)) => return Err(unreadable(e.into())),
+        }
+    }
+}
 
 /// Stops every process of `world`, waiting up to `within` for each to be
 /// seen stopped.
@@ -96,30 +176,75 @@ pub fn hold(world: &World, within: Duration) -> Result<Held, HoldError> {
     let deadline = Instant::now() + within;
     let root = inode_of(&format!("/proc/{}/ns/user", world.holder))
         .map_err(|_| HoldError::Gone(world.holder))?;
-    let own = inode_of("/proc/self/ns/user").unwrap_or(0);
+    let own = inode_of("/proc/self/ns/user").map_err(|e| {
+        HoldError::Unreadable(format!("cannot read this process's user namespace ({e})"))
+    })?;
     let me = std::process::id() as i32;
     let mut scope = Scope {
         roots: HashSet::from([root]),
-        known: HashMap::new(),
         own,
+        // Sharing ours, the holder's namespace says nothing about whose a
+        // process is: only the lineage does.
+        by_namespace: root != own,
     };
-    let mut held = Held::default();
+    let mut held = Held {
+        stopped: Vec::new(),
+        _lock: match &world.generation_dir {
+            Some(dir) => Some(take_lock(&dir.join(HOLD_LOCK), deadline)?),
+            None => None,
+        },
+    };
     let mut stopped_pids: HashSet<i32> = HashSet::new();
     for _ in 0..MAX_ROUNDS {
+        let procs = all_processes()?;
+        let lineage = lineage(&procs, world.holder, world.generation_dir.as_deref());
         let mut new = 0;
-        for pid in pids() {
+        for &(pid, _, started) in &procs {
             if pid == me || pid == world.holder || stopped_pids.contains(&pid) {
                 continue;
             }
-            if !scope.holds(pid, world.generation_dir.as_deref()) {
+            // Opened before it is judged: what is judged below is the
+            // process this descriptor stops, never one that took its pid.
+            let pidfd = match pidfd_open(pid) {
+                Ok(fd) => fd,
+                Err(Errno::ESRCH) => continue,
+                Err(Errno::EMFILE | Errno::ENFILE) => {
+                    return Err(HoldError::OutOfDescriptors(held.len()))
+                }
+                Err(e) => {
+                    return Err(HoldError::Unreadable(format!(
+                        "cannot open process {pid} to hold it ({e})"
+                    )))
+                }
+            };
+            // Still the process the scan saw, not one that took its pid
+            // since (that one waits for the next round's scan).
+            let same = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| start_time(&s))
+                == Some(started);
+            if !same {
                 continue;
             }
-            // A process gone meanwhile needs no stopping.
-            let Ok(pidfd) = pidfd_open(pid) else { continue };
-            if send(&pidfd, libc::SIGSTOP).is_ok() {
-                stopped_pids.insert(pid);
-                held.stopped.push((pid, pidfd));
-                new += 1;
+            let member =
+                lineage.contains(&pid) || scope.holds(pid, world.generation_dir.as_deref())?;
+            if !member {
+                continue;
+            }
+            match send(&pidfd, libc::SIGSTOP) {
+                Ok(()) => {}
+                Err(Errno::ESRCH) => continue,
+                Err(e) => {
+                    return Err(HoldError::Unreadable(format!(
+                        "cannot stop process {pid} ({e})"
+                    )))
+                }
+            }
+            stopped_pids.insert(pid);
+            held.stopped.push((pid, pidfd));
+            new += 1;
+            if held.len() > MAX_HELD {
+                return Err(HoldError::TooMany(MAX_HELD));
             }
         }
         let left = wait_stopped(&held, deadline);
@@ -133,49 +258,135 @@ pub fn hold(world: &World, within: Duration) -> Result<Held, HoldError> {
     Err(HoldError::KeptForking)
 }
 
+/// A process as one scan saw it: pid, parent, start time.
+type Seen = (i32, i32, u64);
+
+/// Its start time (field 22 of `/proc/PID/stat`), which tells it from a
+/// process that took its pid since.
+fn start_time(stat: &str) -> Option<u64> {
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Every process, with its parent, read strictly: a `/proc` that cannot be
+/// listed fails the hold (an empty list would take it for no process).
+fn all_processes() -> Result<Vec<Seen>, HoldError> {
+    let dir = std::fs::read_dir("/proc")
+        .map_err(|e| HoldError::Unreadable(format!("cannot list /proc ({e})")))?;
+    let mut out = Vec::new();
+    for entry in dir {
+        let entry = entry.map_err(|e| HoldError::Unreadable(format!("cannot list /proc ({e})")))?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => {
+                if let (Some(p), Some(t)) = (crate::procs::parse_stat(&stat), start_time(&stat)) {
+                    out.push((pid, p.ppid, t));
+                }
+            }
+            // Gone between the listing and the read.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT)
+                    || e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => {
+                return Err(HoldError::Unreadable(format!(
+                    "cannot read process {pid} ({e})"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The holder's descendants, and every terminal helper of the generation
+/// with its descendants (a helper still starting, in the bridge's own
+/// namespace, included).
+fn lineage(procs: &[Seen], holder: i32, generation_dir: Option<&Path>) -> HashSet<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for &(pid, ppid, _) in procs {
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut out = HashSet::new();
+    let mut stack = vec![holder];
+    if let Some(dir) = generation_dir {
+        for &(pid, _, _) in procs {
+            if is_terminal_helper(pid, dir) {
+                out.insert(pid);
+                stack.push(pid);
+            }
+        }
+    }
+    while let Some(p) = stack.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if out.insert(c) {
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// Which user namespaces are the world's.
 struct Scope {
     roots: HashSet<u64>,
-    /// Inodes already placed: in the world, or not.
-    known: HashMap<u64, bool>,
     /// The bridge's own user namespace: never the world's.
     own: u64,
+    /// Whether namespaces tell the world (the generation has its own).
+    by_namespace: bool,
 }
 
 impl Scope {
-    /// Whether `pid` belongs to the world (a terminal's helper found on
-    /// the way adds its namespace).
-    fn holds(&mut self, pid: i32, generation_dir: Option<&std::path::Path>) -> bool {
+    /// Whether `pid` belongs to the world by its user namespace (a
+    /// terminal's helper found on the way adds its namespace). Nothing is
+    /// remembered as outside the world: a terminal's helper seen later in
+    /// a scan may make a namespace the world's.
+    fn holds(&mut self, pid: i32, generation_dir: Option<&Path>) -> Result<bool, HoldError> {
+        if !self.by_namespace {
+            return Ok(false);
+        }
         let link = format!("/proc/{pid}/ns/user");
-        let Ok(ino) = inode_of(&link) else {
-            return false;
+        let ino = match inode_of(&link) {
+            Ok(ino) => ino,
+            // Gone; or another user's, which none of the agent's is.
+            Err(Errno::ENOENT | Errno::ESRCH | Errno::EACCES | Errno::EPERM) => return Ok(false),
+            Err(e) => {
+                return Err(HoldError::Unreadable(format!(
+                    "cannot read the user namespace of process {pid} ({e})"
+                )))
+            }
         };
         if ino == self.own {
-            return false;
+            return Ok(false);
         }
         if self.roots.contains(&ino) {
-            return true;
+            return Ok(true);
         }
-        if let Some(&known) = self.known.get(&ino) {
-            return known;
-        }
-        let below = self.below_a_root(&link);
-        if below {
-            self.known.insert(ino, true);
-            return true;
+        if self.below_a_root(&link)? {
+            return Ok(true);
         }
         if generation_dir.is_some_and(|dir| is_terminal_helper(pid, dir)) {
             self.roots.insert(ino);
-            return true;
+            return Ok(true);
         }
-        self.known.insert(ino, false);
-        false
+        Ok(false)
     }
 
     /// Whether the user namespace at `link` is nested below a root.
-    fn below_a_root(&self, link: &str) -> bool {
-        let Ok(file) = std::fs::File::open(link) else {
-            return false;
+    fn below_a_root(&self, link: &str) -> Result<bool, HoldError> {
+        let file = match std::fs::File::open(link) {
+            Ok(f) => f,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(HoldError::Unreadable(format!("cannot open {link} ({e})"))),
         };
         let mut fd: OwnedFd = file.into();
         for _ in 0..MAX_NESTING {
@@ -183,27 +394,30 @@ impl Scope {
             // descriptor (or -1); `fd` is an open namespace descriptor.
             let parent = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_PARENT) };
             if parent < 0 {
-                return false; // the top, or a namespace outside our scope
+                return Ok(false); // the top, or a namespace outside our scope
             }
             // SAFETY: the ioctl returned a new descriptor that nothing else owns.
             fd = unsafe { OwnedFd::from_raw_fd(parent) };
-            let Ok(ino) = fstat_ino(&fd) else {
-                return false;
-            };
+            let ino = fstat_ino(&fd).map_err(|e| {
+                HoldError::Unreadable(format!("cannot read a user namespace ({e})"))
+            })?;
             if self.roots.contains(&ino) {
-                return true;
+                return Ok(true);
             }
             if ino == self.own {
-                return false;
+                return Ok(false);
             }
         }
-        false
+        Ok(false)
     }
 }
 
 /// Whether `pid` is zcode-acp's sandbox helper for a spec in `dir` (an
-/// editor terminal of this generation that armed a sandbox of its own).
-fn is_terminal_helper(pid: i32, dir: &std::path::Path) -> bool {
+/// editor terminal of this generation): its command line says so, and it
+/// is this user's process running this very program (anyone may write a
+/// command line).
+fn is_terminal_helper(pid: i32, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
@@ -211,9 +425,28 @@ fn is_terminal_helper(pid: i32, dir: &std::path::Path) -> bool {
     if !args.iter().any(|a| *a == b"__sandbox") {
         return false;
     }
-    let dir = dir.as_os_str().as_encoded_bytes();
-    args.windows(2)
-        .any(|w| w[0] == b"--spec" && w[1].starts_with(dir))
+    let names_spec = args.windows(2).any(|w| {
+        w[0] == b"--spec" && Path::new(std::ffi::OsStr::from_bytes(w[1])).starts_with(dir)
+    });
+    names_spec && is_ours(pid)
+}
+
+/// Whether `pid` runs as this user and runs this program.
+fn is_ours(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    static OWN_EXE: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    let own = OWN_EXE.get_or_init(|| {
+        std::fs::metadata("/proc/self/exe")
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    });
+    let exe = std::fs::metadata(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    let uid = std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid());
+    own.is_some() && exe == *own && uid == Some(nix::unistd::geteuid().as_raw())
 }
 
 /// Waits until every held process is stopped or gone; how many are not
@@ -234,21 +467,33 @@ fn wait_stopped(held: &Held, deadline: Instant) -> usize {
     }
 }
 
+/// Whether every thread of `pid` is stopped or gone. A thread that cannot
+/// be read for another reason is taken as running. A thread waiting for
+/// its vfork child (`wait_for_vfork_done`) runs only when that child, a
+/// process of the world's and so held too, execs or exits.
 fn is_stopped_or_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            crate::procs::parse_stat(&stat).is_none_or(|p| matches!(p.state, 'T' | 't' | 'Z' | 'X'))
-        }
-        Err(_) => true,
-    }
-}
-
-fn pids() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+    let gone = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH));
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        Err(e) => return gone(&e),
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
+    for task in tasks {
+        let Ok(task) = task else { return false };
+        let dir = task.path();
+        let stat = match std::fs::read_to_string(dir.join("stat")) {
+            Ok(s) => s,
+            Err(e) if gone(&e) => continue,
+            Err(_) => return false,
+        };
+        match crate::procs::parse_stat(&stat).map(|p| p.state) {
+            Some('T' | 't' | 'Z' | 'X') => {}
+            Some('D')
+                if std::fs::read_to_string(dir.join("wchan"))
+                    .is_ok_and(|w| w.trim() == "wait_for_vfork_done") => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 fn inode_of(path: &str) -> Result<u64, Errno> {
@@ -299,6 +544,73 @@ mod tests {
         let me = std::process::id() as i32;
         // This process is no helper.
         assert!(!is_terminal_helper(me, dir));
+    }
+
+    /// A holder sharing our user namespace (the Landlock-only level): its
+    /// descendants are held, and a process of another program's sandbox,
+    /// in a user namespace nested below ours, is left running.
+    #[test]
+    fn in_our_own_namespace_only_the_holders_descendants_are_held() {
+        let spawn = |args: &[&str]| {
+            std::process::Command::new(args[0])
+                .args(&args[1..])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut holder = spawn(&["sh", "-c", "sh -c 'while :; do :; done' & wait"]);
+        let mut bystander = match std::process::Command::new("unshare")
+            .args([
+                "--user",
+                "--map-current-user",
+                "sh",
+                "-c",
+                "while :; do :; done",
+            ])
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                println!("skipped in part: unshare cannot run here ({e})");
+                let _ = holder.kill();
+                let _ = holder.wait();
+                return;
+            }
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let by = bystander.id() as i32;
+        let nested = inode_of(&format!("/proc/{by}/ns/user")) != inode_of("/proc/self/ns/user");
+        let world = World {
+            holder: holder.id() as i32,
+            generation_dir: None,
+        };
+        let held = hold(&world, Duration::from_secs(5)).expect("held");
+        let procs = crate::procs::snapshot();
+        let tree = crate::procs::descendants_in(&procs, holder.id() as i32);
+        assert!(!tree.is_empty());
+        for p in &tree {
+            assert!(matches!(p.state, 'T' | 't'), "{p:?} runs while held");
+        }
+        let state = procs.iter().find(|p| p.pid == by).map(|p| p.state);
+        if nested {
+            assert!(
+                !matches!(state, Some('T' | 't')),
+                "another sandbox's process was stopped ({state:?})"
+            );
+        } else {
+            println!("skipped in part: no nested user namespace here");
+        }
+        held.release();
+        for p in tree {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        for c in [&mut holder, &mut bystander] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// A process tree of our own (a child that forks a grandchild that

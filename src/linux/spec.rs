@@ -52,6 +52,11 @@ pub struct LaunchSpec {
     /// the editor's notice); none: stderr only (`zcode-acp run`).
     #[serde(default)]
     pub report: Option<PathBuf>,
+    /// An editor terminal's: the generation's hold lock (see
+    /// `hold::HOLD_LOCK`), taken shared until the command's first process
+    /// exists, so a terminal never starts while the agent is held.
+    #[serde(default)]
+    pub hold_lock: Option<PathBuf>,
 }
 
 impl LaunchSpec {
@@ -78,6 +83,7 @@ impl LaunchSpec {
             network: None,
             network_asks: None,
             report: None,
+            hold_lock: None,
         }
     }
 

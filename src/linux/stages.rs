@@ -239,13 +239,11 @@ pub(super) fn forward_until_exit(child: Pid, forwarded: &SigSet, target: Pid) ->
     }
 }
 
-/// Makes `dir` the working directory, reached with no symlink on the way;
-/// the error, and whether something is there at all.
-pub(super) fn enter_without_symlinks(dir: &Path) -> Result<(), (Errno, bool)> {
-    match super::open_dir_without_symlinks(dir) {
-        Ok(fd) => nix::unistd::fchdir(&fd).map_err(|e| (e, true)),
-        Err(e) => Err((e, dir.exists())),
-    }
+/// Makes `dir` the working directory, reached with no symlink on the way
+/// (ENOENT: nothing is there; ELOOP: a symlink is on the way).
+pub(super) fn enter_without_symlinks(dir: &Path) -> Result<(), Errno> {
+    let fd = super::open_dir_without_symlinks(dir)?;
+    nix::unistd::fchdir(&fd)
 }
 
 /// The command itself: last steps, then exec.
@@ -300,15 +298,22 @@ pub(super) fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
                     entered = Some(dir);
                     break;
                 }
-                // There, but not reached without a symlink: refused.
-                Err((Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV, true)) => die(
+                // Not there at all (a host directory the sandbox's private
+                // /tmp hides): the nearest one that is.
+                Err(Errno::ENOENT) => continue,
+                // There, but not reached without a symlink (a dangling one
+                // included): refused.
+                Err(Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV) => die(
                     &format!("cd {}", cwd.display()),
                     format!(
                         "{} is now reached through a symlink, so it is not the directory that was judged; not run",
                         dir.display()
                     ),
                 ),
-                Err(_) => continue,
+                Err(e) => die(
+                    &format!("cd {}", cwd.display()),
+                    format!("{} cannot be entered ({e}); not run", dir.display()),
+                ),
             }
         }
         match entered {

@@ -1,18 +1,17 @@
 //! Which agent backend is being armed, and which state of its own it may
 //! write. A real agent that cannot write its state breaks: Claude's
 //! `~/.claude` and `~/.claude.json`, codex's `$CODEX_HOME`, gemini's
-//! `~/.gemini`, the shell agent's transcripts.
+//! `~/.gemini`, and the rest of `agents::AGENTS`.
 //!
 //! The profile is read from how the agent is launched, the way editors
-//! launch it: a bare binary (`claude-agent-acp`, `codex-acp`, `gemini
-//! --experimental-acp`), `npx [-y] <package>[@version]`, `node
+//! launch it (`launch`): a bare binary (`claude-agent-acp`, `codex-acp`,
+//! `gemini --experimental-acp`), `npx [-y] <package>[@version]`, `node
 //! <prefix>/<package>/dist/index.js`, an npm `.bin` shim (a symlink, or a
-//! pnpm shell script) and a wrapper script. Every path component of every
-//! word counts, and so do the file a word names (through its symlinks) and
-//! the words of a script it names. The home directory's own path is left
-//! out (a user called `claude` is not a Claude backend). An explicit choice
-//! overrides the guess: `--backend-profile`, `ZCODE_ACP_BACKEND_PROFILE` or
-//! `sandbox.backendProfile` in the user config.
+//! pnpm shell script), a uv tool and a wrapper script that `exec`s it.
+//! Only the launch chain counts, never an argument's words. An explicit
+//! choice overrides the guess: `--backend-profile`,
+//! `ZCODE_ACP_BACKEND_PROFILE` or `sandbox.backendProfile` in the user
+//! config.
 
 use std::path::{Path, PathBuf};
 
@@ -21,37 +20,8 @@ use super::env::Env;
 use super::{resolve_real, Matcher};
 use crate::config::{UserConfig, BACKEND_PROFILE_ENV};
 
-/// A backend whose own state the sandbox knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Profile {
-    Claude,
-    Codex,
-    Gemini,
-    Zcode,
-}
-
-impl Profile {
-    pub const ALL: [Profile; 4] = [
-        Profile::Claude,
-        Profile::Codex,
-        Profile::Gemini,
-        Profile::Zcode,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Profile::Claude => "claude",
-            Profile::Codex => "codex",
-            Profile::Gemini => "gemini",
-            Profile::Zcode => "zcode",
-        }
-    }
-
-    /// What a path component must contain to name this backend.
-    fn key(self) -> &'static str {
-        self.name()
-    }
-}
+pub use super::agents::Profile;
+pub use super::launch::{Look, RealLook};
 
 /// The user's explicit choice, or none (guess from the command).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -67,14 +37,17 @@ pub enum Choice {
 
 /// A backend profile name no profile has.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown backend profile `{value}` ({by}): use claude, codex, gemini, zcode or none")]
+#[error(
+    "unknown backend profile `{value}` ({by}): use {} or none",
+    Profile::names()
+)]
 pub struct UnknownProfile {
     pub value: String,
     pub by: String,
 }
 
 impl Choice {
-    /// Parses `claude`, `codex`, `gemini`, `zcode` or `none`; `by` says
+    /// Parses a profile's name (see [`Profile::names`]) or `none`; `by` says
     /// where the value came from, for the explanation.
     pub fn parse(value: &str, by: &str) -> Result<Choice, UnknownProfile> {
         let v = value.trim().to_ascii_lowercase();
@@ -128,50 +101,9 @@ impl Detected {
     }
 }
 
-/// What detection may ask about the machine.
-pub trait Look {
-    /// The file a bare command name runs (a `PATH` lookup).
-    fn which(&self, program: &str) -> Option<PathBuf>;
-    /// The real path of an existing file (symlinks followed).
-    fn real(&self, path: &Path) -> Option<PathBuf>;
-    /// The text of a small script (`#!` first line), if `path` is one.
-    fn script(&self, path: &Path) -> Option<String>;
-}
-
-/// The machine as it is.
-pub struct RealLook;
-
-/// Scripts larger than this are not read: wrappers are small.
-const MAX_SCRIPT: u64 = 64 * 1024;
-
-impl Look for RealLook {
-    fn which(&self, program: &str) -> Option<PathBuf> {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
-    }
-    fn real(&self, path: &Path) -> Option<PathBuf> {
-        std::fs::canonicalize(path).ok()
-    }
-    fn script(&self, path: &Path) -> Option<String> {
-        use std::io::Read;
-        let meta = std::fs::metadata(path).ok()?;
-        if !meta.is_file() || meta.len() > MAX_SCRIPT {
-            return None;
-        }
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .ok()?
-            .take(MAX_SCRIPT)
-            .read_to_string(&mut text)
-            .ok()?;
-        text.starts_with("#!").then_some(text)
-    }
-}
-
-/// Decides which profiles apply to `argv`. `homes` are the spellings of
-/// the home directory to leave out of paths.
+/// Decides which profiles apply to `argv`, from its launch chain (see
+/// `launch`). `homes` are the spellings of the home directory to leave
+/// out of paths.
 pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBuf]) -> Detected {
     if let Choice::Explicit { profile, by } = choice {
         return Detected {
@@ -179,57 +111,16 @@ pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBu
             why: format!("chosen by {by}"),
         };
     }
-    let mut found: Vec<(Profile, String)> = Vec::new();
-    let mut note = |text: &str, source: &dyn Fn(&str) -> String| {
-        for component in components(text, homes) {
-            for p in Profile::ALL {
-                if component.contains(p.key()) && !found.iter().any(|(f, _)| *f == p) {
-                    found.push((p, source(&component)));
-                }
-            }
-        }
-    };
-    for (i, word) in argv.iter().enumerate() {
-        note(word, &|c| format!("the command names `{c}`"));
-        let named = if i == 0 && !word.contains('/') {
-            look.which(word)
-        } else if word.contains('/') {
-            Some(PathBuf::from(word))
-        } else {
-            None
-        };
-        let Some(real) = named.and_then(|p| look.real(&p)) else {
-            continue;
-        };
-        let shown = real.display().to_string();
-        note(&shown, &|c| {
-            format!("`{word}` is {shown}, which names `{c}`")
-        });
-        if let Some(text) = look.script(&real) {
-            for token in script_words(&text) {
-                note(&token, &|c| {
-                    format!("`{word}` is a script ({shown}) that names `{c}`")
-                });
-                if token.starts_with('/') {
-                    if let Some(target) = look.real(Path::new(&token)) {
-                        let t = target.display().to_string();
-                        note(&t, &|c| {
-                            format!(
-                                "`{word}` is a script ({shown}) that runs {t}, which names `{c}`"
-                            )
-                        });
-                    }
-                }
-            }
-        }
-    }
+    let found = super::launch::launched(argv, look, homes);
     if found.is_empty() {
         return Detected {
             profiles: Vec::new(),
-            why: "nothing in the command names claude, codex, gemini or zcode; if the agent \
-                  needs state of its own, set sandbox.backendProfile or sandbox.statePaths in \
-                  the user config"
-                .into(),
+            why: format!(
+                "the command launches none of the agents zcode-acp knows ({}); if the agent \
+                 needs state of its own, set sandbox.backendProfile or sandbox.statePaths in \
+                 the user config",
+                Profile::names()
+            ),
         };
     }
     let why = found
@@ -243,124 +134,36 @@ pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBu
     }
 }
 
-/// The lowercase path components of `text`, with the home directory's own
-/// components left out, npm scopes (`@scope`) and versions (`pkg@1.2.3`)
-/// kept as they are (the key is searched inside each component).
-fn components(text: &str, homes: &[PathBuf]) -> Vec<String> {
-    let mut rest = text;
-    for home in homes {
-        let h = home.to_string_lossy();
-        let h = h.trim_end_matches('/');
-        if h.is_empty() {
-            continue;
-        }
-        if let Some(after) = rest.strip_prefix(h) {
-            if after.is_empty() || after.starts_with('/') {
-                rest = after;
-                break;
-            }
-        }
-    }
-    rest.split(['/', '=', ' ', '\t'])
-        .filter(|c| !c.is_empty())
-        .map(str::to_ascii_lowercase)
-        .collect()
-}
-
-/// The words of a script, split on whitespace and shell punctuation, with
-/// quotes and `$VAR/` prefixes dropped (`"$basedir/../pkg/dist/index.js"`).
-fn script_words(text: &str) -> Vec<String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#') || l.starts_with("#!"))
-        .flat_map(|l| {
-            l.split(|c: char| c.is_whitespace() || "\"'`;&|()<>".contains(c))
-                .filter(|w| !w.is_empty())
-                .map(|w| {
-                    let w = w.trim_start_matches("#!");
-                    // `$basedir/../x` names x; keep what follows the variable.
-                    match w.strip_prefix('$') {
-                        Some(v) => v.split_once('/').map(|(_, r)| r).unwrap_or("").to_owned(),
-                        None => w.to_owned(),
-                    }
-                })
-                .collect::<Vec<_>>()
-        })
-        .filter(|w| !w.is_empty())
-        .collect()
-}
-
 /// A state directory the backend may write, created before arming.
 fn state_dir(path: &Path, home: &Path, why: &str) -> Option<Writable> {
     super::env::dir_grant(path, home, why)
 }
 
-/// The state each profile writes. `env` is the agent's environment (it
-/// inherits the bridge's).
+/// The state each profile writes (its row of `agents::AGENTS`). `env` is
+/// the agent's environment (it inherits the bridge's).
 pub fn grants(profiles: &[Profile], env: &dyn Env, home: &Path) -> Vec<Writable> {
     let mut grants = Vec::new();
     for p in profiles {
-        match p {
-            Profile::Claude => {
-                let configured = env.var("CLAUDE_CONFIG_DIR").map(PathBuf::from);
-                let dir = configured.clone().unwrap_or_else(|| home.join(".claude"));
-                grants.extend(state_dir(
-                    &dir,
-                    home,
-                    "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude)",
-                ));
-                // Without CLAUDE_CONFIG_DIR Claude keeps its settings in
-                // ~/.claude.json, saved through a temporary file and a lock
-                // directory beside it (`~/.claude.json.tmp.PID.N`,
-                // `~/.claude.json.lock`) renamed over it. With it set, that
-                // file lives inside the directory above.
-                if configured.is_none() {
-                    grants.push(Writable {
-                        matcher: Matcher::NamePrefix {
-                            dir: home.to_path_buf(),
-                            prefix: ".claude.json".into(),
-                        },
-                        why: "Claude's settings ~/.claude.json (saved through ~/.claude.json.tmp.* and ~/.claude.json.lock)".into(),
-                        layered: false,
-                    });
-                }
+        let agent = p.agent();
+        for d in agent.dirs {
+            let dir = match d.env.and_then(|v| env.var(v)) {
+                Some(moved) => PathBuf::from(moved).join(d.under_env),
+                None => home.join(d.home),
+            };
+            grants.extend(state_dir(&dir, home, agent.described));
+        }
+        for n in agent.home_names {
+            if n.unless_env.is_some_and(|v| env.var(v).is_some()) {
+                continue;
             }
-            Profile::Codex => {
-                let dir = env
-                    .var("CODEX_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| home.join(".codex"));
-                grants.extend(state_dir(
-                    &dir,
-                    home,
-                    "codex's own state ($CODEX_HOME or ~/.codex)",
-                ));
-            }
-            Profile::Gemini => {
-                grants.extend(state_dir(
-                    &home.join(".gemini"),
-                    home,
-                    "gemini's own state (~/.gemini)",
-                ));
-            }
-            Profile::Zcode => {
-                let dir = env
-                    .var("ZCODE_SHELL_AGENT_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| home.join(".zcode-shell-agent"));
-                grants.extend(state_dir(
-                    &dir,
-                    home,
-                    "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
-                ));
-                grants.push(Writable {
-                    matcher: Matcher::NamePrefix {
-                        dir: home.to_path_buf(),
-                        prefix: ".zcode".into(),
-                    },
-                    why: "the zcode backend's own state (~/.zcode*)".into(),
-                    layered: false,
-                });
-            }
+            grants.push(Writable {
+                matcher: Matcher::NamePrefix {
+                    dir: home.to_path_buf(),
+                    prefix: n.prefix.into(),
+                },
+                why: format!("{} (~/{}*)", agent.described, n.prefix),
+                layered: false,
+            });
         }
     }
     grants
@@ -508,6 +311,76 @@ mod tests {
         let d = guess("node index.js", &look);
         assert!(d.profiles.is_empty(), "{}", d.why);
         assert!(d.why.contains("sandbox.backendProfile"), "{}", d.why);
+    }
+
+    #[test]
+    fn every_launch_form_of_the_seven_agents_is_recognised() {
+        let mut look = FakeLook::default();
+        // A uv tool's entry point: a script whose `#!` is its environment.
+        look.path
+            .insert("vibe-acp".into(), "/home/claude/.local/bin/vibe-acp".into());
+        look.scripts.insert(
+            "/home/claude/.local/bin/vibe-acp".into(),
+            "#!/home/claude/.local/share/uv/tools/mistral-vibe/bin/python\nimport sys\n".into(),
+        );
+        look.path
+            .insert("opencode".into(), "/usr/bin/opencode".into());
+        look.links.insert(
+            "/usr/bin/opencode".into(),
+            "/usr/lib/node_modules/opencode-ai/bin/opencode".into(),
+        );
+        for (cmd, want) in [
+            ("npx -y @zed-industries/claude-code-acp@0.16.2", "claude"),
+            (
+                "npx --yes @google/gemini-cli@0.61.0 --experimental-acp",
+                "gemini",
+            ),
+            ("gemini --acp", "gemini"),
+            (
+                "node /usr/lib/node_modules/@google/gemini-cli/dist/index.js --experimental-acp",
+                "gemini",
+            ),
+            ("qwen --acp", "qwen"),
+            ("npx @qwen-code/qwen-code@0.15.10 --acp", "qwen"),
+            (
+                "node /opt/npm/lib/node_modules/@qwen-code/qwen-code/cli.js --acp",
+                "qwen",
+            ),
+            ("opencode acp", "opencode"),
+            ("npx -y opencode-ai@1.18.33 acp", "opencode"),
+            ("bun x opencode-ai acp", "opencode"),
+            ("vibe-acp", "vibe"),
+            ("uvx --from mistral-vibe==3.0.2 vibe-acp", "vibe"),
+            ("pipx run --spec mistral-vibe vibe-acp", "vibe"),
+            ("env OPENAI_API_KEY=x codex-acp", "codex"),
+            ("npm exec --yes -- @zed-industries/codex-acp", "codex"),
+        ] {
+            let d = guess(cmd, &look);
+            assert_eq!(names(&d), vec![want], "{cmd}: {}", d.why);
+        }
+    }
+
+    /// Only the launch chain is evidence: an argument, a shell line, a
+    /// script's comments or the project's own script name nothing.
+    #[test]
+    fn arguments_and_shell_lines_are_not_evidence() {
+        let mut look = FakeLook::default();
+        look.scripts.insert(
+            "./build.sh".into(),
+            "#!/bin/sh\n# run claude-agent-acp here some day\necho codex-acp\nmake all\n".into(),
+        );
+        for cmd in [
+            "sh -c cat notes/zcode-ideas.txt",
+            "bash -c exec claude-agent-acp",
+            "python3 tool.py --name claude-agent-acp",
+            "./build.sh",
+            "make claude",
+            "node -e require('claude-agent-acp')",
+            "/home/claude/projects/tool --agent codex",
+        ] {
+            let d = guess(cmd, &look);
+            assert!(d.profiles.is_empty(), "{cmd}: {}", d.why);
+        }
     }
 
     #[test]

@@ -25,8 +25,6 @@ pub struct Sources<'a> {
     pub state: &'a StateSettings,
     pub once_allows: &'a [PathBuf],
     pub managed: &'a ManagedRoot,
-    /// Only look: no template is created and the ledger is not updated.
-    pub inspect: bool,
 }
 
 /// What [`gather`] found.
@@ -38,7 +36,7 @@ pub struct Gathered {
     pub backend: Detected,
 }
 
-/// Reads everything a policy needs from the machine.
+/// Reads everything a policy needs from the machine, writing nothing.
 pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
     let home = dirs::home_dir().unwrap_or_else(|| PathBuf::from("/"));
     let home = resolve_real(&home)?;
@@ -46,11 +44,8 @@ pub fn gather(src: &Sources<'_>) -> Result<Gathered, ResolveError> {
     let mut projects = Vec::new();
     for ws in src.workspaces {
         let path = resolve_real(ws)?;
-        let mut eff = if src.inspect {
-            project::inspect(&path, src.managed)
-        } else {
-            project::load(&path, src.managed)
-        };
+        // Only read: what a project records is `project::prepare`'s.
+        let mut eff = project::inspect(&path, src.managed);
         let (rules, refused) = project_rules(&eff.rules, &home);
         for why in &refused {
             tracing::warn!(root = %path.display(), "{why}");
@@ -297,6 +292,54 @@ mod tests {
             profiles: names.to_vec(),
             why: String::new(),
         }
+    }
+
+    /// Everything under `dir`: path, size and modification time.
+    fn tree(dir: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let m = e.path().symlink_metadata().unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+                out.push((e.path(), m.len(), m.modified().ok()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Reads do not write: gathering a policy for a project whose
+    /// sandbox.json turns the sandbox on (what `prepare` would record) and
+    /// one with none (whose template `prepare` would make) touches neither
+    /// the projects nor the managed root.
+    #[test]
+    fn gathering_a_policy_writes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let t = resolve_real(t.path()).unwrap();
+        let (on, bare, managed) = (t.join("on"), t.join("bare"), t.join("managed"));
+        std::fs::create_dir_all(on.join(".zcode/acp")).unwrap();
+        std::fs::write(on.join(".zcode/acp/sandbox.json"), r#"{"enabled": true}"#).unwrap();
+        std::fs::create_dir_all(&bare).unwrap();
+        std::fs::create_dir_all(&managed).unwrap();
+        let managed_root = ManagedRoot::new(managed.clone());
+        let before = tree(&t);
+        let gathered = gather(&Sources {
+            platform: Platform::Linux,
+            workspaces: &[on.clone(), bare.clone()],
+            backend: &[],
+            state: &StateSettings::default(),
+            once_allows: &[],
+            managed: &managed_root,
+        })
+        .unwrap();
+        assert!(gathered.projects[0].1.armed);
+        assert_eq!(tree(&t), before, "gathering a policy wrote files");
+        // Preparing, the one place that writes, does.
+        crate::config::project::prepare(&bare, &managed_root);
+        assert!(bare.join(".zcode/acp/sandbox.json").exists());
     }
 
     #[test]

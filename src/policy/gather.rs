@@ -42,15 +42,14 @@ pub fn backend_command(given: Option<&str>) -> anyhow::Result<Vec<String>> {
 }
 
 /// What a policy for `workspaces` is built from, with this user's config
-/// and managed root, as the bridge would gather it (`inspect`: only look,
-/// creating no template and leaving the ledger as it is).
+/// and managed root, as the bridge would gather it. Writes nothing (see
+/// `config::project::prepare` for what arming records).
 pub fn gather_as_user(
     platform: crate::policy::Platform,
     workspaces: &[PathBuf],
     backend: &[String],
     backend_profile: Option<&str>,
     once_allows: &[PathBuf],
-    inspect: bool,
 ) -> anyhow::Result<Gathered> {
     let user = crate::config::load_user_config()?;
     let state = crate::policy::backends::state_settings(&user, backend_profile)
@@ -63,7 +62,6 @@ pub fn gather_as_user(
         state: &state,
         once_allows,
         managed: &managed,
-        inspect,
     })?;
     Ok(Gathered {
         input: gathered.input,

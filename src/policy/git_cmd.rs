@@ -80,15 +80,35 @@ pub const LIMIT: Duration = Duration::from_secs(3);
 pub enum NoAnswer {
     /// It could not be started (not installed, not on PATH).
     Unavailable,
-    /// It took longer than the limit (a FIFO or device in the repository).
+    /// It took longer than the limit (a FIFO or device in the repository),
+    /// or said more than [`MAX_OUTPUT`] (a config made to be huge).
     TimedOut,
 }
 
-pub fn output(mut cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
+/// The most of git's output read: past it, git is stopped and gave no
+/// answer (a config of millions of keys must not fill memory).
+pub const MAX_OUTPUT: usize = 16 << 20;
+
+pub fn output(cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
+    output_with_input(cmd, None, limit)
+}
+
+/// [`output`], with `input` written to git's standard input as it takes
+/// it, in the same loop that reads its output (never a thread: `zcode-acp
+/// run` asks git before it forks, which needs it single-threaded).
+pub fn output_with_input(
+    mut cmd: Command,
+    input: Option<Vec<u8>>,
+    limit: Duration,
+) -> Result<Output, NoAnswer> {
     use std::os::fd::AsFd;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     // A busy machine can refuse a fork for a moment (EAGAIN): once more.
     // Registered as waited for here, so the bridge's reaper of leftover
     // zombies never takes its exit status (this may run off the loop).
@@ -101,25 +121,62 @@ pub fn output(mut cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
         }
     };
     let deadline = Instant::now() + limit;
+    // What is left to write, on a pipe that never blocks.
+    let mut stdin = child.stdin.take();
+    let input = input.unwrap_or_default();
+    let mut written = 0;
+    if let Some(pipe) = &stdin {
+        let flags = nix::fcntl::fcntl(pipe, nix::fcntl::FcntlArg::F_GETFL)
+            .map(nix::fcntl::OFlag::from_bits_truncate)
+            .unwrap_or(nix::fcntl::OFlag::empty());
+        let _ = nix::fcntl::fcntl(
+            pipe,
+            nix::fcntl::FcntlArg::F_SETFL(flags | nix::fcntl::OFlag::O_NONBLOCK),
+        );
+    }
     let mut stdout = child.stdout.take().ok_or(NoAnswer::Unavailable)?;
     let mut out = Vec::new();
     let mut chunk = [0u8; 8192];
     let finished = loop {
+        if written >= input.len() {
+            stdin = None; // all given: git sees its end
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut fds = [nix::poll::PollFd::new(
-            stdout.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
+        let out_fd = nix::poll::PollFd::new(stdout.as_fd(), nix::poll::PollFlags::POLLIN);
+        let mut fds = vec![out_fd];
+        if let Some(pipe) = &stdin {
+            fds.push(nix::poll::PollFd::new(
+                pipe.as_fd(),
+                nix::poll::PollFlags::POLLOUT,
+            ));
+        }
         let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
             Ok(0) if left.is_zero() => break false,
             Ok(0) => continue,
-            Ok(_) => match stdout.read(&mut chunk) {
-                Ok(0) => break true,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break true,
-            },
+            Ok(_) => {
+                let writable = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+                let readable = fds[0].revents().is_some_and(|r| !r.is_empty());
+                if writable {
+                    use std::io::Write;
+                    match stdin.as_mut().map(|p| p.write(&input[written..])) {
+                        Some(Ok(n)) => written += n,
+                        Some(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Some(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        // Git stopped reading (it exited, or needs no more).
+                        _ => written = input.len(),
+                    }
+                }
+                if readable {
+                    match stdout.read(&mut chunk) {
+                        Ok(0) => break true,
+                        Ok(n) if out.len() + n > MAX_OUTPUT => break false,
+                        Ok(n) => out.extend_from_slice(&chunk[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break true,
+                    }
+                }
+            }
             Err(nix::errno::Errno::EINTR) => {}
             Err(_) => break false,
         }
@@ -145,7 +202,7 @@ pub fn output(mut cmd: Command, limit: Duration) -> Result<Output, NoAnswer> {
             stderr: Vec::new(),
         }),
         None => {
-            tracing::warn!(command = ?cmd, "git did not answer within {} s (a FIFO or device in the repository?); stopped it", limit.as_secs());
+            tracing::warn!(command = ?cmd, "git did not answer within {} s or said more than {} MiB (a FIFO, device or huge config in the repository?); stopped it", limit.as_secs(), MAX_OUTPUT >> 20);
             // Our own child, by its handle.
             let _ = child.kill();
             let _ = child.wait();

@@ -11,12 +11,14 @@
 //!
 //! Paths in rules and in queries are real paths (see [`resolve`]).
 
+pub mod agents;
 pub mod backends;
 pub mod build;
 pub mod discover;
 pub mod env;
 pub mod gather;
 pub mod git_cmd;
+pub mod launch;
 pub mod network;
 pub mod offerable;
 pub mod protected;

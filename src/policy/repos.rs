@@ -70,12 +70,8 @@ pub fn repos_of_work_trees(roots: &[PathBuf], work_trees: &[PathBuf]) -> Vec<Rep
 /// `repos` (each work tree once), with the git directories of their
 /// submodules and linked worktrees.
 fn with_their_git_dirs(mut repos: Vec<Repo>) -> Vec<Repo> {
-    let mut seen = Vec::new();
-    repos.retain(|r| {
-        let fresh = !seen.contains(&r.work_tree);
-        seen.push(r.work_tree.clone());
-        fresh
-    });
+    let mut seen = std::collections::HashSet::new();
+    repos.retain(|r| seen.insert(r.work_tree.clone()));
     // Submodules' git directories (`.git/modules/NAME`, nested the same way)
     // hold a config and hooks of their own, checked out or not.
     let mut modules = Vec::new();
@@ -108,12 +104,8 @@ fn with_their_git_dirs(mut repos: Vec<Repo>) -> Vec<Repo> {
         }
     }
     repos.extend(linked);
-    let mut seen = Vec::new();
-    repos.retain(|r| {
-        let fresh = !seen.contains(&r.git_dir);
-        seen.push(r.git_dir.clone());
-        fresh
-    });
+    let mut seen = std::collections::HashSet::new();
+    repos.retain(|r| seen.insert(r.git_dir.clone()));
     repos
 }
 

@@ -289,7 +289,6 @@ fn gather(
         &[],
         Some("none"),
         &[],
-        true,
     )?;
     Ok((gathered.input, gathered.managed))
 }

@@ -57,6 +57,10 @@ pub struct Editor {
     run_as: Option<(u32, u32)>,
     /// Requests of these methods are left for the test to answer.
     pub manual: Vec<&'static str>,
+    /// How long this editor takes between reading a write request and
+    /// making it (a real editor opens a buffer first): the window a racing
+    /// agent would use.
+    pub write_delay: Duration,
 }
 
 /// The bridge's home directory: a fresh temporary one, or one the test
@@ -205,6 +209,7 @@ impl Editor {
             drop_grace: Duration::ZERO,
             run_as: opts.run_as.as_ref().map(|u| (u.0, u.1)),
             manual: Vec::new(),
+            write_delay: Duration::ZERO,
         }
     }
 
@@ -334,6 +339,7 @@ impl Editor {
         let result = match method {
             "fs/write_text_file" => {
                 let p = &v["params"];
+                std::thread::sleep(self.write_delay);
                 std::fs::write(p["path"].as_str().unwrap(), p["content"].as_str().unwrap())
                     .unwrap();
                 json!({})
@@ -1165,6 +1171,9 @@ while True:
         sid,
         &format!("nohup python3 -c '{racer}' > /dev/null 2>&1 & while [ ! -e racing ]; do sleep 0.01; done; echo started"),
     );
+    // An editor that takes a moment to write, as real ones do: without
+    // the hold, the racer has that long to swap the directory.
+    ed.write_delay = Duration::from_millis(1);
     let start = ed.seen.len();
     let id = ed.prompt_request(sid, "/write-seq 2000 d/f x");
     let mut answered: std::collections::HashSet<String> = Default::default();

@@ -9,7 +9,7 @@ mod calls;
 pub mod editor;
 pub mod mcp;
 pub mod rpc;
-mod secret;
+pub(crate) mod secret;
 pub mod stubs;
 
 use std::future::Future;

@@ -239,28 +239,33 @@ async fn connection(
 async fn first_request(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<u8>> {
     let mut head: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 4096];
+    // Blank lines before the first request are dropped as they come (as
+    // `line` skips them), and count against the head's bound: a stranger
+    // sending only whitespace is refused as soon as any other would be.
+    let mut skipped = 0usize;
     loop {
-        // Blank lines before the first request are skipped, as `line` does.
-        let start = head
+        let blank = head
             .iter()
             .position(|b| !b.is_ascii_whitespace())
             .unwrap_or(head.len());
-        let line_end = memchr::memchr(b'\n', &head[start..]).map(|i| start + i);
+        skipped += blank;
+        head.drain(..blank);
+        let line_end = memchr::memchr(b'\n', &head);
         let proven = match line_end {
             Some(end) => Some(
-                serde_json::from_slice::<Value>(&head[start..end])
+                serde_json::from_slice::<Value>(&head[..end])
                     .ok()
                     .is_some_and(|v| shared.is_token(v.get("token").and_then(Value::as_str))),
             ),
-            None if head.len() - start >= FIRST_REQUEST_HEAD => {
-                Some(shared.is_token(leading_str(&head[start..], "token").as_deref()))
+            None if skipped + head.len() >= FIRST_REQUEST_HEAD => {
+                Some(shared.is_token(leading_str(&head, "token").as_deref()))
             }
             None => None,
         };
         match proven {
             Some(true) => return Some(head),
             Some(false) => {
-                let mut line = closing_answer(&leading_id(&head[start..]), shared.stranger());
+                let mut line = closing_answer(&leading_id(&head), shared.stranger());
                 line.push(b'\n');
                 let _ = stream.write_all(&line).await;
                 // The rest of the request is read and dropped (within the
@@ -279,8 +284,8 @@ async fn first_request(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<u
             }
             None => {}
         }
-        let want = (FIRST_REQUEST_HEAD + start)
-            .saturating_sub(head.len())
+        let want = FIRST_REQUEST_HEAD
+            .saturating_sub(skipped + head.len())
             .clamp(1, chunk.len());
         match stream.read(&mut chunk[..want]).await {
             Ok(0) | Err(_) => return None,
@@ -595,7 +600,7 @@ fn leading_id(head: &[u8]) -> Value {
 
 /// The string field `key` near the start of an over-long line (the stubs
 /// write the token right after the id).
-fn leading_str(head: &[u8], key: &str) -> Option<String> {
+pub(crate) fn leading_str(head: &[u8], key: &str) -> Option<String> {
     let head = &head[..head.len().min(HEAD)];
     let text = String::from_utf8_lossy(head);
     let (_, rest) = text.split_once(&format!("\"{key}\":"))?;

@@ -1,0 +1,206 @@
+//! The agents whose own state the sandbox knows, as data: how each is
+//! launched (the names a launch chain shows), where it keeps its state
+//! and what moves it, and the hosts of its API. One table; nothing else
+//! in the code knows an agent by name.
+
+/// A backend whose own state the sandbox knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Claude,
+    Codex,
+    Gemini,
+    Qwen,
+    Opencode,
+    Vibe,
+    Zcode,
+}
+
+/// A directory an agent keeps its state in: `~/<home>`, or where the
+/// variable `env` says (`$env/<under_env>`).
+#[derive(Debug)]
+pub struct StateDir {
+    pub home: &'static str,
+    pub env: Option<&'static str>,
+    pub under_env: &'static str,
+}
+
+/// Names in the home directory an agent saves beside its directories
+/// (`~/.claude.json` and its temporary files), where the variable
+/// `unless_env` does not move them.
+#[derive(Debug)]
+pub struct HomeNames {
+    pub prefix: &'static str,
+    pub unless_env: Option<&'static str>,
+}
+
+/// What the sandbox knows of one agent.
+#[derive(Debug)]
+pub struct Agent {
+    pub profile: Profile,
+    pub name: &'static str,
+    /// Programs and packages that launch it: a launch chain naming one of
+    /// these (its program, an npm package, a Python tool's environment)
+    /// is this agent.
+    pub launchers: &'static [&'static str],
+    pub dirs: &'static [StateDir],
+    pub home_names: &'static [HomeNames],
+    /// The hosts its model API is served from (for the README and the
+    /// network's questions).
+    pub api_hosts: &'static [&'static str],
+    /// What the state is, in words for the log and `doctor`.
+    pub described: &'static str,
+}
+
+const fn dir(home: &'static str, env: Option<&'static str>, under_env: &'static str) -> StateDir {
+    StateDir {
+        home,
+        env,
+        under_env,
+    }
+}
+
+/// Every agent the sandbox knows.
+pub const AGENTS: &[Agent] = &[
+    Agent {
+        profile: Profile::Claude,
+        name: "claude",
+        launchers: &["claude-agent-acp", "claude-code-acp", "claude"],
+        dirs: &[dir(".claude", Some("CLAUDE_CONFIG_DIR"), "")],
+        // Without CLAUDE_CONFIG_DIR Claude keeps its settings in
+        // ~/.claude.json, saved through a temporary file and a lock
+        // directory beside it (`~/.claude.json.tmp.PID.N`,
+        // `~/.claude.json.lock`) renamed over it.
+        home_names: &[HomeNames {
+            prefix: ".claude.json",
+            unless_env: Some("CLAUDE_CONFIG_DIR"),
+        }],
+        api_hosts: &["api.anthropic.com"],
+        described: "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude, and ~/.claude.json)",
+    },
+    Agent {
+        profile: Profile::Codex,
+        name: "codex",
+        launchers: &["codex-acp", "codex"],
+        dirs: &[dir(".codex", Some("CODEX_HOME"), "")],
+        home_names: &[],
+        api_hosts: &["api.openai.com", "chatgpt.com"],
+        described: "codex's own state ($CODEX_HOME or ~/.codex)",
+    },
+    Agent {
+        profile: Profile::Gemini,
+        name: "gemini",
+        launchers: &["gemini", "gemini-cli"],
+        dirs: &[dir(".gemini", Some("GEMINI_CLI_HOME"), ".gemini")],
+        home_names: &[],
+        api_hosts: &[
+            "generativelanguage.googleapis.com",
+            "cloudcode-pa.googleapis.com",
+        ],
+        described: "gemini's own state (~/.gemini, or $GEMINI_CLI_HOME/.gemini)",
+    },
+    Agent {
+        profile: Profile::Qwen,
+        name: "qwen",
+        launchers: &["qwen", "qwen-code"],
+        dirs: &[dir(".qwen", Some("QWEN_HOME"), "")],
+        home_names: &[],
+        api_hosts: &["dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com"],
+        described: "qwen's own state ($QWEN_HOME or ~/.qwen)",
+    },
+    Agent {
+        profile: Profile::Opencode,
+        name: "opencode",
+        launchers: &["opencode", "opencode-ai"],
+        dirs: &[
+            dir(".config/opencode", Some("XDG_CONFIG_HOME"), "opencode"),
+            dir(".local/share/opencode", Some("XDG_DATA_HOME"), "opencode"),
+            dir(".local/state/opencode", Some("XDG_STATE_HOME"), "opencode"),
+            dir(".cache/opencode", Some("XDG_CACHE_HOME"), "opencode"),
+        ],
+        home_names: &[],
+        api_hosts: &["opencode.ai", "models.dev"],
+        described: "opencode's own state (its XDG config, data, state and cache directories)",
+    },
+    Agent {
+        profile: Profile::Vibe,
+        name: "vibe",
+        launchers: &["vibe-acp", "vibe", "mistral-vibe"],
+        dirs: &[dir(".vibe", Some("VIBE_HOME"), "")],
+        home_names: &[],
+        api_hosts: &["api.mistral.ai"],
+        described: "Mistral Vibe's own state ($VIBE_HOME or ~/.vibe)",
+    },
+    Agent {
+        profile: Profile::Zcode,
+        name: "zcode",
+        // `zcode-acp shell-agent` (the launch chain names it so).
+        launchers: &["zcode-shell-agent"],
+        dirs: &[dir(
+            ".zcode-shell-agent",
+            Some("ZCODE_SHELL_AGENT_HOME"),
+            "",
+        )],
+        home_names: &[HomeNames {
+            prefix: ".zcode",
+            unless_env: None,
+        }],
+        api_hosts: &[],
+        described:
+            "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
+    },
+];
+
+impl Profile {
+    pub const ALL: [Profile; 7] = [
+        Profile::Claude,
+        Profile::Codex,
+        Profile::Gemini,
+        Profile::Qwen,
+        Profile::Opencode,
+        Profile::Vibe,
+        Profile::Zcode,
+    ];
+
+    /// This profile's row of [`AGENTS`].
+    pub fn agent(self) -> &'static Agent {
+        AGENTS
+            .iter()
+            .find(|a| a.profile == self)
+            .expect("every profile has a row")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.agent().name
+    }
+
+    /// The profile whose launchers include `launcher` (compared as is:
+    /// the caller gives a program's or package's own name).
+    pub fn launched_as(launcher: &str) -> Option<Profile> {
+        AGENTS
+            .iter()
+            .find(|a| a.launchers.contains(&launcher))
+            .map(|a| a.profile)
+    }
+
+    /// Every profile's name, for messages: `claude, codex, ...`.
+    pub fn names() -> String {
+        Profile::ALL.map(Profile::name).join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_has_one_row_and_no_launcher_is_shared() {
+        for p in Profile::ALL {
+            assert_eq!(AGENTS.iter().filter(|a| a.profile == p).count(), 1);
+        }
+        let mut all: Vec<&str> = AGENTS.iter().flat_map(|a| a.launchers.to_vec()).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a launcher names two agents");
+    }
+}
