@@ -28,7 +28,7 @@ impl Bridge {
     /// Puts a denied write to the user, or joins the prompt already open
     /// for the same path.
     pub(super) fn ask(&mut self, session: String, path: PathBuf, reason: String, held: HeldWrite) {
-        let held = match self.permissions.join(&path, held) {
+        let held = match self.asks.writes.join(&path, held) {
             Joined::Waits => return,
             Joined::New(held) => held,
             Joined::Full(held) => {
@@ -39,10 +39,10 @@ impl Bridge {
                 return self.refuse_write(held, codes::WRITE_DENIED, message);
             }
         };
-        if let Err(why) = self.permissions.may_ask() {
+        if let Err(why) = self.asks.writes.may_ask() {
             // Too many questions: refused without asking, summed up when
             // the turn ends.
-            self.permissions.not_asked(&path);
+            self.asks.writes.not_asked(&path);
             let message = format!(
                 "zcode-acp refused writing {} without asking you ({why}; it is {reason})",
                 path.display()
@@ -70,17 +70,17 @@ impl Bridge {
         direct: bool,
     ) {
         let bid = self.alloc_id();
-        self.announcements += 1;
+        self.editor.announcements += 1;
         let params = prompts::permission_request(
             &session,
-            format!("zcode-acp-allow-{}", self.announcements),
+            format!("zcode-acp-allow-{}", self.editor.announcements),
             title,
             &path,
             text,
             prompts::ALLOW_FLOW,
         );
         self.routes.expect_from_editor(bid, AtEditor::Prompt);
-        self.permissions.opened(
+        self.asks.writes.opened(
             bid,
             Prompt {
                 path,
@@ -97,7 +97,7 @@ impl Bridge {
     /// ([`super::disk`]).
     pub(super) fn on_prompt_answer(&mut self, bid: u64, frame: &Frame) {
         let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
-        let Some(answered) = self.permissions.answered(bid, choice) else {
+        let Some(answered) = self.asks.writes.answered(bid, choice) else {
             return;
         };
         if let Some(list) = answered.record {
@@ -105,6 +105,7 @@ impl Bridge {
             let entry = answered.prompt.path.to_string_lossy().into_owned();
             let root = self
                 .sessions
+                .table
                 .get(&session)
                 .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
             match root {
@@ -146,7 +147,7 @@ impl Bridge {
     /// The writes refused without asking since the last summary, said in
     /// one notice on `session` (at the end of a turn).
     pub(super) fn say_unasked(&mut self, session: &str) {
-        let Some((n, paths)) = self.permissions.take_unasked() else {
+        let Some((n, paths)) = self.asks.writes.take_unasked() else {
             return;
         };
         const SHOWN: usize = 10;
@@ -280,7 +281,7 @@ impl Bridge {
         };
         let offerable = !decision.allowed
             && (decision.kind == crate::policy::Band::Outside || decision.promptable)
-            && !self.permissions.refused_for_good(&real)
+            && !self.asks.writes.refused_for_good(&real)
             && crate::policy::offerable::refusal(&real, &decision, home).is_none();
         if !offerable {
             return false;
@@ -296,14 +297,14 @@ impl Bridge {
             }
             _ => real.clone(),
         };
-        if let Err(why) = self.permissions.may_offer_direct(&grant) {
+        if let Err(why) = self.asks.writes.may_offer_direct(&grant) {
             debug!(path = %grant.display(), why = %why, "not offered");
             if matches!(
                 why,
                 super::permissions::NotOffered::EnoughOpen
                     | super::permissions::NotOffered::EnoughThisTurn
             ) {
-                self.permissions.not_asked(&grant);
+                self.asks.writes.not_asked(&grant);
             }
             return false;
         }
@@ -351,6 +352,7 @@ impl Bridge {
         }
         let Some(roots) = self
             .sessions
+            .table
             .get(session)
             .map(|s| s.roots().cloned().collect::<Vec<_>>())
         else {
@@ -361,15 +363,15 @@ impl Bridge {
                 continue;
             };
             let effective = project::inspect(&root, &self.cfg.managed);
-            if effective.ignored.is_empty() || !self.permissions.ask_config_once(&root) {
+            if effective.ignored.is_empty() || !self.asks.writes.ask_config_once(&root) {
                 continue;
             }
             let bid = self.alloc_id();
-            self.announcements += 1;
+            self.editor.announcements += 1;
             let config = project::config_path(&root);
             let params = prompts::permission_request(
                 session,
-                format!("zcode-acp-config-{}", self.announcements),
+                format!("zcode-acp-config-{}", self.editor.announcements),
                 format!("{} changed: accept?", config.display()),
                 &config,
                 format!(

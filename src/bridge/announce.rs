@@ -15,10 +15,10 @@ impl Bridge {
     }
 
     fn announce(&mut self, session: &str, title: String, text: String) {
-        self.announcements += 1;
+        self.editor.announcements += 1;
         let params = super::prompts::announcement(
             session,
-            format!("zcode-acp-sandbox-{}", self.announcements),
+            format!("zcode-acp-sandbox-{}", self.editor.announcements),
             title,
             text,
         );
@@ -26,7 +26,7 @@ impl Bridge {
     }
 
     fn state_title(&self) -> String {
-        match &self.generation {
+        match &self.gens.current {
             Some(g) => format!("Sandbox: {}", g.confinement),
             None => "Sandbox: no agent is running".into(),
         }
@@ -53,6 +53,7 @@ impl Bridge {
         let home = crate::policy::offerable::real_home();
         let dangerous: Vec<String> = self
             .sessions
+            .table
             .roots()
             .into_iter()
             .filter_map(|r| crate::policy::resolve_real(&r).ok())
@@ -69,22 +70,23 @@ impl Bridge {
 
     /// After the first session of this bridge appears.
     pub(super) fn announce_first_session(&mut self, session: &str) {
-        if self.announced_first {
+        if self.editor.announced_first {
             return;
         }
-        self.announced_first = true;
+        self.editor.announced_first = true;
         let mut text = if self.armed() {
             let mut text = format!(
                 "The agent runs in a writes-only sandbox: it can write in the workspace roots ({}), temp and cache \
                  directories and its own state; writes elsewhere are denied.",
-                self.armed_roots
+                self.gens.armed_roots
                     .iter()
                     .map(|r| r.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             );
             if let Some(profile) = self
-                .generation
+                .gens
+                .current
                 .as_ref()
                 .and_then(|g| g.backend_profile.as_ref())
             {
@@ -116,7 +118,7 @@ impl Bridge {
         if let Some(note) = self.degraded_note() {
             text = format!("{text}\n{note}");
         }
-        if let Some(why) = &self.code_tools.unavailable {
+        if let Some(why) = &self.code.tools.unavailable {
             text = format!("{text}\nrun_code's code cannot reach the editor's files: {why}.");
         }
         if let Some(note) = &self.cfg.startup_note {
@@ -128,7 +130,7 @@ impl Bridge {
 
     /// After a restart: every live session is told why, and what it cost.
     pub(super) fn announce_restart(&mut self, reason: &str) {
-        if !self.announced_first {
+        if !self.editor.announced_first {
             return;
         }
         let mut text = format!(
@@ -147,7 +149,7 @@ impl Bridge {
             text = format!("{text}\n{note}");
         }
         let title = format!("{} (restarted)", self.state_title());
-        let sessions: Vec<String> = self.sessions.live().map(|s| s.id.clone()).collect();
+        let sessions: Vec<String> = self.sessions.table.live().map(|s| s.id.clone()).collect();
         for session in sessions {
             self.announce(&session, title.clone(), text.clone());
         }

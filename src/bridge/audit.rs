@@ -16,46 +16,46 @@ impl Bridge {
     /// in the log now and to the editor with the sandbox's notice.
     pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
-        self.audit_epoch += 1;
-        self.audit_watch = None;
+        self.audit.epoch += 1;
+        self.audit.watch = None;
         if let Some(base) = &baseline {
             for (path, why) in &base.unchecked {
                 warn!(path = %path.display(), "the audit cannot check everything here: {why}; what the agent leaves there is not reverted (open a narrower workspace)");
             }
             // Watched for as long as this generation lives: a change by a
             // process the agent left running is looked at within a second.
-            let tx = self.audit_changes_tx.clone();
+            let tx = self.audit.changes_tx.clone();
             let watcher = audit::watch::Watcher::start(base.watch_targets(), move |dirty| {
                 let _ = tx.send(dirty);
             });
             if let Some(why) = &watcher.degraded {
                 warn!("the audit cannot watch everything for changes ({why}): it also looks every {} s, which costs a walk of the roots each time; raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change instead", audit::watch::POLL.as_secs());
             }
-            self.audit_watch = Some(watcher);
+            self.audit.watch = Some(watcher);
         }
-        self.audit = baseline;
+        self.audit.base = baseline;
     }
 
     /// The watcher saw a change the audit judges: it looks now, whatever
     /// the agent is doing, and puts what it finds to the session whose root
     /// holds it (else the latest turn's, else the first live one).
     pub(super) fn on_audit_change(&mut self, dirty: Vec<std::path::PathBuf>) {
-        if self.audit.is_none() {
+        if self.audit.base.is_none() {
             return;
         }
-        self.audit_dirty.extend(dirty);
+        self.audit.dirty.extend(dirty);
         let session = self
             .routes
             .latest_turn()
             .map(str::to_owned)
-            .or_else(|| self.sessions.live().next().map(|s| s.id.clone()))
+            .or_else(|| self.sessions.table.live().next().map(|s| s.id.clone()))
             .unwrap_or_default();
         self.run_audit(&session);
     }
 
     /// What the watcher cannot do, in words for the editor.
     pub(super) fn audit_watch_note(&self) -> Option<String> {
-        let why = self.audit_watch.as_ref()?.degraded.as_ref()?;
+        let why = self.audit.watch.as_ref()?.degraded.as_ref()?;
         Some(format!(
             "The audit cannot watch everything for changes ({why}): it looks every {} s instead, so what the agent leaves between turns stays on disk up to that long. Raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change.",
             audit::watch::POLL.as_secs()
@@ -65,7 +65,7 @@ impl Bridge {
     /// Where the audit of the running generation cannot look, in words
     /// for the editor.
     pub(super) fn audit_unchecked_note(&self) -> Option<String> {
-        let base = self.audit.as_ref()?;
+        let base = self.audit.base.as_ref()?;
         if base.unchecked.is_empty() {
             return None;
         }
@@ -84,14 +84,14 @@ impl Bridge {
     /// generation is not armed).
     pub(super) fn end_turn_after_audit(&mut self, session: &str, answer: Vec<u8>) {
         self.say_unasked(session);
-        if self.audit.is_none() {
+        if self.audit.base.is_none() {
             self.to_editor(answer);
             return;
         }
-        if self.auditing.is_some() {
-            self.turn_ends_next.push(answer);
+        if self.audit.running.is_some() {
+            self.audit.turn_ends_next.push(answer);
         } else {
-            self.turn_ends.push(answer);
+            self.audit.turn_ends.push(answer);
         }
         self.run_audit(session);
     }
@@ -101,31 +101,31 @@ impl Bridge {
     /// ([`Bridge::after_audit`]). One runs at a time: one asked for
     /// meanwhile runs after it.
     pub(super) fn run_audit(&mut self, session: &str) {
-        let Some(base) = &self.audit else {
+        let Some(base) = &self.audit.base else {
             // No audit will come for what waits on one.
             self.release_turn_ends();
             return;
         };
-        if self.auditing.is_some() {
-            self.audit_again = Some(session.to_owned());
+        if self.audit.running.is_some() {
+            self.audit.again = Some(session.to_owned());
             return;
         }
-        self.auditing = Some(session.to_owned());
-        let dirty = std::mem::take(&mut self.audit_dirty);
+        self.audit.running = Some(session.to_owned());
+        let dirty = std::mem::take(&mut self.audit.dirty);
         self.disk
-            .audit(base.clone(), dirty, self.audit_epoch, session.to_owned());
+            .audit(base.clone(), dirty, self.audit.epoch, session.to_owned());
     }
 
     /// The same, at once, on the loop: before a re-arm and at shutdown,
     /// where what follows must not start before it is done. It covers
     /// every turn that ended before it, so their answers go out.
     pub(super) fn run_audit_now(&mut self, session: &str) {
-        if let Some(base) = &self.audit {
-            let dirty = std::mem::take(&mut self.audit_dirty);
+        if let Some(base) = &self.audit.base {
+            let dirty = std::mem::take(&mut self.audit.dirty);
             let findings = base.audit_with(&dirty);
             // One still running off the loop would bring the same findings
             // again: dropped.
-            self.audit_epoch += 1;
+            self.audit.epoch += 1;
             self.revert_and_ask(session, findings);
         }
         self.release_turn_ends();
@@ -135,24 +135,24 @@ impl Bridge {
     /// unless the generation it was armed for is gone (the audit before the
     /// re-arm covered it); either way the turns it looked after end now.
     pub(super) fn after_audit(&mut self, epoch: u64, session: &str, findings: Vec<Finding>) {
-        self.auditing = None;
-        let current = epoch == self.audit_epoch;
+        self.audit.running = None;
+        let current = epoch == self.audit.epoch;
         if current {
             self.revert_and_ask(session, findings);
         }
-        let mut looked_after = std::mem::take(&mut self.turn_ends);
-        if !current && self.audit_again.is_some() {
+        let mut looked_after = std::mem::take(&mut self.audit.turn_ends);
+        if !current && self.audit.again.is_some() {
             // Dropped for a newer baseline (the user kept a finding
             // meanwhile): its turns wait for the look that runs again.
-            looked_after.append(&mut self.turn_ends_next);
-            self.turn_ends_next = looked_after;
+            looked_after.append(&mut self.audit.turn_ends_next);
+            self.audit.turn_ends_next = looked_after;
         } else {
             for answer in looked_after {
                 self.to_editor(answer);
             }
         }
-        self.turn_ends = std::mem::take(&mut self.turn_ends_next);
-        match self.audit_again.take() {
+        self.audit.turn_ends = std::mem::take(&mut self.audit.turn_ends_next);
+        match self.audit.again.take() {
             Some(next) => self.run_audit(&next),
             None => self.release_turn_ends(),
         }
@@ -162,10 +162,10 @@ impl Bridge {
     /// the look off the loop get one now, so their ends do not wait for
     /// the agent's stop (the look after the stop covers what it did since).
     pub(super) fn audit_held_turns_now(&mut self) {
-        if self.turn_ends.is_empty() && self.turn_ends_next.is_empty() {
+        if self.audit.turn_ends.is_empty() && self.audit.turn_ends_next.is_empty() {
             return;
         }
-        let first = self.sessions.live().next().map(|s| s.id.clone());
+        let first = self.sessions.table.live().next().map(|s| s.id.clone());
         match first {
             Some(session) => self.run_audit_now(&session),
             None => self.release_turn_ends(),
@@ -174,8 +174,8 @@ impl Bridge {
 
     /// Every turn's answer still held goes out.
     pub(super) fn release_turn_ends(&mut self) {
-        let held = std::mem::take(&mut self.turn_ends);
-        let next = std::mem::take(&mut self.turn_ends_next);
+        let held = std::mem::take(&mut self.audit.turn_ends);
+        let next = std::mem::take(&mut self.audit.turn_ends_next);
         for answer in held.into_iter().chain(next) {
             self.to_editor(answer);
         }
@@ -186,6 +186,7 @@ impl Bridge {
     /// session of the turn looked after: the home directory's findings).
     fn session_for(&self, path: &std::path::Path, fallback: &str) -> String {
         self.sessions
+            .table
             .live()
             .find(|s| {
                 s.roots().any(|r| {
@@ -210,7 +211,7 @@ impl Bridge {
         for finding in findings {
             if finding.blind {
                 // Said once, not at every look.
-                if let Some(base) = &mut self.audit {
+                if let Some(base) = &mut self.audit.base {
                     base.said_blind(&finding);
                 }
             }
@@ -218,7 +219,7 @@ impl Bridge {
             if session.is_empty() {
                 // No live session to tell: undone all the same, and logged.
                 if finding.revert.is_some() {
-                    let undone = self.stash.undo(&finding, true);
+                    let undone = self.audit.stash.undo(&finding, true);
                     warn!(path = %finding.path.display(), reverted = undone.reverted.is_ok(), kept = ?undone.kept_at, "the agent left what would run outside the sandbox, with no session open to tell: {}", finding.what);
                 } else {
                     warn!(path = %finding.path.display(), "the agent left what would run outside the sandbox: {}", finding.what);
@@ -252,7 +253,7 @@ impl Bridge {
                 );
                 continue;
             };
-            let undone = self.stash.undo(&finding, room == 0);
+            let undone = self.audit.stash.undo(&finding, room == 0);
             let kept = match (&undone.kept_at, &undone.not_kept) {
                 (Some(at), _) => format!(" The agent's version is kept in {}.", at.display()),
                 (None, Some(why)) => format!(" The agent's version could not be kept: {why}."),
@@ -296,7 +297,7 @@ impl Bridge {
                 told.1 += 1;
             }
             if let (Ok(()), Some(keep)) = (&undone.reverted, undone.keep) {
-                if self.audit_questions.insert(finding.path.clone()) {
+                if self.audit.questions.insert(finding.path.clone()) {
                     to_ask.push((session, finding, keep));
                 }
             }
@@ -304,7 +305,7 @@ impl Bridge {
         let mut unasked: Vec<(String, Finding)> = Vec::new();
         if room == 0 {
             for (session, finding, _) in to_ask.drain(..) {
-                self.audit_questions.remove(&finding.path);
+                self.audit.questions.remove(&finding.path);
                 unasked.push((session, finding));
             }
         }
@@ -329,7 +330,7 @@ impl Bridge {
             if more == 0 && unasked.is_empty() {
                 continue;
             }
-            let at = match self.stash.dir() {
+            let at = match self.audit.stash.dir() {
                 Ok(dir) => dir.display().to_string(),
                 Err(_) => "zcode-acp's stash".to_owned(),
             };
@@ -355,7 +356,7 @@ impl Bridge {
     /// (one finding, or several in one question).
     fn ask_keep(&mut self, session: &str, kept: Vec<(Finding, crate::audit::Action)>) {
         let bid = self.alloc_id();
-        self.announcements += 1;
+        self.editor.announcements += 1;
         let (title, text) = match kept.as_slice() {
             [(f, _)] => (
                 format!("Keep what the agent left in {}?", f.path.display()),
@@ -371,7 +372,7 @@ impl Bridge {
         };
         let params = super::prompts::permission_request(
             session,
-            format!("zcode-acp-audit-{}", self.announcements),
+            format!("zcode-acp-audit-{}", self.editor.announcements),
             title,
             &kept[0].0.path,
             text,
@@ -391,7 +392,7 @@ impl Bridge {
     ) {
         let keep = super::prompts::chosen(frame, &[super::prompts::KEEP]).is_some();
         for (finding, action) in kept {
-            self.audit_questions.remove(&finding.path);
+            self.audit.questions.remove(&finding.path);
             if !keep {
                 info!(path = %finding.path.display(), "the user kept it reverted");
                 continue;
@@ -399,14 +400,14 @@ impl Bridge {
             match action.apply() {
                 Ok(()) => {
                     info!(path = %finding.path.display(), "the user kept the agent's version");
-                    if let Some(base) = &mut self.audit {
+                    if let Some(base) = &mut self.audit.base {
                         base.accept(&finding);
                         // An audit running on the baseline before this answer
                         // would revert what was just kept: it is dropped, and
                         // run again on this one.
-                        self.audit_epoch += 1;
-                        if let Some(session) = self.auditing.clone() {
-                            self.audit_again.get_or_insert(session);
+                        self.audit.epoch += 1;
+                        if let Some(session) = self.audit.running.clone() {
+                            self.audit.again.get_or_insert(session);
                         }
                     }
                 }

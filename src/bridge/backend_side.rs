@@ -17,7 +17,7 @@ impl Bridge {
             Ok(frame) => frame,
             Err((bytes, err)) => return self.on_malformed_backend_frame(&bytes, &err),
         };
-        let generation = self.generation.as_ref().map(|g| g.id).unwrap_or_default();
+        let generation = self.gens.current.as_ref().map(|g| g.id).unwrap_or_default();
         match frame.kind.clone() {
             FrameKind::Request { id, method } => {
                 let frame = match self.police_backend_request(&method, &frame) {
@@ -28,7 +28,7 @@ impl Bridge {
                     },
                     police::Policed::Refuse { code, message } => {
                         warn!(method, "{message}");
-                        if let Some(g) = &self.generation {
+                        if let Some(g) = &self.gens.current {
                             g.send(error_response(&id, code, &message, None));
                         }
                         return;
@@ -68,13 +68,15 @@ impl Bridge {
                 "session/update" => {
                     // Only while a session is being loaded: most updates are chunks.
                     if let Some(sid) = self
+                        .gens
                         .setup
                         .as_ref()
                         .is_some_and(|s| s.loading().is_some())
                         .then(|| frame.session_id())
                         .flatten()
                     {
-                        if self.setup.as_ref().and_then(|s| s.loading()) == Some(sid.as_str()) {
+                        if self.gens.setup.as_ref().and_then(|s| s.loading()) == Some(sid.as_str())
+                        {
                             return debug!(
                                 session = sid,
                                 "swallowed a history replay update of a restored session"
@@ -82,7 +84,7 @@ impl Bridge {
                         }
                     }
                     if let Some((sid, mode)) = track::mode_change(&frame) {
-                        if let Some(s) = self.sessions.get_mut(&sid) {
+                        if let Some(s) = self.sessions.table.get_mut(&sid) {
                             s.mode = Some(mode);
                         }
                     }
@@ -124,8 +126,11 @@ impl Bridge {
                             _ => None,
                         };
                         if !is_error {
-                            opened =
-                                track::apply_success(track.clone(), &frame, &mut self.sessions);
+                            opened = track::apply_success(
+                                track.clone(),
+                                &frame,
+                                &mut self.sessions.table,
+                            );
                             match track {
                                 track::Track::Initialize { params } => {
                                     let hidden = if self.armed() {
@@ -139,10 +144,10 @@ impl Bridge {
                                         Ok(e) => {
                                             self.life.initialized();
                                             edited = e;
-                                            self.caps = track::restore_caps(
+                                            self.sessions.caps = track::restore_caps(
                                                 frame.payload_raw().unwrap_or("null"),
                                             );
-                                            self.initialize = Some(params);
+                                            self.sessions.initialize = Some(params);
                                         }
                                         Err(e) => {
                                             let message = format!("zcode-acp cannot pass on the agent's initialize answer: {e}; the agent's answer is ambiguous, so MCP over ACP could not be hidden while the sandbox is armed");
@@ -157,7 +162,7 @@ impl Bridge {
                                     }
                                 }
                                 track::Track::Authenticate { params } => {
-                                    self.authenticate = Some(params)
+                                    self.sessions.authenticate = Some(params)
                                 }
                                 _ => {}
                             }
@@ -170,7 +175,7 @@ impl Bridge {
                             Some(session) => self.end_turn_after_audit(&session, answer),
                             None => self.to_editor(answer),
                         }
-                        self.code_tools.opened(bid, opened.as_deref());
+                        self.code.tools.opened(bid, opened.as_deref());
                         if let Some(session) = opened {
                             self.announce_first_session(&session);
                             self.confirm_hand_edits(&session);
@@ -286,14 +291,14 @@ impl Bridge {
             },
             _ => return,
         };
-        if let Some(g) = &self.generation {
+        if let Some(g) = &self.gens.current {
             g.send(error_response(id, to_agent.0, &to_agent.1, None));
         }
     }
 
     /// The backend died (or closed its stdout) without being asked to.
     pub(super) fn on_backend_lost(&mut self, status: Option<ExitStatus>, last_words: Vec<String>) {
-        let Some(generation) = self.generation.take() else {
+        let Some(generation) = self.gens.current.take() else {
             return;
         };
         let how = match status {
@@ -310,14 +315,14 @@ impl Bridge {
                 codes::SHUTTING_DOWN,
                 "zcode-acp is shutting down",
             );
-            self.dying.push(generation);
+            self.gens.dying.push(generation);
             return;
         }
         if let Some(why) = self.hold.ended.take() {
             // Ended on purpose (see `hold::end_held_world`): restarted as
             // asked, not counted as a crash.
             let id = generation.id;
-            self.dying.push(generation);
+            self.gens.dying.push(generation);
             self.fail_in_flight(
                 id,
                 codes::BACKEND_CRASHED,
@@ -330,11 +335,11 @@ impl Bridge {
             pid = generation.pid,
             "the agent backend exited unexpectedly ({how})"
         );
-        if self.setup.take().is_some() {
+        if self.gens.setup.take().is_some() {
             error!("the agent backend died while being set up");
         }
         let id = generation.id;
-        self.dying.push(generation);
+        self.gens.dying.push(generation);
         self.on_crash(&how, &last_words, Some(id));
     }
 }

@@ -406,7 +406,7 @@ impl Bridge {
             )));
             return;
         }
-        let id = self.code_tools.fresh_id();
+        let id = self.code.tools.fresh_id();
         let mut params = call.params;
         params.insert("sessionId".into(), json!(call.session));
         let text = json!({"jsonrpc": "2.0", "id": id.as_str().parse::<u64>().unwrap_or(0), "method": call.method, "params": params}).to_string();
@@ -420,7 +420,8 @@ impl Bridge {
                 return;
             }
         };
-        self.code_tools
+        self.code
+            .tools
             .pending
             .insert(id.as_str().to_owned(), call.reply);
         let frame = match self.police_backend_request(call.method, &frame) {
@@ -428,7 +429,7 @@ impl Bridge {
             super::police::Policed::Rewrite(bytes) => match Frame::parse(bytes) {
                 Ok(f) => f,
                 Err(_) => {
-                    return self.code_tools.answer(
+                    return self.code.tools.answer(
                         &id,
                         Err((
                             codes::INTERNAL_ERROR,
@@ -439,7 +440,7 @@ impl Bridge {
             },
             super::police::Policed::Refuse { code, message } => {
                 warn!("run_code's {}: {message}", call.method);
-                return self.code_tools.answer(&id, Err((code, message)));
+                return self.code.tools.answer(&id, Err((code, message)));
             }
             super::police::Policed::Ask {
                 session,
@@ -478,7 +479,7 @@ impl Bridge {
 
     /// What the editor's `initialize` said it offers: `fs.<capability>`.
     pub(super) fn editor_offers_fs(&self, capability: &str) -> bool {
-        let Some(init) = &self.initialize else {
+        let Some(init) = &self.sessions.initialize else {
             return false;
         };
         serde_json::from_str::<Value>(init)
@@ -501,6 +502,6 @@ impl Bridge {
                 Err((code, message))
             }
         };
-        self.code_tools.answer(id, answer);
+        self.code.tools.answer(id, answer);
     }
 }

@@ -156,7 +156,7 @@ impl Bridge {
     }
 
     pub(super) fn dispatch(&mut self, frame: Frame) {
-        let Some(generation) = self.generation.as_ref().map(|g| g.id) else {
+        let Some(generation) = self.gens.current.as_ref().map(|g| g.id) else {
             // No backend right now (it just died): hold the frame for the
             // next generation.
             return self.hold(frame);
@@ -168,11 +168,12 @@ impl Bridge {
                 }
                 if let Some(sid) = self
                     .sessions
+                    .table
                     .any_lost()
                     .then(|| frame.session_id())
                     .flatten()
                 {
-                    if let Some(reason) = self.sessions.lost_reason(&sid) {
+                    if let Some(reason) = self.sessions.table.lost_reason(&sid) {
                         debug!(
                             session = sid,
                             method,
@@ -186,16 +187,17 @@ impl Bridge {
             FrameKind::Request { id, method } => {
                 if let Some(sid) = self
                     .sessions
+                    .table
                     .any_lost()
                     .then(|| frame.session_id())
                     .flatten()
                 {
-                    if let Some(reason) = self.sessions.lost_reason(&sid).map(str::to_owned) {
+                    if let Some(reason) = self.sessions.table.lost_reason(&sid).map(str::to_owned) {
                         match method.as_str() {
                             // These may bring it back.
                             "session/load" | "session/resume" => {}
                             "session/close" => {
-                                self.sessions.forget_lost(&sid);
+                                self.sessions.table.forget_lost(&sid);
                                 return self.to_editor(result_response(&id, "{}"));
                             }
                             _ => {
@@ -214,8 +216,8 @@ impl Bridge {
                 let track = track::editor_request(&method, &frame);
                 if let track::Track::Prompt(_) = track {
                     // A new turn: refusals the user declined may be asked again.
-                    self.permissions.new_turn();
-                    self.net_permissions.new_turn();
+                    self.asks.writes.new_turn();
+                    self.asks.net.new_turn();
                     // What a process the agent left running planted since
                     // the last turn ended is reverted before the next one.
                     if let Some(sid) = frame.session_id() {
@@ -230,7 +232,7 @@ impl Bridge {
                         .map(|p| p.display().to_string())
                         .collect::<Vec<_>>()
                         .join(", ");
-                    self.pending_roots.extend(uncovered);
+                    self.gens.pending_roots.extend(uncovered);
                     self.routes.hold_first(frame);
                     return self.request_restart(&format!(
                         "a session opened a workspace the sandbox does not cover yet ({list})"
@@ -244,7 +246,7 @@ impl Bridge {
                         Ok(enforcer) => {
                             self.sandbox = crate::confine::Sandbox::Ready(enforcer);
                             if let track::Track::Create(s) | track::Track::Reopen(s) = &track {
-                                self.pending_roots.extend(s.roots().cloned());
+                                self.gens.pending_roots.extend(s.roots().cloned());
                             }
                             self.routes.hold_first(frame);
                             return self.request_restart(&format!(
@@ -268,7 +270,7 @@ impl Bridge {
                     self.routes
                         .editor_request(generation, id.clone(), method, track);
                 if let Some(index) = socket.flatten() {
-                    self.code_tools.await_open(bid, index);
+                    self.code.tools.await_open(bid, index);
                 }
                 if reused {
                     warn!(%id, "the editor reused the id of a request still in flight");
@@ -280,7 +282,7 @@ impl Bridge {
                         Err(e) => {
                             warn!("cannot add the run_code server to this session ({e}); it is opened without it");
                             // Nobody is told of its editor socket: closed.
-                            self.code_tools.opened(bid, None);
+                            self.code.tools.opened(bid, None);
                         }
                     }
                 }
@@ -348,9 +350,9 @@ impl Bridge {
         let mut args = self.servers_file_args(servers);
         let mut made = None;
         if let Some(can) = self.editor_fs() {
-            made = match self.servers_files.dir() {
-                Ok(dir) if opening => self.code_tools.for_opening(&dir),
-                Ok(dir) => self.code_tools.for_session(&dir, &session.id),
+            made = match self.code.servers_files.dir() {
+                Ok(dir) if opening => self.code.tools.for_opening(&dir),
+                Ok(dir) => self.code.tools.for_session(&dir, &session.id),
                 Err(e) => {
                     warn!("cannot make run_code's directory ({e}): code cannot reach the editor's files");
                     None
@@ -383,7 +385,7 @@ impl Bridge {
             Some(s) => Some((s, slot)),
             None => {
                 if let Some(index) = slot {
-                    self.code_tools.close(index);
+                    self.code.tools.close(index);
                 }
                 None
             }
@@ -418,7 +420,7 @@ impl Bridge {
     /// The file that hands the session's MCP servers to its run_code
     /// server, if it has any; without it runs get no tools (and say so).
     pub(super) fn servers_file(&mut self, servers: Option<&str>) -> Option<std::path::PathBuf> {
-        match self.servers_files.file_for(servers?) {
+        match self.code.servers_files.file_for(servers?) {
             Ok(file) => file,
             Err(e) => {
                 warn!("cannot hand this session's MCP servers to run_code ({e}); its runs can call no tools");
@@ -466,7 +468,7 @@ impl Bridge {
         let uncovered: Vec<std::path::PathBuf> = session
             .roots()
             .map(|r| crate::policy::resolve_real(r).unwrap_or_else(|_| r.clone()))
-            .filter(|r| !self.armed_roots.iter().any(|a| r.starts_with(a)))
+            .filter(|r| !self.gens.armed_roots.iter().any(|a| r.starts_with(a)))
             .collect();
         (!uncovered.is_empty()).then_some(uncovered)
     }
@@ -515,8 +517,8 @@ impl Bridge {
     }
 
     fn send_to_backend(&mut self, bytes: Vec<u8>) {
-        match &self.generation {
-            Some(g) if g.send_carrying(bytes, self.carried.take()) => {}
+        match &self.gens.current {
+            Some(g) if g.send_carrying(bytes, self.editor.carried.take()) => {}
             _ => debug!("the backend is gone; its stdin no longer takes frames"),
         }
     }
@@ -543,7 +545,7 @@ impl Bridge {
                 id: backend_id,
                 terminal_for,
             } => {
-                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                if self.gens.current.as_ref().map(|g| g.id) != Some(generation) {
                     self.editor_answered_under_hold(bid);
                     return debug!(%backend_id, "dropping the editor's answer to a stopped backend generation");
                 }

@@ -172,7 +172,7 @@ impl Bridge {
         #[cfg(target_os = "linux")]
         let holder = armed.holder?;
         #[cfg(not(target_os = "linux"))]
-        let holder = self.generation.as_ref()?.pid;
+        let holder = self.gens.current.as_ref()?.pid;
         Some(World {
             holder,
             generation_dir: armed.dir.as_ref().map(|d| d.path.clone()),
@@ -211,13 +211,13 @@ impl Bridge {
         self.hold.waiting_bytes = 0;
         for write in std::mem::take(&mut self.hold.waiting) {
             let session = super::frames::session_of(&write.frame);
-            let current = self.generation.as_ref().map(|g| g.id);
+            let current = self.gens.current.as_ref().map(|g| g.id);
             if let Asker::Agent(generation) = write.from {
                 if Some(generation) != current {
                     continue; // that agent is gone; nothing to answer
                 }
             }
-            if write.from == Asker::CodeTool && !self.code_tools.waiting(&write.backend_id) {
+            if write.from == Asker::CodeTool && !self.code.tools.waiting(&write.backend_id) {
                 continue; // its run has ended: nothing is written
             }
             let judged = self.police_backend_request("fs/write_text_file", &write.frame);
@@ -297,10 +297,11 @@ impl Bridge {
             warn!("{message}");
             match entry {
                 super::routing::AtEditor::CodeTool { id } => self
-                    .code_tools
+                    .code
+                    .tools
                     .answer(&id, Err((codes::WRITE_DENIED, message))),
                 super::routing::AtEditor::Backend { generation, id, .. } => {
-                    if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
+                    if let Some(g) = self.gens.current.as_ref().filter(|g| g.id == generation) {
                         g.send(crate::relay::envelope::error_response(
                             &id,
                             codes::WRITE_DENIED,
@@ -392,7 +393,7 @@ impl Bridge {
 
     fn send_deferred_terminals(&mut self) {
         for (generation, id, frame) in std::mem::take(&mut self.hold.deferred_terminals) {
-            if self.generation.as_ref().map(|g| g.id) == Some(generation) {
+            if self.gens.current.as_ref().map(|g| g.id) == Some(generation) {
                 self.forward_backend_request(generation, id, frame);
             }
         }
@@ -403,10 +404,11 @@ impl Bridge {
         warn!("{message}");
         match write.from {
             Asker::CodeTool => self
-                .code_tools
+                .code
+                .tools
                 .answer(&write.backend_id, Err((code, message))),
             Asker::Agent(generation) => {
-                if let Some(g) = self.generation.as_ref().filter(|g| g.id == generation) {
+                if let Some(g) = self.gens.current.as_ref().filter(|g| g.id == generation) {
                     g.send(crate::relay::envelope::error_response(
                         &write.backend_id,
                         code,

@@ -24,6 +24,7 @@ mod frames;
 mod hold;
 mod lifecycle;
 mod net_asks;
+mod parts;
 mod permissions;
 mod police;
 mod prompts;
@@ -45,10 +46,7 @@ use crate::procs;
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::codes;
 use crate::relay::envelope::error_response;
-use crate::relay::writer::{FrameWriter, WriteFailed};
 use crate::relay::{Frame, FrameKind, RawId};
-use crate::session::SessionTable;
-use track::RestoreCaps;
 
 /// How the bridge is run.
 #[derive(Debug, Clone)]
@@ -144,90 +142,28 @@ pub struct Bridge {
     sandbox: Sandbox,
     /// What the running generation (and its terminals) run under.
     confinement: Confinement,
-    /// The thread writing the editor's stdout (see `editor_io`).
-    editor_out: Option<FrameWriter>,
-    /// Fires when writing to the editor fails: it has gone.
-    editor_failed: WriteFailed,
-    /// The bytes in flight toward the editor, shared by every generation's
-    /// reader (see `relay::budget`).
-    to_editor_budget: Budget,
-    /// The permit of the frame being handled: it goes with the first frame
-    /// that handling sends on, and is released when handling ends.
-    carried: std::cell::Cell<Option<Permit>>,
-    editor_in: mpsc::Receiver<EditorEvent>,
-    backend_tx: crate::backend::EventSender,
-    backend_rx: mpsc::UnboundedReceiver<(u64, BackendEvent)>,
-    /// Frames a generation handed on in a batch and not handled yet; they
-    /// come before any later event.
-    backlog: std::collections::VecDeque<Backlogged>,
+    /// Which phase of the backend's life the bridge is in (see `lifecycle`).
+    life: lifecycle::Lifecycle,
+    /// Which request is whose, held frames, terminals (see `routing`).
+    routes: Routes,
     /// Project files written off the loop (see `disk`).
     disk: disk::Disk,
     signals: Signals,
-
-    /// Which phase of the backend's life the bridge is in (see `lifecycle`).
-    life: lifecycle::Lifecycle,
-    /// The generation being set up, while it is.
-    setup: Option<restart::Setup>,
-    generation: Option<Generation>,
-    /// A generation that died; stopped (leftovers killed) by the restart.
-    dying: Vec<Generation>,
-    generations_started: u64,
-    /// Which request is whose, held frames, terminals (see `routing`).
-    routes: Routes,
-
-    sessions: SessionTable,
-    initialize: Option<String>,
-    authenticate: Option<String>,
-    caps: RestoreCaps,
-    /// The roots the running generation was armed for.
-    armed_roots: Vec<std::path::PathBuf>,
-    /// Roots a queued request needs, for the next generation.
-    pending_roots: Vec<std::path::PathBuf>,
-    /// Whether the first session was told the sandbox state.
-    announced_first: bool,
-    announcements: u64,
-    /// What the user said about writes (see `permissions`).
-    permissions: permissions::Permissions,
-    /// What the user said about connections, and the socket the running
-    /// generation's proxy asks on (see `net_asks`).
-    net_permissions: net_asks::NetPermissions,
-    net_asks: net_asks::NetAsks,
-    /// The system log reader for the sandbox's tag, when it has one (macOS).
-    violations: Option<watch::ViolationWatch>,
-    /// What the running armed generation started with, for the post-turn
-    /// audit.
-    audit: Option<crate::audit::Baseline>,
-    /// Which baseline `audit` is (a new one at each arming, and each time
-    /// the user keeps a finding): an audit of an older one that finishes
-    /// late is dropped (and run again on the new one).
-    audit_epoch: u64,
-    /// The session of the audit running off the loop, if one is; and of
-    /// one asked for meanwhile, run when it is done.
-    auditing: Option<String>,
-    audit_again: Option<String>,
-    /// Turns' answers held until the audit that looks after them has
-    /// reverted what it found: the one running, and the one asked for
-    /// meanwhile. The editor sees a turn end only once its reverts are on
-    /// disk.
-    turn_ends: Vec<Vec<u8>>,
-    turn_ends_next: Vec<Vec<u8>>,
-    /// The files handing sessions' MCP servers to their run_code server.
-    servers_files: crate::run_code::inject::ServersFiles,
-    /// The sockets that give run_code the editor's files.
-    code_tools: code_tools::CodeTools,
+    /// The editor's side: its reader and writer, and what it was told.
+    editor: parts::EditorLink,
+    /// The backend generations: the running one, the ones ending, the one
+    /// being set up, and their frames.
+    gens: parts::Generations,
+    /// The sessions, and what restoring them needs.
+    sessions: parts::Sessions,
+    /// What is put to the user: writes, connections, the system's refusals.
+    asks: parts::Asks,
+    /// The audit of the running generation.
+    audit: parts::AuditState,
+    /// `run_code`'s side: its servers' files and the editor's sockets.
+    code: parts::CodeSide,
     /// The agent held still while the editor writes for it (see `hold`).
     hold: hold::WriteHold,
-    /// Where the audit keeps the agent's versions it cannot hold in memory.
-    stash: crate::audit::stash::Stash,
-    /// Paths with a keep question open (asked once until answered).
-    audit_questions: std::collections::HashSet<std::path::PathBuf>,
-    /// The audit's watcher of the running generation, and where it says a
-    /// change was seen.
-    audit_watch: Option<crate::audit::watch::Watcher>,
-    audit_changes_tx: mpsc::UnboundedSender<Vec<std::path::PathBuf>>,
-    audit_changes: mpsc::UnboundedReceiver<Vec<std::path::PathBuf>>,
-    /// The paths the watcher saw change since the last look.
-    audit_dirty: Vec<std::path::PathBuf>,
 }
 
 impl Bridge {
@@ -269,54 +205,61 @@ impl Bridge {
             cfg,
             sandbox,
             confinement: Confinement::Refused("no backend generation is armed yet".into()),
-            editor_out: Some(writer),
-            editor_failed,
-            to_editor_budget,
-            carried: std::cell::Cell::new(None),
-            editor_in,
-            backend_tx,
-            backend_rx,
-            backlog: std::collections::VecDeque::new(),
-            disk: disk::Disk::new(),
-            signals,
             life: lifecycle::Lifecycle::new(
                 Instant::now(),
                 crash_limit,
                 crash_window,
                 crash_cooldown,
             ),
-            setup: None,
-            generation: None,
-            dying: Vec::new(),
-            generations_started: 0,
             routes: Routes::default(),
-            sessions: SessionTable::default(),
-            initialize: None,
-            authenticate: None,
-            caps: RestoreCaps::default(),
-            armed_roots: Vec::new(),
-            pending_roots: Vec::new(),
-            announced_first: false,
-            announcements: 0,
-            permissions: permissions::Permissions::default(),
-            net_permissions: net_asks::NetPermissions::default(),
-            net_asks: net_asks::NetAsks::new(),
-            violations: None,
-            audit: None,
-            audit_epoch: 0,
-            auditing: None,
-            audit_again: None,
-            turn_ends: Vec::new(),
-            turn_ends_next: Vec::new(),
-            servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
-            code_tools: code_tools::CodeTools::new(),
+            disk: disk::Disk::new(),
+            signals,
+            editor: parts::EditorLink {
+                out: Some(writer),
+                failed: editor_failed,
+                budget: to_editor_budget,
+                carried: std::cell::Cell::new(None),
+                inbox: editor_in,
+                announced_first: false,
+                announcements: 0,
+            },
+            gens: parts::Generations {
+                tx: backend_tx,
+                rx: backend_rx,
+                backlog: std::collections::VecDeque::new(),
+                setup: None,
+                current: None,
+                dying: Vec::new(),
+                started: 0,
+                armed_roots: Vec::new(),
+                pending_roots: Vec::new(),
+            },
+            sessions: parts::Sessions::default(),
+            asks: parts::Asks {
+                writes: permissions::Permissions::default(),
+                net: net_asks::NetPermissions::default(),
+                net_asks: net_asks::NetAsks::new(),
+                violations: None,
+            },
+            audit: parts::AuditState {
+                base: None,
+                epoch: 0,
+                running: None,
+                again: None,
+                turn_ends: Vec::new(),
+                turn_ends_next: Vec::new(),
+                stash,
+                questions: Default::default(),
+                watch: None,
+                changes_tx: audit_changes_tx,
+                changes: audit_changes,
+                dirty: Vec::new(),
+            },
+            code: parts::CodeSide {
+                servers_files: crate::run_code::inject::ServersFiles::new(&managed_path),
+                tools: code_tools::CodeTools::new(),
+            },
             hold: hold::WriteHold::default(),
-            stash,
-            audit_questions: Default::default(),
-            audit_watch: None,
-            audit_changes_tx,
-            audit_changes,
-            audit_dirty: Vec::new(),
         };
         if let Some(why) = bridge.cfg.cannot_start.clone() {
             error!("{why}");
@@ -324,7 +267,7 @@ impl Bridge {
         }
         bridge.main_loop().await;
         // Every queued frame reaches the editor before the process exits.
-        if let Some(writer) = bridge.editor_out.take() {
+        if let Some(writer) = bridge.editor.out.take() {
             writer.close().await;
         }
         Ok(())
@@ -335,7 +278,7 @@ impl Bridge {
     /// a backoff or a shutdown deadline) and handle it.
     async fn main_loop(&mut self) {
         loop {
-            if self.backlog.is_empty() {
+            if self.gens.backlog.is_empty() {
                 // A batch ended with frames that sent nothing on.
                 self.flush_editor();
             }
@@ -344,7 +287,7 @@ impl Bridge {
                 restart::Flow::Again => continue,
                 restart::Flow::Wait => {}
             }
-            if let Some(b) = self.backlog.pop_front() {
+            if let Some(b) = self.gens.backlog.pop_front() {
                 self.handle(Event::Backlog(b.generation, b.bytes, b.permit));
                 continue;
             }
@@ -359,21 +302,21 @@ impl Bridge {
 
     async fn next_event(&mut self) -> Event {
         tokio::select! {
-            Some((generation, event)) = self.backend_rx.recv() => Event::Backend(generation, event),
-            event = self.editor_in.recv() => Event::Editor(event.unwrap_or(EditorEvent::Closed)),
-            e = self.editor_failed.wait() => Event::EditorGone(e),
+            Some((generation, event)) = self.gens.rx.recv() => Event::Backend(generation, event),
+            event = self.editor.inbox.recv() => Event::Editor(event.unwrap_or(EditorEvent::Closed)),
+            e = self.editor.failed.wait() => Event::EditorGone(e),
             _ = self.signals.term.recv() => Event::Terminate("SIGTERM"),
             _ = self.signals.int.recv() => Event::Terminate("SIGINT"),
             _ = self.signals.hup.recv() => Event::Hangup,
             _ = self.signals.chld.recv() => Event::Child,
-            Some(v) = watch::next(&mut self.violations) => Event::Refused(v),
+            Some(v) = watch::next(&mut self.asks.violations) => Event::Refused(v),
             done = self.disk.next() => Event::Disk(done),
-            question = self.net_asks.next() => Event::NetworkAsk(question),
-            call = self.code_tools.next() => Event::CodeTool(call),
+            question = self.asks.net_asks.next() => Event::NetworkAsk(question),
+            call = self.code.tools.next() => Event::CodeTool(call),
             event = self.hold.next() => Event::Held(event),
-            Some(mut dirty) = self.audit_changes.recv() => {
+            Some(mut dirty) = self.audit.changes.recv() => {
                 // A burst is one look.
-                while let Ok(more) = self.audit_changes.try_recv() {
+                while let Ok(more) = self.audit.changes.try_recv() {
                     dirty.extend(more);
                 }
                 Event::AuditChange(dirty)
@@ -384,7 +327,7 @@ impl Bridge {
     fn handle(&mut self, event: Event) {
         let of_a_batch = matches!(event, Event::Backlog(..));
         self.handle_one(event);
-        match (self.carried.take(), &self.editor_out) {
+        match (self.editor.carried.take(), &self.editor.out) {
             // A batch's share, its last frame sending nothing on: the
             // frames before it may still be on their way to the editor,
             // and the share stays in flight until they are written.
@@ -398,7 +341,7 @@ impl Bridge {
     /// waits on anything (an agent stopping or starting), so answers are
     /// never held back by it.
     fn flush_editor(&self) {
-        if let Some(out) = &self.editor_out {
+        if let Some(out) = &self.editor.out {
             out.flush();
         }
     }
@@ -406,7 +349,7 @@ impl Bridge {
     fn handle_one(&mut self, event: Event) {
         match event {
             Event::Editor(EditorEvent::Frame(bytes, permit)) => {
-                self.carried.set(permit);
+                self.editor.carried.set(permit);
                 self.on_editor_bytes(bytes)
             }
             Event::Editor(EditorEvent::TooLarge { prefix, size }) => {
@@ -422,17 +365,17 @@ impl Bridge {
                 self.begin_shutdown_within("the editor stopped reading", Duration::ZERO)
             }
             Event::Backlog(generation, bytes, permit) => {
-                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                if self.gens.current.as_ref().map(|g| g.id) != Some(generation) {
                     return debug!(
                         generation,
                         "ignoring a frame of a stopped backend generation"
                     );
                 }
-                self.carried.set(permit);
+                self.editor.carried.set(permit);
                 self.on_backend_bytes(bytes)
             }
             Event::Backend(generation, event) => {
-                if self.generation.as_ref().map(|g| g.id) != Some(generation) {
+                if self.gens.current.as_ref().map(|g| g.id) != Some(generation) {
                     debug!(
                         generation,
                         "ignoring an event from a stopped backend generation"
@@ -448,12 +391,13 @@ impl Bridge {
                         // when that frame's are.
                         let last = frames.len().saturating_sub(1);
                         let mut permit = Some(permit);
-                        self.backlog
-                            .extend(frames.into_iter().enumerate().map(|(i, bytes)| Backlogged {
+                        self.gens.backlog.extend(frames.into_iter().enumerate().map(
+                            |(i, bytes)| Backlogged {
                                 generation,
                                 bytes,
                                 permit: if i == last { permit.take() } else { None },
-                            }))
+                            },
+                        ))
                     }
                     BackendEvent::TooLarge { prefix, size } => {
                         self.on_backend_too_large(&prefix, size)
@@ -470,11 +414,12 @@ impl Bridge {
             }
             Event::Child => {
                 let spare: Vec<i32> = self
-                    .generation
+                    .gens
+                    .current
                     .iter()
-                    .chain(self.dying.iter())
+                    .chain(self.gens.dying.iter())
                     .map(|g| g.pid)
-                    .chain(self.violations.as_ref().and_then(|w| w.pid))
+                    .chain(self.asks.violations.as_ref().and_then(|w| w.pid))
                     .collect();
                 let reaped = procs::reap_zombie_children(&spare);
                 if reaped > 0 {
@@ -557,11 +502,11 @@ impl Bridge {
     }
 
     fn to_editor(&self, frame: Vec<u8>) {
-        if let Some(out) = &self.editor_out {
-            out.send(frame, self.carried.take());
+        if let Some(out) = &self.editor.out {
+            out.send(frame, self.editor.carried.take());
             // While a batch of the agent's frames is being handled, what
             // they produce goes to the writer together (see `main_loop`).
-            if self.backlog.is_empty() {
+            if self.gens.backlog.is_empty() {
                 out.flush();
             }
         }
@@ -583,7 +528,7 @@ impl Bridge {
         // A session that will not open now: the editor socket made for it
         // is closed (the editor sends the request again, and gets another).
         for bid in orphans.sent_as {
-            self.code_tools.opened(bid, None);
+            self.code.tools.opened(bid, None);
         }
         for bid in orphans.at_editor {
             self.to_editor(crate::relay::envelope::notification(
@@ -601,8 +546,9 @@ impl Bridge {
         self.release_hold_now();
         // Its helper's pid is nobody's to join from now on.
         self.confinement.released_by(generation.pid);
-        self.net_asks.stop();
+        self.asks.net_asks.stop();
         let spare: Vec<i32> = self
+            .asks
             .violations
             .as_ref()
             .and_then(|w| w.pid)
@@ -653,7 +599,7 @@ impl Bridge {
     /// As `begin_shutdown`, the backend given `grace` at most (asked while
     /// ending, a shorter grace cuts the running one short).
     fn begin_shutdown_within(&mut self, why: &str, grace: Duration) {
-        let grace = if self.generation.is_some() {
+        let grace = if self.gens.current.is_some() {
             grace
         } else {
             Duration::ZERO
@@ -664,13 +610,13 @@ impl Bridge {
         }
         info!("shutting down: {why}");
         self.life.shut_down(Instant::now() + grace);
-        self.setup = None;
+        self.gens.setup = None;
         for frame in self.routes.take_held() {
             if let crate::relay::FrameKind::Request { id, .. } = &frame.kind {
                 self.answer_error(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
             }
         }
-        if let Some(generation) = self.generation.as_mut() {
+        if let Some(generation) = self.gens.current.as_mut() {
             generation.close_stdin();
         }
     }
@@ -679,24 +625,24 @@ impl Bridge {
     /// and every leftover descendant is killed.
     async fn finish_shutdown(&mut self) {
         self.audit_held_turns_now();
-        if let Some(generation) = self.generation.take() {
+        if let Some(generation) = self.gens.current.take() {
             let id = generation.id;
             self.fail_in_flight(id, codes::SHUTTING_DOWN, "zcode-acp is shutting down");
             self.stop_generation(generation).await;
         }
-        for generation in std::mem::take(&mut self.dying) {
+        for generation in std::mem::take(&mut self.gens.dying) {
             self.stop_generation(generation).await;
         }
         // Nothing of the agent runs any more: what it planted since the
         // last turn ended is reverted (and logged) before the bridge goes.
-        let first = self.sessions.live().next().map(|s| s.id.clone());
+        let first = self.sessions.table.live().next().map(|s| s.id.clone());
         match first {
             Some(session) => self.run_audit_now(&session),
             // Nobody to put a finding to; what waits on an audit goes out.
             None => self.release_turn_ends(),
         }
         // Its `log` child would otherwise outlive the bridge.
-        self.violations = None;
+        self.asks.violations = None;
         // The user's answers reach sandbox.json before the process exits.
         self.flush_editor();
         self.disk.settle(Duration::from_secs(5)).await;

@@ -293,7 +293,7 @@ impl Bridge {
         let Question::Asked(ask, answer) = question else {
             return;
         };
-        let Some(answer) = self.net_permissions.consider(&ask, answer) else {
+        let Some(answer) = self.asks.net.consider(&ask, answer) else {
             return;
         };
         let Some(session) = self.routes.latest_turn().map(str::to_owned) else {
@@ -306,7 +306,7 @@ impl Bridge {
             return;
         };
         let bid = self.alloc_id();
-        self.announcements += 1;
+        self.editor.announcements += 1;
         // The address as well as the name: the name is the agent's to choose.
         let dest = authority(&ask.host, ask.port);
         let title = if ask.host == ask.addr.to_string() || ask.addr.is_unspecified() {
@@ -326,7 +326,7 @@ impl Bridge {
         );
         let params = prompts::connection_request(
             &session,
-            format!("zcode-acp-network-{}", self.announcements),
+            format!("zcode-acp-network-{}", self.editor.announcements),
             title,
             text,
         );
@@ -337,7 +337,7 @@ impl Bridge {
             "asking the user whether the agent may connect"
         );
         self.routes.expect_from_editor(bid, AtEditor::NetPrompt);
-        self.net_permissions.opened(
+        self.asks.net.opened(
             bid,
             NetPrompt {
                 ask,
@@ -351,7 +351,7 @@ impl Bridge {
     /// Withdraws from the editor the network prompts whose askers all
     /// gave up.
     fn withdraw_abandoned_prompts(&mut self) {
-        for bid in self.net_permissions.prune() {
+        for bid in self.asks.net.prune() {
             info!(
                 request = bid,
                 "a network prompt is withdrawn: the connection it asked about is no longer waiting"
@@ -366,7 +366,7 @@ impl Bridge {
     /// The user answered a network prompt.
     pub(super) fn on_net_prompt_answer(&mut self, bid: u64, frame: &Frame) {
         let choice = prompts::chosen(frame, prompts::ALLOW_FLOW);
-        let Some(answered) = self.net_permissions.answered(bid, choice) else {
+        let Some(answered) = self.asks.net.answered(bid, choice) else {
             return;
         };
         let NetAnswered {
@@ -391,6 +391,7 @@ impl Bridge {
         let table = NetworkTable::opening(&ask.host, ask.port, ask.addr, ask.zone);
         let root = self
             .sessions
+            .table
             .get(&prompt.session)
             .and_then(|s| crate::policy::resolve_real(&s.cwd).ok());
         match (table, root) {

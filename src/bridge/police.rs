@@ -165,8 +165,8 @@ impl Bridge {
             }
         };
         let granted = decision.kind != Band::Island
-            && !self.permissions.refused_for_good(&real)
-            && self.permissions.granted(&real);
+            && !self.asks.writes.refused_for_good(&real)
+            && self.asks.writes.granted(&real);
         if decision.allowed || granted {
             // The editor follows symlinks when it writes: it gets the real
             // path that was judged, not the one the agent named. (A symlink
@@ -182,7 +182,7 @@ impl Bridge {
         let home = crate::policy::offerable::real_home();
         let why = match crate::policy::offerable::refusal(&real, &decision, home.as_deref()) {
             Some(never) => never,
-            None if self.permissions.refused_for_good(&real) => {
+            None if self.asks.writes.refused_for_good(&real) => {
                 "you chose never to allow it".to_owned()
             }
             None => {

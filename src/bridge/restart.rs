@@ -106,13 +106,13 @@ impl Bridge {
         // (`stop_generation`, `arm`, `finish_shutdown`).
         match self.life.phase().clone() {
             Phase::ShuttingDown { deadline }
-                if self.generation.is_none() || Instant::now() >= deadline =>
+                if self.gens.current.is_none() || Instant::now() >= deadline =>
             {
                 self.finish_shutdown().await;
                 return Flow::Exit;
             }
             Phase::Draining
-                if self.generation.is_none() || self.editor_requests_in_flight() == 0 =>
+                if self.gens.current.is_none() || self.editor_requests_in_flight() == 0 =>
             {
                 self.stop_drained().await;
                 return Flow::Again;
@@ -123,10 +123,10 @@ impl Bridge {
             }
             _ => {}
         }
-        if self.dying.is_empty() {
+        if self.gens.dying.is_empty() {
             return Flow::Wait;
         }
-        for generation in std::mem::take(&mut self.dying) {
+        for generation in std::mem::take(&mut self.gens.dying) {
             self.stop_generation(generation).await;
         }
         Flow::Again
@@ -140,7 +140,7 @@ impl Bridge {
     /// is answered rather than lost.
     async fn stop_drained(&mut self) {
         self.audit_held_turns_now();
-        if let Some(old) = self.generation.take() {
+        if let Some(old) = self.gens.current.take() {
             let id = old.id;
             self.stop_generation(old).await;
             self.fail_in_flight(
@@ -153,11 +153,11 @@ impl Bridge {
     }
 
     async fn try_start(&mut self) {
-        for dead in std::mem::take(&mut self.dying) {
+        for dead in std::mem::take(&mut self.gens.dying) {
             self.stop_generation(dead).await;
         }
         // Before a re-arm: the audit of what the last generation left.
-        let first = self.sessions.live().next().map(|s| s.id.clone());
+        let first = self.sessions.table.live().next().map(|s| s.id.clone());
         match first {
             Some(session) => self.run_audit_now(&session),
             // Nobody to put a finding to; what waits on an audit goes out.
@@ -189,9 +189,10 @@ impl Bridge {
     fn roots_to_arm(&self) -> Vec<PathBuf> {
         let mut roots: Vec<PathBuf> = self
             .sessions
+            .table
             .roots()
             .iter()
-            .chain(&self.pending_roots)
+            .chain(&self.gens.pending_roots)
             .map(|r| crate::policy::resolve_real(r).unwrap_or_else(|_| r.clone()))
             .collect();
         roots.sort();
@@ -222,7 +223,7 @@ impl Bridge {
         if !offered {
             return Vec::new();
         }
-        match self.servers_files.dir() {
+        match self.code.servers_files.dir() {
             Ok(dir) => vec![crate::policy::resolve_real(&dir).unwrap_or(dir)],
             Err(e) => {
                 warn!(
@@ -242,7 +243,7 @@ impl Bridge {
         self.flush_editor();
         let sandbox = self.sandbox.clone();
         let (argv, roots) = (self.cfg.backend.clone(), roots.to_vec());
-        let grants = self.permissions.grants().to_vec();
+        let grants = self.asks.writes.grants().to_vec();
         let (state, managed) = (self.cfg.state.clone(), self.cfg.managed.clone());
         let armed = tokio::task::spawn_blocking(move || {
             let confinement = sandbox.arm_backend(&BackendRequest {
@@ -287,14 +288,14 @@ impl Bridge {
         confinement: Confinement,
         roots: Vec<PathBuf>,
     ) -> Result<(), StartFailure> {
-        self.generations_started += 1;
-        let id = self.generations_started;
+        self.gens.started += 1;
+        let id = self.gens.started;
         // The last generation's files go now (it was stopped before), and
         // a refusal leaves nothing of it behind.
         self.confinement = confinement;
         // Listening before the generation's proxy may ask.
         if let Some(socket) = self.network_asks_socket() {
-            self.net_asks.listen(socket);
+            self.asks.net_asks.listen(socket);
         }
         let backend = crate::confine::Command {
             argv: self.cfg.backend.clone(),
@@ -322,8 +323,8 @@ impl Bridge {
             id,
             &cmd,
             self.cfg.max_frame_bytes,
-            self.backend_tx.clone(),
-            self.to_editor_budget.clone(),
+            self.gens.tx.clone(),
+            self.editor.budget.clone(),
         )
         .map_err(|e| StartFailure::Failed(e.to_string()))?;
         // Editor terminals of this generation enter its namespaces.
@@ -335,9 +336,9 @@ impl Bridge {
             command = ?cmd.argv,
             "agent backend started"
         );
-        self.generation = Some(generation);
-        self.armed_roots = roots;
-        self.pending_roots.clear();
+        self.gens.current = Some(generation);
+        self.gens.armed_roots = roots;
+        self.gens.pending_roots.clear();
         Ok(())
     }
 
@@ -391,16 +392,16 @@ impl Bridge {
     /// Sends a request of the bridge's own to the running generation;
     /// its answer comes back through [`Bridge::on_bridge_answer`].
     fn call(&mut self, method: &str, params: &str) -> Option<u64> {
-        let gen_id = self.generation.as_ref()?.id;
+        let gen_id = self.gens.current.as_ref()?.id;
         let bid = self.routes.bridge_request(gen_id);
-        if let Some(g) = &self.generation {
+        if let Some(g) = &self.gens.current {
             g.send(request(bid, method, params));
         }
         Some(bid)
     }
 
     fn begin_setup(&mut self) {
-        let Some(init) = self.initialize.clone() else {
+        let Some(init) = self.sessions.initialize.clone() else {
             // The editor has not initialized yet; it will do so itself.
             return self.finish_setup();
         };
@@ -423,7 +424,7 @@ impl Bridge {
     ) {
         // Without a generation it died, and its loss was handled already.
         if let Some(awaiting) = self.call(method, params) {
-            self.setup = Some(Setup {
+            self.gens.setup = Some(Setup {
                 awaiting,
                 step,
                 sessions,
@@ -434,7 +435,7 @@ impl Bridge {
 
     /// The answer to a request of the bridge's own.
     pub(super) fn on_bridge_answer(&mut self, bid: u64, outcome: CallOutcome) {
-        let Some(setup) = self.setup.take_if(|s| s.awaiting == bid) else {
+        let Some(setup) = self.gens.setup.take_if(|s| s.awaiting == bid) else {
             return debug!(
                 bid,
                 "an answer to a request of the bridge's own that nothing awaits"
@@ -451,11 +452,11 @@ impl Bridge {
                 CallOutcome::Ok(result) => {
                     self.life.initialized();
                     let caps = super::track::restore_caps(&result);
-                    if caps != self.caps {
-                        warn!(caps = %caps, previous = %self.caps, "the restarted agent advertises different session capabilities");
+                    if caps != self.sessions.caps {
+                        warn!(caps = %caps, previous = %self.sessions.caps, "the restarted agent advertises different session capabilities");
                     }
-                    self.caps = caps;
-                    match self.authenticate.clone() {
+                    self.sessions.caps = caps;
+                    match self.sessions.authenticate.clone() {
                         Some(auth) => self.await_step(
                             "authenticate",
                             &auth,
@@ -524,18 +525,18 @@ impl Bridge {
     /// generation is stopped and counted as a failure.
     fn setup_failed(&mut self, why: String) {
         error!("starting the agent backend failed: {why}");
-        let generation = self.generation.take().map(|g| {
+        let generation = self.gens.current.take().map(|g| {
             let id = g.id;
-            self.dying.push(g);
+            self.gens.dying.push(g);
             id
         });
         self.on_crash(&why, &[], generation);
     }
 
     fn begin_restore(&mut self, login_problem: Option<String>) {
-        let sessions: VecDeque<Session> = self.sessions.live().cloned().collect();
+        let sessions: VecDeque<Session> = self.sessions.table.live().cloned().collect();
         if !sessions.is_empty() {
-            info!(count = sessions.len(), caps = %self.caps, "restoring live sessions on the new backend");
+            info!(count = sessions.len(), caps = %self.sessions.caps, "restoring live sessions on the new backend");
         }
         self.next_session(sessions, login_problem)
     }
@@ -550,10 +551,10 @@ impl Bridge {
             // but can load, load (the replayed history is swallowed) before
             // calling the session lost.
             let mut methods = Vec::new();
-            if self.caps.resume {
+            if self.sessions.caps.resume {
                 methods.push("session/resume");
             }
-            if self.caps.load {
+            if self.sessions.caps.load {
                 methods.push("session/load");
             }
             if methods.is_empty() {
@@ -639,7 +640,7 @@ impl Bridge {
     /// Set up: the generation runs, the editor hears why it was restarted,
     /// and what it sent meanwhile is released, in order.
     fn finish_setup(&mut self) {
-        self.setup = None;
+        self.gens.setup = None;
         // What the sandbox's helpers could not set up as planned, in this
         // log too (theirs reaches only the agent's stderr).
         if let Some(note) = self.degraded_note() {
@@ -660,7 +661,7 @@ impl Bridge {
             session,
             "session could not be carried over to the restarted agent: {reason}"
         );
-        self.sessions.mark_lost(session, reason);
+        self.sessions.table.mark_lost(session, reason);
     }
 }
 

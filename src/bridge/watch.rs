@@ -80,10 +80,10 @@ impl super::Bridge {
     /// stops reading when it has none.
     pub(super) fn watch_violations(&mut self) {
         let tag = self.sandbox.violation_tag().map(str::to_owned);
-        if self.violations.as_ref().map(|w| &w.tag) == tag.as_ref() {
+        if self.asks.violations.as_ref().map(|w| &w.tag) == tag.as_ref() {
             return;
         }
-        self.violations = tag.and_then(|t| ViolationWatch::start(&t));
+        self.asks.violations = tag.and_then(|t| ViolationWatch::start(&t));
     }
 }
 

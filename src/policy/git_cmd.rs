@@ -155,7 +155,10 @@ pub fn output_with_input(
             Ok(0) if left.is_zero() => break false,
             Ok(0) => continue,
             Ok(_) => {
-                let writable = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+                let writable = fds
+                    .get(1)
+                    .and_then(|f| f.revents())
+                    .is_some_and(|r| !r.is_empty());
                 let readable = fds[0].revents().is_some_and(|r| !r.is_empty());
                 if writable {
                     use std::io::Write;
