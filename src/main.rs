@@ -16,25 +16,35 @@ const USAGE_HINT: &str = r#"zcode-acp needs an agent backend to run.
 or set ZCODE_ACP_BACKEND, or put {"backend": ["codex-acp"]} in the user config
 file (~/.config/zcode-acp/config.json on Linux).
 
-In Zed, add this to settings.json:
+In Zed, add this to settings.json (ZCODE_ACP_SANDBOX=1 turns the sandbox on):
 
   "agent_servers": {
-    "Sandboxed agent": {
+    "Claude (sandboxed)": {
       "type": "custom",
       "command": "zcode-acp",
       "args": ["--", "claude-agent-acp"],
-      "env": {}
+      "env": { "ZCODE_ACP_SANDBOX": "1" }
     }
   }
 
 Try it first with the embedded agent:  zcode-acp demo
 "#;
 
+/// What `--help` ends with: how the sandbox is turned on, and where to
+/// see whether it is.
+const SWITCH_HELP: &str = "The sandbox is off unless something turns it on:
+  ZCODE_ACP_SANDBOX=1                 in the agent's environment: on for every project
+  {\"sandbox\": {\"enabled\": true}}      in the user config (~/.config/zcode-acp/config.json;
+                                      macOS: ~/Library/Application Support/zcode-acp/): the same
+  {\"enabled\": true}                   in a project's .zcode/acp/sandbox.json: on for that project
+--no-sandbox runs the agent unconfined on purpose. `zcode-acp doctor` says whether it is on.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "zcode-acp",
     version,
-    about = "A bridge between an ACP editor and an agent backend",
+    about = "A writes-only sandbox between an ACP editor and an agent backend",
+    after_help = SWITCH_HELP,
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -75,7 +85,7 @@ struct BridgeArgs {
     #[arg(long)]
     code_exec: bool,
 
-    /// Whose state the agent may write: claude, codex, gemini, zcode or none
+    /// Whose state the agent may write: claude, codex, gemini, qwen, opencode, vibe, zcode or none
     /// (default: read from the backend command; also ZCODE_ACP_BACKEND_PROFILE).
     #[arg(long, value_name = "PROFILE")]
     backend_profile: Option<String>,

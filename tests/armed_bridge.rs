@@ -594,6 +594,9 @@ fn a_terminals_env_cannot_take_over_the_process_the_editor_starts() {
     if !require_kernel_features() {
         return;
     }
+    if !common::require_tool("gcc", "apt install gcc libc6-dev") {
+        return;
+    }
     // A library that, once loaded anywhere, writes a marker outside.
     let outside = tempfile::tempdir_in(scratch_base()).unwrap();
     let outside = std::fs::canonicalize(outside.path()).unwrap();
@@ -1263,4 +1266,86 @@ fn a_cache_that_cannot_be_layered_is_private_and_said() {
         .map(|l| l.raw.clone())
         .unwrap_or_else(|| panic!("no notice says the cache is private"));
     assert!(notice.contains("private, empty"), "{notice}");
+}
+
+/// An agent no profile knows keeps its state in `~/.newagent`: its first
+/// refused save becomes one question in the editor; after "Allow for this
+/// agent, always" its saves land (from its next prompt), the place is in
+/// the user config under the agent's name, and a second bridge on another
+/// project lets it save without a question. Checked on disk.
+#[test]
+fn an_agent_nobody_profiled_is_asked_about_its_state_once_and_remembered() {
+    if !require_kernel_features() {
+        return;
+    }
+    // A user's home (not a temp dir), the agent installed in it as a
+    // script run by python3, as a user would launch it.
+    let base = home_like_a_users("zcode-newagent");
+    let home = std::fs::canonicalize(base.path()).unwrap();
+    let script = home.join("bin/newagent.py");
+    std::fs::create_dir_all(script.parent().unwrap()).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/newagent.py"),
+        &script,
+    )
+    .unwrap();
+    let (p1, p2) = (home.join("p1"), home.join("p2"));
+    for p in [&p1, &p2] {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    let start = || {
+        let mut opts = Options::new(vec!["python3".into(), script.display().to_string()])
+            .env("ZCODE_ACP_SANDBOX", "1");
+        opts.home_at = Some(home.clone());
+        opts.outer_ns = true;
+        let mut ed = Editor::start_with(opts);
+        ed.initialize();
+        ed
+    };
+    let questions = |ed: &Editor| {
+        ed.seen
+            .iter()
+            .filter(|l| l.value["method"] == "session/request_permission")
+            .count()
+    };
+    let state = home.join(".newagent/state.json");
+
+    let mut ed = start();
+    let sid = ed.new_session(&p1);
+    let before = ed.seen.len();
+    let id = ed.prompt_request(&sid, "save");
+    let asked = answer_prompt(&mut ed, "state-always");
+    let title = asked["params"]["toolCall"]["title"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        title.contains("newagent") && title.contains("~/.newagent"),
+        "{asked}"
+    );
+    ed.response(&id);
+    assert_eq!(ed.agent_text_since(before, &sid), "not saved");
+    assert!(!state.exists());
+    // From its next prompt (the sandbox re-armed when the turn ended).
+    let (_, text) = ed.prompt(&sid, "save");
+    assert_eq!(text, "saved");
+    assert!(state.exists());
+    let (_, text) = ed.prompt(&sid, "save");
+    assert_eq!(text, "saved");
+    assert_eq!(questions(&ed), 1, "asked once");
+    let config = std::fs::read_to_string(home.join("config/zcode-acp/config.json")).unwrap();
+    assert!(
+        config.contains("agentState") && config.contains("~/.newagent"),
+        "{config}"
+    );
+    drop(ed);
+
+    // Another bridge, another project: remembered, no question.
+    let mut ed = start();
+    let sid = ed.new_session(&p2);
+    let (_, text) = ed.prompt(&sid, "save");
+    assert_eq!(text, "saved");
+    assert_eq!(questions(&ed), 0);
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(saved["prompts"], 3);
 }

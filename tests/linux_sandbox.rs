@@ -575,6 +575,11 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
     if !require_kernel_features() {
         return;
     }
+    if !common::require_tool("tmux", "apt install tmux")
+        || !common::require_tool("gpg-agent", "apt install gnupg")
+    {
+        return;
+    }
     tmux_server_outside(&places(), None, false);
     tmux_server_outside(&places(), None, true);
     // A workspace under /tmp, whose tree the sandbox carries into its
@@ -587,6 +592,11 @@ fn services_that_write_for_the_caller_are_out_of_reach() {
 #[test]
 fn services_that_write_for_the_caller_are_out_of_reach_as_an_unprivileged_user() {
     if !require_kernel_features() {
+        return;
+    }
+    if !common::require_tool("tmux", "apt install tmux")
+        || !common::require_tool("gpg-agent", "apt install gnupg")
+    {
         return;
     }
     let user = TestUser::create();
@@ -1256,6 +1266,9 @@ fn name_prefix_grants(p: &Places, user: Option<&TestUser>, home: &Path) {
     std::fs::set_permissions(home.join(".bashrc"), PermissionsExt::from_mode(0o644)).unwrap();
     // A dotfile manager's symlink that happens to carry the prefix.
     std::os::unix::fs::symlink(home.join(".bashrc"), home.join(".claude.json.link")).unwrap();
+    // A second name of .bashrc that happens to carry the prefix: writing
+    // it must not reach .bashrc.
+    std::fs::hard_link(home.join(".bashrc"), home.join(".claude.json.hl-old")).unwrap();
     // A lock directory a crashed run left behind: it must stay removable.
     std::fs::create_dir(home.join(".claude.json.stale-lock")).unwrap();
     std::fs::write(p.ws.join("moved-in"), "x").unwrap();
@@ -1279,7 +1292,7 @@ t lock sh -c 'mkdir {h}/.claude.json.lock && touch {h}/.claude.json.lock && rmdi
 t relative sh -c 'cd {h} && set -C && echo rel > .claude.json.rel'
 t read-back sh -c 'test "$(cat {h}/.claude.json)" = {{\"v\":\"new\"}}'
 t suid python3 -c 'import os; os.open("{h}/.claude.json.bin", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o4755)'
-t in-place sh -c 'echo over > {h}/.claude.json'
+t in-place sh -c 'echo {{\"v\":\"over\"}} > {h}/.claude.json'
 t stale-lock rmdir {h}/.claude.json.stale-lock
 t no-fd-left timeout 10 python3 -c '
 import os, resource
@@ -1300,6 +1313,8 @@ t rename-out sh -c 'set -C; echo x > {h}/.claude.json.x && mv {h}/.claude.json.x
 t rename-in python3 -c 'import os; os.rename("{ws}/moved-in", "{h}/.claude.json.in")'
 t hardlink ln {h}/.bashrc {h}/.claude.json.hl
 t symlink ln -s {h}/.bashrc {h}/.claude.json.sl
+t symlink-sibling ln -s .bashrc {h}/.claude.json.sl2
+t second-name sh -c 'echo evil > {h}/.claude.json.hl-old'
 t dotdot sh -c 'echo x > {h}/../{name}/.claude.json.dd'
 t managed sh -c 'echo x > {h}/.zcode-acp/x'
 t race python3 {race} {h}
@@ -1331,6 +1346,7 @@ t race python3 {race} {h}
         "relative",
         "read-back",
         "stale-lock",
+        "in-place",
         "no-fd-left",
         // Creates went through while the path flipped under them, and the
         // flipped name was never made.
@@ -1346,7 +1362,6 @@ t race python3 {race} {h}
     for no in [
         // A set-user-ID mode is refused outright (the seccomp filter).
         "suid",
-        "in-place",
         "bashrc",
         "profile",
         "through-link",
@@ -1355,13 +1370,16 @@ t race python3 {race} {h}
         "rename-in",
         "hardlink",
         "symlink",
+        "symlink-sibling",
+        "second-name",
         "dotdot",
         "managed",
     ] {
         assert_eq!(result(no), "no", "{no} got through: {stdout}");
     }
-    // On disk: the saves landed, nothing else changed.
-    assert_eq!(content(&home.join(".claude.json")), "{\"v\":\"new\"}\n");
+    // On disk: the saves landed (the last one in place), nothing else
+    // changed.
+    assert_eq!(content(&home.join(".claude.json")), "{\"v\":\"over\"}\n");
     // The rename out of the prefix was refused after the create it needs
     // went through (so the refusal is the rename's).
     assert!(home.join(".claude.json.x").exists());
@@ -1384,6 +1402,7 @@ t race python3 {race} {h}
         ".claude.json.in",
         ".claude.json.hl",
         ".claude.json.sl",
+        ".claude.json.sl2",
         ".claude.json.dd",
     ] {
         assert!(
@@ -1398,6 +1417,72 @@ t race python3 {race} {h}
         .unwrap()
         .uid();
     assert_eq!(owner, user.map_or(0, |u| u.uid));
+}
+
+/// A name-prefix grant does not depend on the calls a program picks: each
+/// way of making, replacing or removing a name (raw system calls, so no
+/// libc picks another) works for a granted name in HOME and is refused for
+/// `~/.profile` and `~/.bashrc`, checked on disk.
+#[test]
+fn every_call_that_makes_a_name_works_for_granted_names_only() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join(".bashrc"), "original\n").unwrap();
+    let fixture = p.ws.join("prefix_calls.py");
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/prefix_calls.py"
+        ),
+        &fixture,
+    )
+    .unwrap();
+    let script = format!("python3 {} {}", fixture.display(), home.display());
+    let argv = run_sh(None, "claude", &p.ws, &script);
+    let (out, unchanged) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines.len() >= 11,
+        "the calls did not all run: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in &lines {
+        assert!(
+            line.ends_with(" granted=ok other=no"),
+            "{line}\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // On disk: every granted name the calls made is there; the others are
+    // not, and .bashrc is as it was.
+    for made in [
+        ".claude.json.oe",
+        ".claude.json.oc",
+        ".claude.json.oct",
+        ".claude.json.oa",
+        ".claude.json.rn-to",
+        ".claude.json.ln-to",
+        ".claude.json.sl",
+        ".claude.json.dir",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(home.join(made)).is_ok(),
+            "{made} missing"
+        );
+    }
+    assert_eq!(content(&home.join(".claude.json.tr")), "");
+    assert!(!home.join(".claude.json.rm").exists());
+    assert!(std::fs::symlink_metadata(home.join(".profile")).is_err());
+    assert_eq!(content(&home.join(".bashrc")), "original\n");
 }
 
 /// Every sandbox gets the seccomp filter (one more than outside); only a

@@ -173,20 +173,20 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
     argv
 }
 
-/// The README's `agent_servers` blocks for codex and Claude are the
-/// commands these tests run (read from the README itself, so the two
-/// cannot drift apart).
+/// The README's quick-start `agent_servers` blocks for codex and Claude
+/// are the commands these tests run (read from the README itself, so the
+/// two cannot drift apart).
 #[test]
 fn the_readmes_zed_blocks_are_the_ones_tested() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = &readme[readme.find("## Use it from Zed").expect("the Zed section")..];
+    let section = &readme[readme.find("## Quick start").expect("the quick start")..];
     let start = section.find("```json\n").expect("a json block") + "```json\n".len();
     let block = &section[start..start + section[start..].find("```").unwrap()];
     let servers: Value = serde_json::from_str(&format!("{{{block}}}")).expect("the block is JSON");
     for (name, agent) in [
-        ("Codex (zcode-acp)", Agent::Codex),
-        ("Claude (zcode-acp)", Agent::Claude),
+        ("Codex (sandboxed)", Agent::Codex),
+        ("Claude (sandboxed)", Agent::Claude),
     ] {
         let entry = &servers["agent_servers"][name];
         assert_eq!(entry["command"], "zcode-acp", "{name}");
@@ -993,7 +993,14 @@ fn codex_with_a_tool_server(w: &World) -> (Editor, String) {
     let mut run = Run::new(Agent::Codex, Launch::NodeScript);
     run.bridge_args = vec!["--code-exec".into()];
     let mut ed = run.start(w);
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+    // In the user's home, not in the checkout: a checkout under /tmp cannot
+    // be read from a sandbox, whose /tmp is its own.
+    let fixture = w.home.join("mcp_tools.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py"),
+        &fixture,
+    )
+    .unwrap();
     let r = ed.call(
         "session/new",
         json!({"cwd": w.ws, "mcpServers": [{"name": "fs", "command": "python3", "args": [fixture], "env": []}]}),

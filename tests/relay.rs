@@ -686,6 +686,22 @@ fn no_backend_prints_the_zed_setup_and_exits_2() {
         err.contains("agent_servers") && err.contains("\"type\": \"custom\""),
         "{err}"
     );
+    // The block it offers turns the sandbox on: copied as it is, the
+    // agent is sandboxed.
+    assert!(
+        err.contains("\"env\": { \"ZCODE_ACP_SANDBOX\": \"1\" }"),
+        "{err}"
+    );
+    // And --help says how the sandbox is turned on.
+    let help = std::process::Command::new(BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("ZCODE_ACP_SANDBOX=1") && help.contains(".zcode/acp/sandbox.json"),
+        "{help}"
+    );
 }
 
 #[test]

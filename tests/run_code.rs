@@ -22,6 +22,13 @@ const AGENTS_BIN: &str = concat!(
     "/tests/agents/node_modules/.bin"
 );
 
+/// Whether a TypeScript runner is here (tsx, from `npm ci --prefix
+/// tests/agents`); else the TypeScript part of a test is a printed skip.
+fn typescript_here() -> bool {
+    std::path::Path::new(AGENTS_BIN).join("tsx").exists()
+        || common::skip("typescript needs tsx: npm ci --prefix tests/agents")
+}
+
 /// A user's world: a home (not under a temp directory), a project in it,
 /// an "outside" folder beside the project, and the user config.
 struct World {
@@ -218,6 +225,9 @@ async fn every_language_runs_where_its_interpreter_exists_and_says_which() {
         ("sh", "echo hello from sh"),
     ];
     for (language, source) in programs {
+        if language == "typescript" && !typescript_here() {
+            continue;
+        }
         let entry = langs["languages"]
             .as_array()
             .unwrap()
@@ -426,6 +436,9 @@ async fn the_memory_ceiling_stops_python_a_node_array_and_node_buffers() {
         ("node", "const a = [];\nfor (let i = 0; i < 256; i++) a.push(Buffer.alloc(16 << 20, 1));\nconsole.log('survived')"),
         ("typescript", "const a: Buffer[] = [];\nfor (let i = 0; i < 256; i++) a.push(Buffer.alloc(16 << 20, 1));\nconsole.log('survived')"),
     ] {
+        if language == "typescript" && !typescript_here() {
+            continue;
+        }
         let (r, text) = server.run(json!({"language": language, "source": source})).await;
         assert_eq!(r["ok"], false, "{language}: {r}");
         assert_eq!(r["error"]["code"], "memory", "{language}: {r}");
@@ -842,7 +855,14 @@ impl ToolWorld {
         // write nothing else.
         let count = world.workspace().join("served");
         let servers = world.path().join("servers.json");
-        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py");
+        // Beside the servers file, not in the checkout: a checkout under
+        // /tmp cannot be read from a sandbox, whose /tmp is its own.
+        let fixture = world.path().join("mcp_tools.py");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_tools.py"),
+            &fixture,
+        )
+        .unwrap();
         let defs = json!([{"name": "fs", "command": "python3", "args": [fixture],
             "env": [{"name": "MCP_TOOLS_COUNT", "value": count}]}]);
         std::fs::write(&servers, defs.to_string()).unwrap();
@@ -939,6 +959,9 @@ console.log("path=" + createRequire(import.meta.url).resolve("zcode-tools").repl
 console.log("path=" + process.env.ZCODE_RUN_DIR);
 "#;
     for (language, source) in [("python", python), ("typescript", typescript)] {
+        if language == "typescript" && !typescript_here() {
+            continue;
+        }
         let before = tw.served();
         let (r, text) = server
             .run(json!({"language": language, "source": source, "tools": ["fs.list_files", "fs.echo"]}))
@@ -1036,6 +1059,9 @@ zcode_tools.result("still here")
 #[tokio::test]
 async fn calls_past_the_concurrency_limit_or_the_clock_are_refused_catchably() {
     if !require_kernel_features() {
+        return;
+    }
+    if !typescript_here() {
         return;
     }
     let tw =
@@ -1323,7 +1349,13 @@ print("unbounded")
 /// environment) once for each of `names`.
 fn probe_servers(world: &World, names: &[&str]) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_probe.py");
+    // Beside the servers file, not in the checkout (see ToolWorld::new).
+    let fixture = world.path().join("mcp_probe.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_probe.py"),
+        &fixture,
+    )
+    .unwrap();
     let defs: Vec<Value> = names
         .iter()
         .map(|n| json!({"name": n, "command": "python3", "args": [fixture], "env": []}))
@@ -1442,6 +1474,9 @@ await result({ language: "typescript" });
             "yy yyy y yyyy yyyyy\nstring {\"a\":1}\n",
         ),
     ] {
+        if language == "typescript" && !typescript_here() {
+            continue;
+        }
         let (r, _) = server
             .run(json!({"language": language, "source": source, "tools": tools}))
             .await;

@@ -1,7 +1,7 @@
 //! The audit: what an armed agent left that the user's own, unsandboxed
 //! tools would run or obey later.
 //!
-//! The guarantee, in one sentence (README, "The audit"): nothing the agent
+//! The guarantee, in one sentence (docs/editor.md, "The audit"): nothing the agent
 //! creates, changes or removes in a hidden file or directory of your roots,
 //! in a file named as a tool's configuration, in a git repository's config
 //! or hooks, or in an agent's settings and the scripts they name, stays on

@@ -36,29 +36,38 @@ struct Tail {
 }
 
 impl Tail {
-    fn feed(&mut self, chunk: &[u8]) {
+    /// Takes what was read; returns the lines it completed that may report
+    /// a write the sandbox refused (see [`may_report_refusal`]).
+    fn feed(&mut self, chunk: &[u8]) -> Vec<String> {
+        let mut refusals = Vec::new();
         for piece in chunk.split_inclusive(|b| *b == b'\n') {
             let room = TAIL_LINE_BYTES.saturating_sub(self.partial.len());
             let content = piece.strip_suffix(b"\n").unwrap_or(piece);
             self.partial
                 .extend_from_slice(&content[..content.len().min(room)]);
             if piece.ends_with(b"\n") {
-                self.end_line();
+                if let Some(line) = self.end_line() {
+                    if may_report_refusal(&line) {
+                        refusals.push(line);
+                    }
+                }
             }
         }
+        refusals
     }
 
-    fn end_line(&mut self) {
+    fn end_line(&mut self) -> Option<String> {
         let line = String::from_utf8_lossy(&std::mem::take(&mut self.partial))
             .trim_end()
             .to_owned();
         if line.is_empty() {
-            return;
+            return None;
         }
         if self.lines.len() == TAIL_LINES {
             self.lines.pop_front();
         }
-        self.lines.push_back(line);
+        self.lines.push_back(line.clone());
+        Some(line)
     }
 
     fn take(&mut self) -> Vec<String> {
@@ -66,6 +75,23 @@ impl Tail {
         self.lines.drain(..).collect()
     }
 }
+
+/// Whether a line of the agent's stderr may report a write the kernel
+/// refused (the bridge reads which path, see `bridge::refusals`).
+fn may_report_refusal(line: &str) -> bool {
+    [
+        "Read-only file system",
+        "EROFS",
+        "ermission denied",
+        "peration not permitted",
+    ]
+    .iter()
+    .any(|m| line.contains(m))
+}
+
+/// At most this many such lines are handed to the bridge per generation:
+/// an agent that prints refusals in a loop costs nothing past them.
+const MAX_REFUSAL_LINES: usize = 64;
 
 /// What a generation reports to the bridge.
 #[derive(Debug)]
@@ -77,6 +103,9 @@ pub enum BackendEvent {
         prefix: Vec<u8>,
         size: usize,
     },
+    /// A line of the agent's stderr that may report a write the sandbox
+    /// refused it (its own state, which no tool call shows).
+    RefusedOnStderr(String),
     /// The generation is gone: its stdout closed, or it exited. Sent once,
     /// after every frame it wrote.
     Lost {
@@ -133,16 +162,22 @@ impl Generation {
         let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
         let mut stderr = spawned.stderr;
         let kept = tail.clone();
+        let told = events.clone();
         tokio::spawn(async move {
             use tokio::io::AsyncReadExt;
             let mut ours = tokio::io::stderr();
             let mut buf = vec![0u8; 8192];
+            let mut handed = 0;
             loop {
                 match stderr.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if let Ok(mut t) = kept.lock() {
-                            t.feed(&buf[..n]);
+                        let refusals = kept.lock().map(|mut t| t.feed(&buf[..n]));
+                        for line in refusals.unwrap_or_default() {
+                            if handed < MAX_REFUSAL_LINES {
+                                handed += 1;
+                                let _ = told.send((id, BackendEvent::RefusedOnStderr(line)));
+                            }
                         }
                         let _ = ours.write_all(&buf[..n]).await;
                     }

@@ -16,7 +16,7 @@ impl Bridge {
     /// in the log now and to the editor with the sandbox's notice.
     pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
-        self.audit.epoch += 1;
+        self.audit.looks.outdate();
         self.audit.watch = None;
         if let Some(base) = &baseline {
             for (path, why) in &base.unchecked {
@@ -88,11 +88,7 @@ impl Bridge {
             self.to_editor(answer);
             return;
         }
-        if self.audit.running.is_some() {
-            self.audit.turn_ends_next.push(answer);
-        } else {
-            self.audit.turn_ends.push(answer);
-        }
+        self.audit.looks.hold(answer);
         self.run_audit(session);
     }
 
@@ -106,14 +102,12 @@ impl Bridge {
             self.release_turn_ends();
             return;
         };
-        if self.audit.running.is_some() {
-            self.audit.again = Some(session.to_owned());
+        let Some(epoch) = self.audit.looks.start(session) else {
             return;
-        }
-        self.audit.running = Some(session.to_owned());
+        };
         let dirty = std::mem::take(&mut self.audit.dirty);
         self.disk
-            .audit(base.clone(), dirty, self.audit.epoch, session.to_owned());
+            .audit(base.clone(), dirty, epoch, session.to_owned());
     }
 
     /// The same, at once, on the loop: before a re-arm and at shutdown,
@@ -125,7 +119,7 @@ impl Bridge {
             let findings = base.audit_with(&dirty);
             // One still running off the loop would bring the same findings
             // again: dropped.
-            self.audit.epoch += 1;
+            self.audit.looks.outdate();
             self.revert_and_ask(session, findings);
         }
         self.release_turn_ends();
@@ -135,24 +129,14 @@ impl Bridge {
     /// unless the generation it was armed for is gone (the audit before the
     /// re-arm covered it); either way the turns it looked after end now.
     pub(super) fn after_audit(&mut self, epoch: u64, session: &str, findings: Vec<Finding>) {
-        self.audit.running = None;
-        let current = epoch == self.audit.epoch;
-        if current {
+        let done = self.audit.looks.finish(epoch);
+        if done.current {
             self.revert_and_ask(session, findings);
         }
-        let mut looked_after = std::mem::take(&mut self.audit.turn_ends);
-        if !current && self.audit.again.is_some() {
-            // Dropped for a newer baseline (the user kept a finding
-            // meanwhile): its turns wait for the look that runs again.
-            looked_after.append(&mut self.audit.turn_ends_next);
-            self.audit.turn_ends_next = looked_after;
-        } else {
-            for answer in looked_after {
-                self.to_editor(answer);
-            }
+        for answer in done.release {
+            self.to_editor(answer);
         }
-        self.audit.turn_ends = std::mem::take(&mut self.audit.turn_ends_next);
-        match self.audit.again.take() {
+        match done.again {
             Some(next) => self.run_audit(&next),
             None => self.release_turn_ends(),
         }
@@ -162,7 +146,7 @@ impl Bridge {
     /// the look off the loop get one now, so their ends do not wait for
     /// the agent's stop (the look after the stop covers what it did since).
     pub(super) fn audit_held_turns_now(&mut self) {
-        if self.audit.turn_ends.is_empty() && self.audit.turn_ends_next.is_empty() {
+        if !self.audit.looks.holds_any() {
             return;
         }
         let first = self.sessions.table.live().next().map(|s| s.id.clone());
@@ -174,9 +158,7 @@ impl Bridge {
 
     /// Every turn's answer still held goes out.
     pub(super) fn release_turn_ends(&mut self) {
-        let held = std::mem::take(&mut self.audit.turn_ends);
-        let next = std::mem::take(&mut self.audit.turn_ends_next);
-        for answer in held.into_iter().chain(next) {
+        for answer in self.audit.looks.take_held() {
             self.to_editor(answer);
         }
     }
@@ -405,10 +387,7 @@ impl Bridge {
                         // An audit running on the baseline before this answer
                         // would revert what was just kept: it is dropped, and
                         // run again on this one.
-                        self.audit.epoch += 1;
-                        if let Some(session) = self.audit.running.clone() {
-                            self.audit.again.get_or_insert(session);
-                        }
+                        self.audit.looks.rerun();
                     }
                 }
                 Err(e) => {

@@ -44,6 +44,12 @@ pub(super) enum DiskDone {
         session: String,
         findings: Vec<crate::audit::Finding>,
     },
+    /// An agent's state location, remembered for it in the user config.
+    Remembered {
+        session: String,
+        location: PathBuf,
+        result: Result<(), String>,
+    },
     /// An "always allow" of a connection, in the project's network table.
     NetworkRecorded {
         session: String,
@@ -74,6 +80,17 @@ impl std::fmt::Display for DiskDone {
             DiskDone::NetworkRecorded { what, result, .. } => {
                 write!(f, "record of {what}: {}", outcome(result))
             }
+            DiskDone::Remembered {
+                location, result, ..
+            } => write!(
+                f,
+                "{} remembered: {}",
+                location.display(),
+                match result {
+                    Ok(()) => "done".to_owned(),
+                    Err(e) => format!("failed: {e}"),
+                }
+            ),
         }
     }
 }
@@ -116,6 +133,42 @@ impl Disk {
     pub fn new() -> Disk {
         let (tx, rx) = mpsc::unbounded_channel();
         Disk { tx, rx, pending: 0 }
+    }
+
+    /// Remembers `location` as `agent`'s state in the user config (the
+    /// answer "for this agent, always" given on `session`).
+    pub fn remember_agent_state(
+        &mut self,
+        managed: &ManagedRoot,
+        agent: String,
+        location: PathBuf,
+        home: PathBuf,
+        session: String,
+    ) {
+        let (tx, managed) = (self.tx.clone(), managed.clone());
+        self.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let config = crate::config::user_config_path();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::config::remember::remember_agent_state(
+                    config.as_deref(),
+                    &agent,
+                    &location,
+                    &home,
+                    &managed,
+                )
+                .map_err(|e| e.to_string())
+            }))
+            .unwrap_or_else(|_| Err(DiskError::Panicked.to_string()));
+            if let Err(e) = &result {
+                tracing::warn!(location = %location.display(), "could not remember the agent's state location in the user config ({e}); it holds until zcode-acp exits");
+            }
+            let _ = tx.send(DiskDone::Remembered {
+                session,
+                location,
+                result,
+            });
+        });
     }
 
     /// Records `entry` in `root`'s `list` for the answer given on

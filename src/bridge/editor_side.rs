@@ -535,6 +535,9 @@ impl Bridge {
             AtEditor::Prompt => self.on_prompt_answer(bid, &frame),
             AtEditor::NetPrompt => self.on_net_prompt_answer(bid, &frame),
             AtEditor::ConfigPrompt { root } => self.on_config_answer(root, &frame),
+            AtEditor::AgentStatePrompt { agent, location } => {
+                self.on_agent_state_answer(agent, location, &frame)
+            }
             AtEditor::AuditPrompt { kept } => self.on_audit_answer(kept, &frame),
             AtEditor::CodeTool { id } => {
                 self.code_tool_answered(&id, &frame);

@@ -12,6 +12,7 @@
 //! loop never waits on; what is in flight each way is bounded by the
 //! readers (see `relay::budget`).
 
+mod agent_state;
 mod allow;
 mod announce;
 mod audit;
@@ -239,15 +240,12 @@ impl Bridge {
                 writes: permissions::Permissions::default(),
                 net: net_asks::NetPermissions::default(),
                 net_asks: net_asks::NetAsks::new(),
+                agent_state: Default::default(),
                 violations: None,
             },
             audit: parts::AuditState {
                 base: None,
-                epoch: 0,
-                running: None,
-                again: None,
-                turn_ends: Vec::new(),
-                turn_ends_next: Vec::new(),
+                looks: parts::Looks::default(),
                 stash,
                 questions: Default::default(),
                 watch: None,
@@ -402,6 +400,7 @@ impl Bridge {
                     BackendEvent::TooLarge { prefix, size } => {
                         self.on_backend_too_large(&prefix, size)
                     }
+                    BackendEvent::RefusedOnStderr(line) => self.on_refused_on_stderr(&line),
                     BackendEvent::Lost {
                         status,
                         stderr_tail,
@@ -451,6 +450,11 @@ impl Bridge {
                 session,
                 findings,
             }) => self.after_audit(epoch, &session, findings),
+            Event::Disk(disk::DiskDone::Remembered {
+                session,
+                location,
+                result,
+            }) => self.after_remembered(&session, &location, result),
             Event::Disk(disk::DiskDone::Prepared { root }) => {
                 debug!(root = %root.display(), "prepared the project's sandbox.json and ledger")
             }

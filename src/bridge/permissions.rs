@@ -124,6 +124,14 @@ impl Permissions {
         self.grants.iter().any(|g| path.starts_with(g))
     }
 
+    /// Grants `path` for this bridge's lifetime (an agent's state place
+    /// the user allowed).
+    pub fn grant(&mut self, path: PathBuf) {
+        if !self.granted(&path) {
+            self.grants.push(path);
+        }
+    }
+
     /// The grants made in this bridge, for the next generation's policy.
     pub fn grants(&self) -> &[PathBuf] {
         &self.grants

@@ -49,6 +49,24 @@ pub(super) const REJECT_ALWAYS: PromptOption = option(
 pub(super) const ALLOW_FLOW: &[PromptOption] =
     &[ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS];
 
+/// Where an agent no profile knows keeps its state.
+pub(super) const STATE_ALWAYS: PromptOption = option(
+    "state-always",
+    "Allow for this agent, always",
+    acp::PermissionOptionKind::AllowAlways,
+);
+pub(super) const STATE_ONCE: PromptOption = option(
+    "state-once",
+    "Allow until zcode-acp exits",
+    acp::PermissionOptionKind::AllowOnce,
+);
+pub(super) const STATE_NO: PromptOption = option(
+    "state-no",
+    "Don't allow",
+    acp::PermissionOptionKind::RejectOnce,
+);
+pub(super) const STATE_FLOW: &[PromptOption] = &[STATE_ALWAYS, STATE_ONCE, STATE_NO];
+
 /// Hand edits of sandbox.json.
 pub(super) const ACCEPT_CONFIG: PromptOption = option(
     "accept-config",

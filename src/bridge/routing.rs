@@ -78,6 +78,11 @@ pub(super) enum AtEditor {
     Prompt,
     /// A prompt about a refused connection (see `net_asks`).
     NetPrompt,
+    /// Whether an agent no profile knows may keep its state at `location`.
+    AgentStatePrompt {
+        agent: String,
+        location: std::path::PathBuf,
+    },
     /// A confirmation of hand edits of a project's sandbox.json.
     ConfigPrompt { root: std::path::PathBuf },
     /// Keep or revert what the audit reverted: each finding, with what

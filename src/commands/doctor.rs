@@ -19,7 +19,7 @@ pub struct DoctorArgs {
     /// ZCODE_ACP_BACKEND or the user config).
     #[arg(long, value_name = "COMMAND")]
     pub backend: Option<String>,
-    /// Whose state is writable: claude, codex, gemini, zcode or none
+    /// Whose state is writable: claude, codex, gemini, qwen, opencode, vibe, zcode or none
     /// (default: read from the backend command).
     #[arg(long, value_name = "PROFILE")]
     pub backend_profile: Option<String>,
@@ -34,9 +34,60 @@ fn describe(m: &Matcher) -> String {
     }
 }
 
+/// What turns the sandbox on for every project, if anything: the
+/// environment or the user config (one that cannot be read arms it too).
+fn global_switch() -> Result<Option<String>, String> {
+    match crate::config::load_user_config() {
+        Ok(user) => Ok(crate::config::sandbox_requested_globally(&user)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The first line `doctor` prints: whether the sandbox is on, and what
+/// turns it on (or how to).
+fn on_or_off(global: &Result<Option<String>, String>, armed_projects: &[&Path]) -> String {
+    match global {
+        Ok(Some(why)) => format!("sandbox: on ({why})"),
+        Err(problem) => format!(
+            "sandbox: on (the user config cannot be read, which arms it with no network: {problem})"
+        ),
+        Ok(None) if !armed_projects.is_empty() => format!(
+            "sandbox: on for {} (its .zcode/acp/sandbox.json says \"enabled\": true); off for other projects",
+            armed_projects
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Ok(None) => "sandbox: off (nothing turns it on: set ZCODE_ACP_SANDBOX=1 in the agent's env, \
+             or put {\"enabled\": true} in a project's .zcode/acp/sandbox.json)"
+            .to_owned(),
+    }
+}
+
 /// Runs the doctor; returns whether everything that must hold held. Must
 /// run before any thread (it probes namespaces in a forked child).
 pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
+    let workspaces = super::workspaces(&args.workspaces)?;
+    let backend = super::backend_command(args.backend.as_deref())?;
+    let super::Gathered {
+        input,
+        projects,
+        backend: detected,
+        managed,
+    } = super::gather_as_user(
+        Platform::Linux,
+        &workspaces,
+        &backend,
+        args.backend_profile.as_deref(),
+        &[],
+    )?;
+    let armed_projects: Vec<&Path> = projects
+        .iter()
+        .filter(|(_, eff)| eff.armed)
+        .map(|(root, _)| root.as_path())
+        .collect();
+    println!("{}", on_or_off(&global_switch(), &armed_projects));
     let uname = nix::sys::utsname::uname()?;
     println!(
         "kernel: {} {} ({})",
@@ -76,20 +127,6 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         Err(why) => println!("level that would be armed: none: {why}"),
     }
 
-    let workspaces = super::workspaces(&args.workspaces)?;
-    let backend = super::backend_command(args.backend.as_deref())?;
-    let super::Gathered {
-        input,
-        projects,
-        backend: detected,
-        managed,
-    } = super::gather_as_user(
-        Platform::Linux,
-        &workspaces,
-        &backend,
-        args.backend_profile.as_deref(),
-        &[],
-    )?;
     println!(
         "\nbackend: {}",
         if backend.is_empty() {
@@ -224,4 +261,20 @@ fn self_test(ws: &Path, managed: &ManagedRoot) -> bool {
     let pass = inside_ok && outside_denied;
     println!("  {}", if pass { "PASS" } else { "FAIL" });
     pass
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_line_says_on_or_off_and_why() {
+        let env = Ok(Some("ZCODE_ACP_SANDBOX=1".to_owned()));
+        assert_eq!(on_or_off(&env, &[]), "sandbox: on (ZCODE_ACP_SANDBOX=1)");
+        let project = Path::new("/home/u/p");
+        assert!(on_or_off(&Ok(None), &[project]).starts_with("sandbox: on for /home/u/p ("));
+        let off = on_or_off(&Ok(None), &[]);
+        assert!(off.starts_with("sandbox: off (") && off.contains("ZCODE_ACP_SANDBOX=1"));
+        assert!(on_or_off(&Err("bad".into()), &[]).starts_with("sandbox: on ("));
+    }
 }

@@ -21,7 +21,7 @@ pub struct ProfileArgs {
     /// (default: from ZCODE_ACP_BACKEND or the user config).
     #[arg(long, value_name = "COMMAND")]
     pub backend: Option<String>,
-    /// Whose state is writable: claude, codex, gemini, zcode or none
+    /// Whose state is writable: claude, codex, gemini, qwen, opencode, vibe, zcode or none
     /// (default: read from the backend command).
     #[arg(long, value_name = "PROFILE")]
     pub backend_profile: Option<String>,

@@ -19,8 +19,9 @@ pub struct RunArgs {
     /// Also allow writes beneath PATH, for this run only (repeatable).
     #[arg(long = "allow", value_name = "PATH")]
     pub allow: Vec<PathBuf>,
-    /// Whose state the command may write: claude, codex, gemini, zcode or
-    /// none (default: read from the command, as for a backend).
+    /// Whose state the command may write: claude, codex, gemini, qwen,
+    /// opencode, vibe, zcode or none (default: read from the command, as
+    /// for a backend).
     #[arg(long, value_name = "PROFILE")]
     pub backend_profile: Option<String>,
     /// The command to run.

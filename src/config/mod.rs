@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod managed;
 pub mod network;
 pub mod project;
+pub mod remember;
 
 use std::path::PathBuf;
 
@@ -53,6 +54,11 @@ pub struct SandboxSettings {
     /// `gemini`, `zcode` or `none`), instead of the guess from the command.
     #[serde(default)]
     pub backend_profile: Option<String>,
+    /// State directories of agents no profile knows, by the agent's name
+    /// (read from its launch chain), as the user allowed them in the
+    /// editor ("for this agent, always"; see `remember`).
+    #[serde(default)]
+    pub agent_state: std::collections::BTreeMap<String, Vec<PathBuf>>,
 }
 
 /// The environment variable that chooses the backend profile (over the
@@ -130,7 +136,7 @@ pub fn user_config_path() -> Option<PathBuf> {
 /// The user config file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum UserConfigError {
-    #[error("the user config {path} is not valid at line {line}, column {column}: {what}; fix it (see \"Command line\" in zcode-acp's README) or remove it")]
+    #[error("the user config {path} is not valid at line {line}, column {column}: {what}; fix it (docs/command-line.md in zcode-acp's source says what it holds) or remove it")]
     Invalid {
         path: PathBuf,
         line: usize,
@@ -154,7 +160,7 @@ pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
         Ok(bytes) => {
             for key in unknown_keys(&bytes, "sandbox", SANDBOX_KEYS) {
                 tracing::warn!(
-                    "the user config {} has `sandbox.{key}`, which zcode-acp does not know (it knows enabled, statePaths and backendProfile); it is ignored",
+                    "the user config {} has `sandbox.{key}`, which zcode-acp does not know (it knows enabled, statePaths, backendProfile and agentState); it is ignored",
                     path.display()
                 );
             }
@@ -174,7 +180,7 @@ pub fn parse_user_config(bytes: &[u8]) -> Result<UserConfig, serde_json::Error> 
     serde_json::from_slice(bytes)
 }
 
-const SANDBOX_KEYS: &[&str] = &["enabled", "statePaths", "backendProfile"];
+const SANDBOX_KEYS: &[&str] = &["enabled", "statePaths", "backendProfile", "agentState"];
 
 /// Keys of the `section` settings no setting has: a misspelled `enable`
 /// would otherwise leave the sandbox off without a word. (Unknown keys

@@ -173,6 +173,10 @@ pub struct Armed {
     pub layers: Option<PathBuf>,
     /// Which backend profile chose the agent's writable state, in words.
     pub backend_profile: String,
+    /// The agent's name (from its launch chain) when no profile knows it:
+    /// where it keeps its own state is asked of the user (see
+    /// `policy::agents::own_state_location`).
+    pub unprofiled_agent: Option<String>,
     /// How many workspace roots are writable.
     pub roots: usize,
     /// The running process of this arming whose namespaces the commands
@@ -297,6 +301,7 @@ impl Sandbox {
                 policy,
                 dir,
                 backend_profile,
+                unprofiled_agent: None,
                 holder: None,
                 network_asks: (starter == Starter::Spawned).then(network_asks_name),
                 enforcer,
@@ -435,7 +440,18 @@ impl Sandbox {
                 create_writable_dirs(&gathered.input);
                 let profile = gathered.backend.describe();
                 tracing::info!(backend_profile = %profile, "the agent's own state is chosen by its backend profile");
-                self.arm(gathered.input, request.managed, profile, Starter::Spawned)
+                let unprofiled = gathered
+                    .backend
+                    .profiles
+                    .is_empty()
+                    .then(|| gathered.backend.agent.clone())
+                    .flatten();
+                let mut armed =
+                    self.arm(gathered.input, request.managed, profile, Starter::Spawned);
+                if let Confinement::Armed(a) = &mut armed {
+                    a.unprofiled_agent = unprofiled;
+                }
+                armed
             }
             Err(e) => Confinement::Refused(format!("cannot arm the sandbox: {e}")),
         }

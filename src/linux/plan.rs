@@ -412,7 +412,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
                     if !fs.resolves(p) {
                         plan.gaps.push(step(
                             p,
-                            "protected, but a symlink to nothing when the sandbox is armed: what it points to can be created",
+                            "protected, but a symlink to nothing when the sandbox is armed: what it points to can be created; the audit reverts it within about a second",
                         ));
                         continue;
                     }
@@ -422,7 +422,7 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
                 } else if rule.kind == Band::Protected {
                     plan.gaps.push(step(
                         p,
-                        "protected, but it does not exist when the sandbox is armed: a write can create it",
+                        "protected, but it does not exist when the sandbox is armed: a write can create it; the audit reverts it within about a second",
                     ));
                 }
             }

@@ -17,11 +17,13 @@
 //!    setuid in the workspace would give whoever runs it later the file
 //!    owner's rights (root's, for an agent running as root). The mode is an
 //!    integer argument, so the check is exact: nothing to race;
-//! 4. with a supervisor (name-prefix grants, see `supervise`), the calls an
-//!    atomic save makes go to it: an exclusive create (O_CREAT|O_EXCL),
-//!    `mkdir`, `rmdir`/`unlinkat(AT_REMOVEDIR)`, `rename*`, `utimensat` on a
-//!    path. The set is kept this small on purpose: every call handed over
-//!    costs a round trip, whatever file it names;
+//! 4. with a supervisor (name-prefix grants, see `supervise`), every call
+//!    that creates, replaces or removes a name goes to it: an open with
+//!    O_CREAT or O_TRUNC (whatever else its flags say: a grant must not hold
+//!    for one program's choice of flags only), `creat`, `mkdir`, `rmdir`,
+//!    `unlink*`, `rename*`, `link*`, `symlink*`, `utimensat` on a path.
+//!    Reads and writes through an open descriptor never are: every call
+//!    handed over costs a round trip, whatever file it names;
 //! 5. everything else is allowed (the sandbox's mounts and Landlock still
 //!    decide it).
 
@@ -46,7 +48,6 @@ const JMP_JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
 const JMP_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
 const JMP_JSET_K: u16 = 0x05 | 0x40; // BPF_JMP | BPF_JSET | BPF_K
 const JMP_JA: u16 = 0x05; // BPF_JMP | BPF_JA
-const ALU_AND_K: u16 = 0x04 | 0x50; // BPF_ALU | BPF_AND | BPF_K
 const RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 pub const RET_ALLOW: u32 = 0x7fff_0000;
@@ -66,8 +67,8 @@ const fn arg_hi(i: u32) -> u32 {
     16 + 8 * i + 4
 }
 
-/// An exclusive create: both bits set.
-pub const EXCLUSIVE_CREATE: u32 = (libc::O_CREAT | libc::O_EXCL) as u32;
+/// An open that makes or empties a file: either bit set.
+pub const CREATE_OR_TRUNCATE: u32 = (libc::O_CREAT | libc::O_TRUNC) as u32;
 /// Flags under which an open's mode argument means something.
 const MODE_USED: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
 /// The bits no file made in the sandbox may carry.
@@ -82,14 +83,15 @@ pub struct Abi {
     pub opens: &'static [(u32, u32, u32)],
     /// `(nr, mode argument)` of the calls whose mode is always checked.
     pub modes: &'static [(u32, u32)],
+    /// `creat`, where there is one: its mode is checked, then it is handed
+    /// over (it always creates).
+    pub creat: Option<u32>,
     /// Refused with ENOSYS.
     pub unavailable: &'static [u32],
     /// Refused with EPERM.
     pub refused: &'static [u32],
     /// Handed to the supervisor, when there is one.
     pub supervised: &'static [u32],
-    /// `unlinkat`: handed over only with AT_REMOVEDIR.
-    pub unlinkat: u32,
     /// `utimensat`: handed over only when its path argument is not NULL.
     pub utimensat: u32,
 }
@@ -114,21 +116,26 @@ pub const NATIVE: Abi = Abi {
         (libc::SYS_fchmod as u32, 1),
         (libc::SYS_fchmodat as u32, 2),
         (SYS_FCHMODAT2, 2),
-        (libc::SYS_creat as u32, 1),
         (libc::SYS_mknod as u32, 1),
         (libc::SYS_mknodat as u32, 2),
     ],
+    creat: Some(libc::SYS_creat as u32),
     unavailable: &[libc::SYS_openat2 as u32, libc::SYS_io_uring_setup as u32],
     refused: &[libc::SYS_userfaultfd as u32],
     supervised: &[
         libc::SYS_mkdir as u32,
         libc::SYS_mkdirat as u32,
         libc::SYS_rmdir as u32,
+        libc::SYS_unlink as u32,
+        libc::SYS_unlinkat as u32,
         libc::SYS_rename as u32,
         libc::SYS_renameat as u32,
         libc::SYS_renameat2 as u32,
+        libc::SYS_link as u32,
+        libc::SYS_linkat as u32,
+        libc::SYS_symlink as u32,
+        libc::SYS_symlinkat as u32,
     ],
-    unlinkat: libc::SYS_unlinkat as u32,
     utimensat: libc::SYS_utimensat as u32,
 };
 
@@ -143,14 +150,17 @@ pub const NATIVE: Abi = Abi {
         (SYS_FCHMODAT2, 2),
         (libc::SYS_mknodat as u32, 2),
     ],
+    creat: None,
     unavailable: &[libc::SYS_openat2 as u32, libc::SYS_io_uring_setup as u32],
     refused: &[libc::SYS_userfaultfd as u32],
     supervised: &[
         libc::SYS_mkdirat as u32,
+        libc::SYS_unlinkat as u32,
         SYS_RENAMEAT_GENERIC,
         libc::SYS_renameat2 as u32,
+        libc::SYS_linkat as u32,
+        libc::SYS_symlinkat as u32,
     ],
-    unlinkat: libc::SYS_unlinkat as u32,
     utimensat: libc::SYS_utimensat as u32,
 };
 
@@ -187,9 +197,6 @@ impl Asm {
     }
     fn ld(&mut self, off: u32) {
         self.insn(LD_W_ABS, off);
-    }
-    fn and(&mut self, k: u32) {
-        self.insn(ALU_AND_K, k);
     }
     fn jump(&mut self, code: u16, k: u32, jt: Target, jf: Target) {
         self.code.push((
@@ -288,29 +295,42 @@ pub fn program(abi: &Abi, supervise: bool) -> Vec<Insn> {
     for &((nr, _), l) in &modes {
         a.jump(JMP_JEQ_K, nr, l, Target::Next);
     }
-    let (unlinkat, utimensat) = (a.label(), a.label());
+    let creat = abi.creat.map(|nr| (nr, a.label()));
+    if let Some((nr, l)) = creat {
+        a.jump(JMP_JEQ_K, nr, l, Target::Next);
+    }
+    let utimensat = a.label();
     if supervise {
         for &nr in abi.supervised {
             a.jump(JMP_JEQ_K, nr, Target::Notify, Target::Next);
         }
-        a.jump(JMP_JEQ_K, abi.unlinkat, unlinkat, Target::Next);
         a.jump(JMP_JEQ_K, abi.utimensat, utimensat, Target::Next);
     }
     a.goto(Target::Allow);
 
+    // What a call that passed its mode check becomes.
+    let checked = if supervise {
+        Target::Notify
+    } else {
+        Target::Allow
+    };
     for ((_, flags, mode), l) in opens {
         a.bind(l);
-        let exclusive = if supervise { a.label() } else { Target::Allow };
+        let makes = if supervise { a.label() } else { Target::Allow };
         // The mode means something only when the open creates.
         a.ld(arg_lo(flags));
-        a.jump(JMP_JSET_K, MODE_USED, Target::Next, exclusive);
+        a.jump(JMP_JSET_K, MODE_USED, Target::Next, makes);
         a.ld(arg_lo(mode));
-        a.jump(JMP_JSET_K, SET_ID, Target::Eperm, exclusive);
+        a.jump(JMP_JSET_K, SET_ID, Target::Eperm, makes);
         if supervise {
-            a.bind(exclusive);
+            a.bind(makes);
             a.ld(arg_lo(flags));
-            a.and(EXCLUSIVE_CREATE);
-            a.jump(JMP_JEQ_K, EXCLUSIVE_CREATE, Target::Notify, Target::Allow);
+            a.jump(
+                JMP_JSET_K,
+                CREATE_OR_TRUNCATE,
+                Target::Notify,
+                Target::Allow,
+            );
         }
     }
     for ((_, mode), l) in modes {
@@ -318,16 +338,12 @@ pub fn program(abi: &Abi, supervise: bool) -> Vec<Insn> {
         a.ld(arg_lo(mode));
         a.jump(JMP_JSET_K, SET_ID, Target::Eperm, Target::Allow);
     }
+    if let Some((_, l)) = creat {
+        a.bind(l);
+        a.ld(arg_lo(1));
+        a.jump(JMP_JSET_K, SET_ID, Target::Eperm, checked);
+    }
     if supervise {
-        // unlinkat removes a directory only with AT_REMOVEDIR.
-        a.bind(unlinkat);
-        a.ld(arg_lo(2));
-        a.jump(
-            JMP_JSET_K,
-            libc::AT_REMOVEDIR as u32,
-            Target::Notify,
-            Target::Allow,
-        );
         // utimensat(dirfd, NULL, ...) changes the fd's file: not ours.
         a.bind(utimensat);
         a.ld(arg_lo(1));
@@ -362,7 +378,6 @@ pub(crate) mod tests {
                     let o = i.k as usize;
                     acc = u32::from_le_bytes(data[o..o + 4].try_into().unwrap());
                 }
-                ALU_AND_K => acc &= i.k,
                 JMP_JA => pc += i.k as usize,
                 JMP_JEQ_K | JMP_JGE_K | JMP_JSET_K => {
                     let taken = match i.code {
@@ -400,7 +415,7 @@ pub(crate) mod tests {
             let create = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
             assert_eq!(call(supervise, o, openat(create, 0o4755)), RET_EPERM);
             assert_eq!(call(supervise, o, openat(create, 0o2755)), RET_EPERM);
-            assert_eq!(call(supervise, o, openat(create, 0o755)), RET_ALLOW);
+            assert_ne!(call(supervise, o, openat(create, 0o755)), RET_EPERM);
             // Without O_CREAT the mode means nothing: never refused for it.
             assert_eq!(
                 call(supervise, o, openat(libc::O_RDONLY, 0o4755)),
@@ -451,9 +466,9 @@ pub(crate) mod tests {
                     ),
                     RET_EPERM
                 );
-                assert_eq!(
+                assert_ne!(
                     call(supervise, libc::SYS_creat as u32, [0x10, 0o644, 0, 0, 0, 0]),
-                    RET_ALLOW
+                    RET_EPERM
                 );
                 let open = libc::SYS_open as u32;
                 let args = [
@@ -498,34 +513,55 @@ pub(crate) mod tests {
     #[test]
     fn only_a_supervised_sandbox_hands_calls_over() {
         let o = libc::SYS_openat as u32;
-        let excl = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        assert_eq!(call(true, o, openat(excl, 0o644)), RET_USER_NOTIF);
-        assert_eq!(call(false, o, openat(excl, 0o644)), RET_ALLOW);
+        // Every open that makes or empties a file, whatever else its
+        // flags say.
+        for flags in [
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            libc::O_WRONLY | libc::O_CREAT,
+            libc::O_RDWR | libc::O_CREAT | libc::O_APPEND,
+            libc::O_WRONLY | libc::O_TRUNC,
+        ] {
+            assert_eq!(
+                call(true, o, openat(flags, 0o644)),
+                RET_USER_NOTIF,
+                "{flags:#o}"
+            );
+            assert_eq!(
+                call(false, o, openat(flags, 0o644)),
+                RET_ALLOW,
+                "{flags:#o}"
+            );
+        }
         // A setuid mode is refused before anything is handed over.
+        let excl = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
         assert_eq!(call(true, o, openat(excl, 0o4644)), RET_EPERM);
+        // Opens that make nothing stay the kernel's: reads and writes in
+        // place cost nothing.
         for flags in [
             libc::O_RDONLY,
             libc::O_RDONLY | libc::O_CLOEXEC,
             libc::O_WRONLY,
             libc::O_RDWR,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
             libc::O_WRONLY | libc::O_EXCL,
         ] {
             assert_eq!(call(true, o, openat(flags, 0o644)), RET_ALLOW, "{flags:#o}");
         }
-        for nr in [libc::SYS_mkdirat as u32, libc::SYS_renameat2 as u32] {
+        for nr in [
+            libc::SYS_mkdirat as u32,
+            libc::SYS_renameat2 as u32,
+            libc::SYS_linkat as u32,
+            libc::SYS_symlinkat as u32,
+        ] {
             assert_eq!(call(true, nr, [0; 6]), RET_USER_NOTIF, "{nr}");
             assert_eq!(call(false, nr, [0; 6]), RET_ALLOW, "{nr}");
         }
         let unlinkat = libc::SYS_unlinkat as u32;
-        assert_eq!(
-            call(true, unlinkat, [3, 0x1000, 0, 0, 0, 0]),
-            RET_ALLOW,
-            "a file"
-        );
         let rmdir = [3, 0x1000, libc::AT_REMOVEDIR as u64, 0, 0, 0];
-        assert_eq!(call(true, unlinkat, rmdir), RET_USER_NOTIF, "a directory");
-        assert_eq!(call(false, unlinkat, rmdir), RET_ALLOW);
+        for args in [[3, 0x1000, 0, 0, 0, 0], rmdir] {
+            assert_eq!(call(true, unlinkat, args), RET_USER_NOTIF);
+            assert_eq!(call(false, unlinkat, args), RET_ALLOW);
+        }
         let ut = libc::SYS_utimensat as u32;
         assert_eq!(call(true, ut, [3, 0, 0, 0, 0, 0]), RET_ALLOW, "futimens");
         assert_eq!(
@@ -538,16 +574,23 @@ pub(crate) mod tests {
         );
         #[cfg(target_arch = "x86_64")]
         {
-            for nr in [libc::SYS_rename, libc::SYS_mkdir, libc::SYS_rmdir] {
+            for nr in [
+                libc::SYS_rename,
+                libc::SYS_mkdir,
+                libc::SYS_rmdir,
+                libc::SYS_unlink,
+                libc::SYS_link,
+                libc::SYS_symlink,
+            ] {
                 assert_eq!(call(true, nr as u32, [0; 6]), RET_USER_NOTIF, "{nr}");
             }
-            for nr in [libc::SYS_unlink, libc::SYS_chmod] {
-                assert_eq!(
-                    call(true, nr as u32, [0x10, 0o644, 0, 0, 0, 0]),
-                    RET_ALLOW,
-                    "{nr}"
-                );
-            }
+            let creat = libc::SYS_creat as u32;
+            assert_eq!(call(true, creat, [0x10, 0o644, 0, 0, 0, 0]), RET_USER_NOTIF);
+            assert_eq!(call(false, creat, [0x10, 0o644, 0, 0, 0, 0]), RET_ALLOW);
+            assert_eq!(
+                call(true, libc::SYS_chmod as u32, [0x10, 0o644, 0, 0, 0, 0]),
+                RET_ALLOW
+            );
         }
     }
 

@@ -188,6 +188,79 @@ impl Profile {
     }
 }
 
+/// Where an agent no profile knows keeps its own state, when `refused` (a
+/// write the sandbox refused it) lies there: a directory of the home
+/// directory named after the agent (`~/.NAME...`), or its XDG config, data
+/// or state directory (`~/.config/NAME...`, `~/.local/share/NAME...`,
+/// `~/.local/state/NAME...`). The place's name must start with the
+/// agent's, so what an agent prints can never bring a question about
+/// `~/.ssh` or `~/.bashrc`; a file directly in the home directory is never
+/// such a place (it would open names beside it), so `refused` must lie
+/// inside the directory, or be the directory itself exactly as named.
+pub fn own_state_location(
+    refused: &std::path::Path,
+    home: &std::path::Path,
+    agent: &str,
+) -> Option<std::path::PathBuf> {
+    use std::path::Component;
+    let rest = refused.strip_prefix(home).ok()?;
+    let parts: Vec<&str> = rest
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let agent = agent.to_ascii_lowercase();
+    let named = |n: &str| n.to_ascii_lowercase().starts_with(&agent);
+    let (at, depth) = match parts.as_slice() {
+        [".config", name, ..] | [".local", "share" | "state", name, ..] if named(name) => {
+            (parts.iter().position(|p| p == name)?, parts.len())
+        }
+        [first, ..] if first.strip_prefix('.').is_some_and(named) => (0, parts.len()),
+        _ => return None,
+    };
+    // Places other programs keep, whatever the agent is called.
+    const OTHERS: &[&str] = &[
+        "config",
+        "local",
+        "cache",
+        "ssh",
+        "gnupg",
+        "aws",
+        "kube",
+        "docker",
+        "git",
+        "gitconfig",
+        "profile",
+        "bashrc",
+        "bash_profile",
+        "zshrc",
+        "zshenv",
+        "zprofile",
+        "pki",
+        "mozilla",
+        "npm",
+        "cargo",
+        "rustup",
+        "systemd",
+        "autostart",
+        "environment.d",
+        "zcode-acp",
+    ];
+    let name = parts[at].trim_start_matches('.').to_ascii_lowercase();
+    if OTHERS.contains(&name.as_str()) {
+        return None;
+    }
+    let location: std::path::PathBuf = parts[..=at].iter().collect();
+    // The place itself, refused: only a directory named exactly after the
+    // agent (`mkdir ~/.NAME`), never `~/.NAME.json` or `~/.NAMErc`.
+    if depth == at + 1 && parts[at].trim_start_matches('.').to_ascii_lowercase() != agent {
+        return None;
+    }
+    Some(home.join(location))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +275,61 @@ mod tests {
         all.sort();
         all.dedup();
         assert_eq!(all.len(), n, "a launcher names two agents");
+    }
+
+    #[test]
+    fn an_unprofiled_agents_own_state_is_a_place_named_after_it() {
+        use std::path::{Path, PathBuf};
+        let home = Path::new("/home/u");
+        let at = |p: &str| own_state_location(&home.join(p), home, "newagent");
+        assert_eq!(
+            at(".newagent/state.json"),
+            Some(PathBuf::from("/home/u/.newagent"))
+        );
+        assert_eq!(at(".newagent"), Some(PathBuf::from("/home/u/.newagent")));
+        assert_eq!(
+            at(".newagent-cache/x/y"),
+            Some(PathBuf::from("/home/u/.newagent-cache"))
+        );
+        assert_eq!(
+            at(".config/newagent/settings.json"),
+            Some(PathBuf::from("/home/u/.config/newagent"))
+        );
+        assert_eq!(
+            at(".local/share/NewAgent/db"),
+            Some(PathBuf::from("/home/u/.local/share/NewAgent"))
+        );
+        for not_its_own in [
+            ".ssh/authorized_keys",
+            ".bashrc",
+            ".newagent.json",
+            ".newagentrc",
+            ".config/git/config",
+            "newagent/x",
+            ".local/newagent/x",
+            "../other/.newagent/x",
+        ] {
+            assert_eq!(at(not_its_own), None, "{not_its_own}");
+        }
+        assert_eq!(
+            at(".config/newagent"),
+            Some(PathBuf::from("/home/u/.config/newagent"))
+        );
+        assert_eq!(
+            own_state_location(Path::new("/etc/newagent/x"), home, "newagent"),
+            None
+        );
+        // An agent named like a place others keep gets no question about it.
+        for (agent, path) in [
+            ("ssh", ".ssh/config"),
+            ("config", ".config/x"),
+            ("git", ".config/git/x"),
+        ] {
+            assert_eq!(
+                own_state_location(&home.join(path), home, agent),
+                None,
+                "{agent}"
+            );
+        }
     }
 }

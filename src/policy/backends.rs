@@ -76,6 +76,9 @@ pub struct StateSettings {
     pub choice: Choice,
     /// `sandbox.statePaths`: state directories of backends no profile knows.
     pub extra: Vec<PathBuf>,
+    /// `sandbox.agentState`: state directories the user allowed an agent
+    /// no profile knows, by the agent's name (see `launch::agent_name`).
+    pub remembered: std::collections::BTreeMap<String, Vec<PathBuf>>,
     /// The user config's `network` table (it comes to every arming with
     /// the state settings, from the same file).
     pub network: super::network::NetworkPolicy,
@@ -86,6 +89,9 @@ pub struct StateSettings {
 pub struct Detected {
     pub profiles: Vec<Profile>,
     pub why: String,
+    /// The agent's name, as its launch chain says (see
+    /// `launch::agent_name`).
+    pub agent: Option<String>,
 }
 
 impl Detected {
@@ -105,10 +111,12 @@ impl Detected {
 /// `launch`). `homes` are the spellings of the home directory to leave
 /// out of paths.
 pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBuf]) -> Detected {
+    let agent = super::launch::agent_name(argv, look, homes);
     if let Choice::Explicit { profile, by } = choice {
         return Detected {
             profiles: profile.iter().copied().collect(),
             why: format!("chosen by {by}"),
+            agent,
         };
     }
     let found = super::launch::launched(argv, look, homes);
@@ -116,11 +124,12 @@ pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBu
         return Detected {
             profiles: Vec::new(),
             why: format!(
-                "the command launches none of the agents zcode-acp knows ({}); if the agent \
-                 needs state of its own, set sandbox.backendProfile or sandbox.statePaths in \
+                "the command launches none of the agents zcode-acp knows ({}); where it keeps \
+                 state of its own, the editor asks once per place, or set sandbox.statePaths in \
                  the user config",
                 Profile::names()
             ),
+            agent,
         };
     }
     let why = found
@@ -131,6 +140,7 @@ pub fn detect(argv: &[String], choice: &Choice, look: &dyn Look, homes: &[PathBu
     Detected {
         profiles: found.into_iter().map(|(p, _)| p).collect(),
         why,
+        agent,
     }
 }
 
@@ -206,6 +216,7 @@ pub fn state_settings(
     Ok(StateSettings {
         choice,
         extra: user.sandbox.state_paths.clone(),
+        remembered: user.sandbox.agent_state.clone(),
         network: user_network(user),
     })
 }
@@ -287,6 +298,45 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_nobody_profiled_is_named_by_its_launch_chain() {
+        let mut look = FakeLook::default();
+        look.links.insert(
+            PathBuf::from("/usr/bin/python3"),
+            PathBuf::from("/usr/bin/python3.12"),
+        );
+        look.path
+            .insert("python3".into(), PathBuf::from("/usr/bin/python3"));
+        // A pyenv shim, as on many developers' machines: the shim's own
+        // script names pyenv, not the agent.
+        look.path.insert(
+            "python".into(),
+            PathBuf::from("/home/u/.pyenv/shims/python"),
+        );
+        look.scripts.insert(
+            PathBuf::from("/home/u/.pyenv/shims/python"),
+            "#!/usr/bin/env bash\nexec \"/home/u/.pyenv/libexec/pyenv\" exec \"$program\" \"$@\"\n"
+                .into(),
+        );
+        for (cmd, want) in [
+            ("python3 /home/u/bin/newagent.py", Some("newagent")),
+            ("python /home/u/bin/newagent.py", Some("newagent")),
+            ("newagent --acp", Some("newagent")),
+            ("npx -y @acme/newagent@1.0", Some("newagent")),
+            (
+                "node /usr/lib/node_modules/@acme/newagent/dist/index.js",
+                Some("newagent"),
+            ),
+            ("uvx newagent", Some("newagent")),
+            ("env FOO=1 newagent", Some("newagent")),
+            ("python3 -c pass", None),
+            ("sh -c newagent", None),
+        ] {
+            let d = guess(cmd, &look);
+            assert_eq!(d.agent.as_deref(), want, "{cmd}");
+        }
+    }
+
+    #[test]
     fn agents_are_recognised_however_editors_launch_them() {
         let look = FakeLook::default();
         for (cmd, want) in [
@@ -310,7 +360,7 @@ mod tests {
         }
         let d = guess("node index.js", &look);
         assert!(d.profiles.is_empty(), "{}", d.why);
-        assert!(d.why.contains("sandbox.backendProfile"), "{}", d.why);
+        assert!(d.why.contains("sandbox.statePaths"), "{}", d.why);
     }
 
     #[test]

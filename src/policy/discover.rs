@@ -74,7 +74,13 @@ links: Vec::new(),
         platform: src.platform,
         home: home.clone(),
         roots,
-        backend_state: backend_state(&backend, &ProcessEnv, &home, &src.state.extra),
+        backend_state: backend_state(
+            &backend,
+            &ProcessEnv,
+            &home,
+            &src.state.extra,
+            remembered(&backend, src.state),
+        ),
         temp_and_caches: temp_and_caches(src.platform, &ProcessEnv, &home),
         once_allows,
         profile_dir: None,
@@ -154,14 +160,25 @@ pub fn project_rules(
     (rules, refused)
 }
 
+/// The state locations the user allowed the detected agent in the editor
+/// ("for this agent, always"), remembered in the user config.
+fn remembered<'a>(detected: &Detected, state: &'a backends::StateSettings) -> &'a [PathBuf] {
+    detected
+        .agent
+        .as_ref()
+        .and_then(|a| state.remembered.get(a))
+        .map_or(&[], Vec::as_slice)
+}
+
 /// The backend's own state: what its profiles write (see
-/// [`backends`]), and `extra`, the user config's list for backends no
-/// profile knows.
+/// [`backends`]), `extra`, the user config's list for backends no profile
+/// knows, and `remembered`, what the user allowed this agent.
 pub fn backend_state(
     detected: &Detected,
     env: &dyn Env,
     home: &Path,
     extra: &[PathBuf],
+    remembered: &[PathBuf],
 ) -> Vec<Writable> {
     let mut grants = backends::grants(&detected.profiles, env, home);
     for p in extra {
@@ -170,6 +187,15 @@ pub fn backend_state(
             &p,
             home,
             "backend state listed in the user config",
+        ));
+    }
+    let agent = detected.agent.as_deref().unwrap_or("the agent");
+    for p in remembered {
+        let p = expand_home(p, home);
+        grants.extend(dir_grant(
+            &p,
+            home,
+            &format!("the state of `{agent}`, which you allowed it (sandbox.agentState in the user config)"),
         ));
     }
     grants
@@ -291,6 +317,7 @@ mod tests {
         Detected {
             profiles: names.to_vec(),
             why: String::new(),
+            agent: None,
         }
     }
 
@@ -347,20 +374,21 @@ mod tests {
         use backends::Profile::*;
         let home = tempfile::tempdir().unwrap();
         let home = std::fs::canonicalize(home.path()).unwrap();
-        let grants = backend_state(&detected(&[Codex]), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Codex]), &env(&[]), &home, &[], &[]);
         assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".codex")));
         let grants = backend_state(
             &detected(&[Codex]),
             &env(&[("CODEX_HOME", "/opt/codex")]),
             &home,
             &[],
+            &[],
         );
         assert_eq!(grants[0].matcher, Matcher::Subpath("/opt/codex".into()));
-        let grants = backend_state(&detected(&[Claude]), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Claude]), &env(&[]), &home, &[], &[]);
         assert_eq!(grants.len(), 2);
-        let grants = backend_state(&detected(&[Gemini]), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Gemini]), &env(&[]), &home, &[], &[]);
         assert_eq!(grants[0].matcher, Matcher::Subpath(home.join(".gemini")));
-        let grants = backend_state(&detected(&[Zcode]), &env(&[]), &home, &[]);
+        let grants = backend_state(&detected(&[Zcode]), &env(&[]), &home, &[], &[]);
         assert_eq!(
             grants[0].matcher,
             Matcher::Subpath(home.join(".zcode-shell-agent"))
@@ -368,7 +396,7 @@ mod tests {
         assert!(
             matches!(&grants[1].matcher, Matcher::NamePrefix { prefix, .. } if prefix == ".zcode")
         );
-        assert!(backend_state(&detected(&[]), &env(&[]), &home, &[]).is_empty());
+        assert!(backend_state(&detected(&[]), &env(&[]), &home, &[], &[]).is_empty());
     }
 
     #[test]
@@ -380,12 +408,26 @@ mod tests {
             &detected(&[backends::Profile::Codex]),
             &env(&[("CODEX_HOME", h)]),
             &home,
+            &[],
             &[]
         )
         .is_empty());
-        assert!(
-            backend_state(&detected(&[]), &env(&[]), &home, &["~".into(), "/".into()]).is_empty()
-        );
+        assert!(backend_state(
+            &detected(&[]),
+            &env(&[]),
+            &home,
+            &["~".into(), "/".into()],
+            &[]
+        )
+        .is_empty());
+        assert!(backend_state(
+            &detected(&[]),
+            &env(&[]),
+            &home,
+            &[],
+            &["~".into(), "/".into()]
+        )
+        .is_empty());
         let caches = temp_and_caches(
             Platform::Linux,
             &env(&[("XDG_CACHE_HOME", h), ("TMPDIR", h)]),
@@ -413,6 +455,7 @@ mod tests {
                 &detected(&[backends::Profile::Claude, backends::Profile::Codex]),
                 &env(&[("CODEX_HOME", codex_home.to_str().unwrap())]),
                 &home,
+                &[],
                 &[],
             ),
             temp_and_caches: temp_and_caches(Platform::Linux, &env(&[]), &home),

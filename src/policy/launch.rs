@@ -60,14 +60,78 @@ impl Look for RealLook {
 /// The agents `argv` launches, each with why, in words.
 pub fn launched(argv: &[String], look: &dyn Look, homes: &[PathBuf]) -> Vec<(Profile, String)> {
     let mut out = Vec::new();
-    let walk = Walk { look, homes };
+    let walk = Walk::new(look, homes);
     walk.chain(argv, 0, &mut out);
     out
+}
+
+/// The name of the agent `argv` launches, as its launch chain says: the
+/// first program, script or package in it that is not a launcher, an
+/// interpreter or a generic file name (`index`, `main`, `cli`). What the
+/// user allows an agent no profile knows is remembered under it.
+pub fn agent_name(argv: &[String], look: &dyn Look, homes: &[PathBuf]) -> Option<String> {
+    let walk = Walk::new(look, homes);
+    walk.chain(argv, 0, &mut Vec::new());
+    let names = walk.names.into_inner();
+    names.into_iter().find(|n| !generic(n))
+}
+
+/// Names that say nothing about which agent runs.
+fn generic(name: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "pyenv",
+        "rbenv",
+        "nodenv",
+        "nvm",
+        "volta",
+        "fnm",
+        "corepack",
+        "shims",
+        "libexec",
+        "env",
+        "npm",
+        "pnpm",
+        "yarn",
+        "uv",
+        "pipx",
+        "mise",
+        "asdf",
+        "rtx",
+        "zcode-acp",
+        "index",
+        "main",
+        "cli",
+        "bin",
+        "dist",
+        "lib",
+        "src",
+        "run",
+        "start",
+        "server",
+        "app",
+        "acp",
+    ];
+    let versioned = |tool: &&str| {
+        name == *tool
+            || name
+                .strip_prefix(*tool)
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+    };
+    name.len() < 3
+        || WORDS.contains(&name)
+        || INTERPRETERS.iter().any(versioned)
+        || RUNNERS.iter().any(versioned)
+        || SHELLS.iter().any(versioned)
 }
 
 struct Walk<'a> {
     look: &'a dyn Look,
     homes: &'a [PathBuf],
+    /// Every name the chain showed, in order (see [`agent_name`]).
+    names: std::cell::RefCell<Vec<String>>,
+    /// Whether names are recorded now (not while a launcher's own path
+    /// is followed).
+    recording: std::cell::Cell<bool>,
 }
 
 /// Interpreters that run a script file given as their first argument.
@@ -91,9 +155,21 @@ const RUNNERS: &[&str] = &["npx", "bunx", "pnpx", "uvx"];
 /// Shells: a `-c` line is not followed; a script file is.
 const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh"];
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    fn new(look: &'a dyn Look, homes: &'a [PathBuf]) -> Walk<'a> {
+        Walk {
+            look,
+            homes,
+            names: Default::default(),
+            recording: std::cell::Cell::new(true),
+        }
+    }
+
     fn note(&self, name: &str, why: impl Fn() -> String, out: &mut Vec<(Profile, String)>) {
         let name = name.to_ascii_lowercase();
+        if self.recording.get() {
+            self.names.borrow_mut().push(name.clone());
+        }
         if let Some(p) = Profile::launched_as(&name) {
             if !out.iter().any(|(f, _)| *f == p) {
                 out.push((p, why()));
@@ -110,6 +186,11 @@ impl Walk<'_> {
         }
         let base = stem(program);
         self.note(&base, || format!("the command runs `{base}`"), out);
+        // Where a launcher really is (a pyenv or asdf shim, a version
+        // manager's directory) says nothing of the agent's name: what it
+        // runs does.
+        let launcher = generic(&base);
+        let recording = self.recording.replace(self.recording.get() && !launcher);
         // Where the program really is: an npm `.bin` link leads into its
         // package, a uv tool's into its environment.
         let named = if program.contains('/') {
@@ -123,6 +204,7 @@ impl Walk<'_> {
                 self.follow_script(&text, program, &real, depth, out);
             }
         }
+        self.recording.set(recording);
         let rest = |i: usize| args.get(i..).unwrap_or_default();
         let subcommand = args.first().map(String::as_str);
         match base.as_str() {

@@ -596,6 +596,15 @@ pub fn require_seatbelt() -> bool {
     skip("needs /usr/bin/sandbox-exec")
 }
 
+/// Whether `program` is on PATH; else says why the test does not run
+/// (see [`skip`]): an optional tool missing is a printed skip, never a
+/// failure, except where CI requires every test.
+pub fn require_tool(program: &str, how: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    found || skip(&format!("needs {program} ({how})"))
+}
+
 /// Says why a test does not run (false), or fails it where CI requires
 /// every test. The reason is written to the real stderr, past the test
 /// harness's capture, so `cargo test` shows it beside the `ok`.

@@ -61,12 +61,33 @@ fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32)
                 return Outcome::Continue;
             };
             let mode = (mode & 0o777 & !sup.caller_umask(pid)) as u64;
+            let exclusive = flags & libc::O_EXCL != 0 && flags & libc::O_CREAT != 0;
             // Our own copy is close-on-exec; the caller's gets what it asked.
             // openat2 refuses flags open(2) ignores: only the known ones.
-            let ours = ((*flags & KNOWN_OPEN_FLAGS & !libc::O_CLOEXEC)
-                | libc::O_CLOEXEC
-                | libc::O_NOCTTY) as u32 as u64;
-            match kernel::openat2(dir(*d), &c, ours, mode, RESOLVE) {
+            // An open that may meet an existing entry does not truncate
+            // and does not wait (a FIFO) before the entry is judged.
+            let mut ours =
+                (*flags & KNOWN_OPEN_FLAGS & !libc::O_CLOEXEC) | libc::O_CLOEXEC | libc::O_NOCTTY;
+            if !exclusive {
+                ours = (ours & !libc::O_TRUNC) | libc::O_NONBLOCK;
+            }
+            match kernel::openat2(dir(*d), &c, ours as u32 as u64, mode, RESOLVE) {
+                Ok(fd) if !exclusive => match ready_existing(fd.as_fd(), *flags) {
+                    Ok(true) => match kernel::answer_with_fd(
+                        listener,
+                        id,
+                        fd.as_fd(),
+                        flags & libc::O_CLOEXEC != 0,
+                    ) {
+                        Ok(_) => Outcome::Done,
+                        Err(Errno::ENOENT) => Outcome::Done,
+                        Err(e) => Outcome::Answer(Err(e)),
+                    },
+                    // Not a plain file of its own (a FIFO, a device, a
+                    // second name of another file): the kernel decides.
+                    Ok(false) => Outcome::Continue,
+                    Err(e) => Outcome::Answer(Err(e)),
+                },
                 Ok(fd) => {
                     match kernel::answer_with_fd(
                         listener,
@@ -107,6 +128,53 @@ fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32)
             )
             .map(|_| 0),
         ),
+        // unlinkat and linkat (without AT_SYMLINK_FOLLOW) act on the entry
+        // itself, never on where a symlink leads.
+        Act::Unlink { dir: d, name } => Outcome::Answer(
+            nix::unistd::unlinkat(
+                dir(*d),
+                name.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+            .map(|_| 0),
+        ),
+        Act::Link { dir: d, from, to } => Outcome::Answer(
+            nix::unistd::linkat(
+                dir(*d),
+                from.as_os_str(),
+                dir(*d),
+                to.as_os_str(),
+                nix::fcntl::AtFlags::empty(),
+            )
+            .map(|_| 0),
+        ),
+        Act::Symlink {
+            dir: d,
+            target,
+            name,
+        } => {
+            use std::os::unix::ffi::OsStrExt;
+            // A sibling that is not a granted name must not exist: the
+            // link then leads nowhere the user keeps anything.
+            let granted = sup.dirs[*d]
+                .prefixes
+                .iter()
+                .any(|p| target.as_bytes().starts_with(p.as_bytes()));
+            if !granted {
+                match nix::sys::stat::fstatat(
+                    dir(*d),
+                    target.as_os_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                ) {
+                    Err(Errno::ENOENT) => {}
+                    Ok(_) => return Outcome::Answer(Err(Errno::EROFS)),
+                    Err(e) => return Outcome::Answer(Err(e)),
+                }
+            }
+            Outcome::Answer(
+                nix::unistd::symlinkat(target.as_os_str(), dir(*d), name.as_os_str()).map(|_| 0),
+            )
+        }
         Act::Rename {
             dir: d,
             from,
@@ -158,6 +226,33 @@ const KNOWN_OPEN_FLAGS: i32 = libc::O_ACCMODE
     | libc::O_NOFOLLOW
     | libc::O_NOATIME
     | libc::O_CLOEXEC;
+
+/// Readies an entry opened without O_EXCL (so perhaps one that existed)
+/// for the caller: only a regular file with no other name may be handed
+/// over; then it is truncated if the caller asked, and waits again if the
+/// caller did not ask otherwise. `false`: not ours to hand over.
+fn ready_existing(fd: BorrowedFd<'_>, flags: i32) -> Result<bool, Errno> {
+    let st = nix::sys::stat::fstat(fd)?;
+    let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+    // A file of yours that also carries a granted name (a hard link made
+    // outside the sandbox) must not be written through it.
+    let one_name = st.st_nlink == 1;
+    if !regular {
+        return Ok(false);
+    }
+    if !one_name {
+        return Ok(false);
+    }
+    if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
+        nix::unistd::ftruncate(fd, 0)?;
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        let status = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?;
+        let status = OFlag::from_bits_truncate(status) - OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(status))?;
+    }
+    Ok(true)
+}
 
 /// Removes `name` beneath `dir` if it is still the file `fd` opened (a
 /// file the supervisor created exclusively and could not hand over).

@@ -55,6 +55,25 @@ pub enum Call {
         at: Dirfd,
         path: Vec<u8>,
     },
+    /// `unlink`, or `unlinkat` without AT_REMOVEDIR.
+    Unlink {
+        at: Dirfd,
+        path: Vec<u8>,
+    },
+    /// `link`/`linkat`: a new name `to` for `from`.
+    Link {
+        from_at: Dirfd,
+        from: Vec<u8>,
+        to_at: Dirfd,
+        to: Vec<u8>,
+        flags: i32,
+    },
+    /// `symlink`/`symlinkat`: a link at `path` holding `target`.
+    Symlink {
+        target: Vec<u8>,
+        at: Dirfd,
+        path: Vec<u8>,
+    },
     Rename {
         from_at: Dirfd,
         from: Vec<u8>,
@@ -107,6 +126,37 @@ pub fn decode(
                     path: read(args[0])?,
                 })
             }
+            libc::SYS_unlink => {
+                return Some(Call::Unlink {
+                    at: at_cwd,
+                    path: read(args[0])?,
+                })
+            }
+            // creat(path, mode) is open(path, O_CREAT|O_WRONLY|O_TRUNC, mode).
+            libc::SYS_creat => {
+                return Some(Call::Open {
+                    at: at_cwd,
+                    path: read(args[0])?,
+                    flags: libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+                    mode: args[1] as u32,
+                })
+            }
+            libc::SYS_link => {
+                return Some(Call::Link {
+                    from_at: at_cwd,
+                    from: read(args[0])?,
+                    to_at: at_cwd,
+                    to: read(args[1])?,
+                    flags: 0,
+                })
+            }
+            libc::SYS_symlink => {
+                return Some(Call::Symlink {
+                    target: read(args[0])?,
+                    at: at_cwd,
+                    path: read(args[1])?,
+                })
+            }
             libc::SYS_rename => {
                 return Some(Call::Rename {
                     from_at: at_cwd,
@@ -133,11 +183,25 @@ pub fn decode(
             path: read(args[1])?,
             mode: args[2] as u32,
         }),
-        // The filter hands over only unlinkat(AT_REMOVEDIR); a file's
-        // unlink stays the kernel's.
         libc::SYS_unlinkat if args[2] as i32 & libc::AT_REMOVEDIR != 0 => Some(Call::Rmdir {
             at: fd(args[0]),
             path: read(args[1])?,
+        }),
+        libc::SYS_unlinkat if args[2] as i32 == 0 => Some(Call::Unlink {
+            at: fd(args[0]),
+            path: read(args[1])?,
+        }),
+        libc::SYS_linkat => Some(Call::Link {
+            from_at: fd(args[0]),
+            from: read(args[1])?,
+            to_at: fd(args[2]),
+            to: read(args[3])?,
+            flags: args[4] as i32,
+        }),
+        libc::SYS_symlinkat => Some(Call::Symlink {
+            target: read(args[0])?,
+            at: fd(args[1]),
+            path: read(args[2])?,
         }),
         libc::SYS_renameat2 => Some(Call::Rename {
             from_at: fd(args[0]),
@@ -191,6 +255,22 @@ pub enum Act {
         dir: usize,
         name: OsString,
     },
+    Unlink {
+        dir: usize,
+        name: OsString,
+    },
+    Link {
+        dir: usize,
+        from: OsString,
+        to: OsString,
+    },
+    /// `target` is one plain name: a sibling in the same directory, which
+    /// must be a granted name or not exist (checked when it is made).
+    Symlink {
+        dir: usize,
+        target: OsString,
+        name: OsString,
+    },
     Rename {
         dir: usize,
         from: OsString,
@@ -210,6 +290,19 @@ impl std::fmt::Display for Act {
             Act::Open { name, .. } => write!(f, "create {}", name.to_string_lossy()),
             Act::Mkdir { name, .. } => write!(f, "mkdir {}", name.to_string_lossy()),
             Act::Rmdir { name, .. } => write!(f, "rmdir {}", name.to_string_lossy()),
+            Act::Unlink { name, .. } => write!(f, "unlink {}", name.to_string_lossy()),
+            Act::Link { from, to, .. } => write!(
+                f,
+                "link {} as {}",
+                from.to_string_lossy(),
+                to.to_string_lossy()
+            ),
+            Act::Symlink { target, name, .. } => write!(
+                f,
+                "symlink {} to {}",
+                name.to_string_lossy(),
+                target.to_string_lossy()
+            ),
             Act::Rename { from, to, .. } => write!(
                 f,
                 "rename {} to {}",
@@ -246,10 +339,10 @@ pub fn decide(
             flags,
             mode,
         } => {
-            // Only an exclusive create (what the filter hands over); never
-            // O_TMPFILE or O_PATH.
-            let exclusive = libc::O_CREAT | libc::O_EXCL;
-            if flags & exclusive != exclusive || flags & (libc::O_TMPFILE | libc::O_PATH) != 0 {
+            // An open that makes or empties a file, whatever its other
+            // flags; never O_TMPFILE or O_PATH.
+            let makes = libc::O_CREAT | libc::O_TRUNC;
+            if flags & makes == 0 || flags & (libc::O_TMPFILE | libc::O_PATH) != 0 {
                 return None;
             }
             let e = entry(*at, path)?;
@@ -272,6 +365,50 @@ pub fn decide(
             let e = entry(*at, path)?;
             allows(&e, Op::Remove).then_some(Act::Rmdir {
                 dir: e.0,
+                name: e.1,
+            })
+        }
+        Call::Unlink { at, path } => {
+            let e = entry(*at, path)?;
+            allows(&e, Op::Remove).then_some(Act::Unlink {
+                dir: e.0,
+                name: e.1,
+            })
+        }
+        Call::Link {
+            from_at,
+            from,
+            to_at,
+            to,
+            flags,
+        } => {
+            // AT_SYMLINK_FOLLOW and AT_EMPTY_PATH name a file by what a
+            // link or a descriptor leads to: the kernel's.
+            if *flags != 0 {
+                return None;
+            }
+            // Both names granted, in one directory: a granted name never
+            // becomes a second name of a file of yours.
+            let a = entry(*from_at, from)?;
+            let b = entry(*to_at, to)?;
+            let ok = a.0 == b.0 && allows(&a, Op::Write) && allows(&b, Op::Write);
+            ok.then_some(Act::Link {
+                dir: a.0,
+                from: a.1,
+                to: b.1,
+            })
+        }
+        Call::Symlink { target, at, path } => {
+            // Only a plain sibling name (a lock's "host:pid" note, or
+            // another granted name): a granted name must not lead a tool
+            // that writes it later to a file of yours.
+            if !valid_name(target) {
+                return None;
+            }
+            let e = entry(*at, path)?;
+            allows(&e, Op::Write).then_some(Act::Symlink {
+                dir: e.0,
+                target: OsStr::from_bytes(target).to_owned(),
                 name: e.1,
             })
         }
@@ -361,207 +498,5 @@ fn valid_name(name: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::build::{Platform, PolicyInput, Writable};
-    use crate::policy::Matcher;
-    use std::path::PathBuf;
-
-    fn setup() -> (Vec<Supervised>, Policy) {
-        let home = PathBuf::from("/home/u");
-        let policy = Policy::build(&PolicyInput {
-            links: Vec::new(),
-            platform: Platform::Linux,
-            home: home.clone(),
-            roots: vec![],
-            backend_state: vec![
-                Writable {
-                    matcher: Matcher::NamePrefix {
-                        dir: home.clone(),
-                        prefix: ".claude.json".into(),
-                    },
-                    why: "claude".into(),
-                    layered: false,
-                },
-                Writable {
-                    matcher: Matcher::NamePrefix {
-                        dir: home.clone(),
-                        prefix: ".zcode".into(),
-                    },
-                    why: "zcode".into(),
-                    layered: false,
-                },
-            ],
-            temp_and_caches: vec![],
-            once_allows: vec![],
-            profile_dir: None,
-            managed_root: home.join(".zcode-acp"),
-            network: Default::default(),
-        });
-        let dirs = vec![Supervised {
-            dir: home,
-            spellings: vec!["/users/u".into()],
-            prefixes: vec![".claude.json".into(), ".zcode".into()],
-        }];
-        (dirs, policy)
-    }
-
-    fn open(path: &str, flags: i32) -> Call {
-        Call::Open {
-            at: libc::AT_FDCWD,
-            path: path.as_bytes().to_vec(),
-            flags,
-            mode: 0o666,
-        }
-    }
-
-    fn decide_with_cwd(call: &Call, cwd_is_home: bool) -> Option<Act> {
-        let (dirs, policy) = setup();
-        decide(call, &dirs, &policy, &mut |_, _| cwd_is_home)
-    }
-
-    #[test]
-    fn claude_saves_its_settings_through_the_supervisor() {
-        let w = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        let act = decide_with_cwd(&open("/home/u/.claude.json.tmp.42.abc", w), false);
-        assert_eq!(
-            act,
-            Some(Act::Open {
-                dir: 0,
-                name: ".claude.json.tmp.42.abc".into(),
-                flags: w,
-                mode: 0o666
-            })
-        );
-        // The lock directory and the rename over the file.
-        assert!(matches!(
-            decide_with_cwd(
-                &Call::Mkdir {
-                    at: libc::AT_FDCWD,
-                    path: b"/home/u/.claude.json.lock".to_vec(),
-                    mode: 0o777
-                },
-                false
-            ),
-            Some(Act::Mkdir { .. })
-        ));
-        let rename = Call::Rename {
-            from_at: libc::AT_FDCWD,
-            from: b"/home/u/.claude.json.tmp.42.abc".to_vec(),
-            to_at: libc::AT_FDCWD,
-            to: b"/home/u/.claude.json".to_vec(),
-            flags: 0,
-        };
-        assert!(matches!(
-            decide_with_cwd(&rename, false),
-            Some(Act::Rename { .. })
-        ));
-        // Spelled through the other name of the home directory.
-        assert!(decide_with_cwd(&open("/users/u/.zcode-x", w), false).is_some());
-    }
-
-    #[test]
-    fn nothing_else_in_home_is_taken_on() {
-        let w = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        // A truncating write is never taken on, even for a granted name.
-        assert_eq!(
-            decide_with_cwd(
-                &open("/home/u/.claude.json", libc::O_WRONLY | libc::O_TRUNC),
-                false
-            ),
-            None
-        );
-        for path in [
-            "/home/u/.bashrc",
-            "/home/u/.profile",
-            "/home/u/.bash_profile",
-            "/home/u/.claude.jso",
-            "/home/u/x/.claude.json",
-            "/home/u/.zcode-shell-agent/t.jsonl",
-            "/home/u/../u/.claude.json",
-            "/home/u//.claude.json",
-            "/home/u/.claude.json/",
-            "/home/uu/.claude.json",
-            "/home/u",
-            "/etc/passwd",
-            // The managed root matches the prefix; its island takes it back.
-            "/home/u/.zcode-acp",
-        ] {
-            assert_eq!(decide_with_cwd(&open(path, w), true), None, "{path}");
-        }
-        // O_TMPFILE / O_PATH are never ours.
-        assert_eq!(
-            decide_with_cwd(
-                &open(
-                    "/home/u/.zcode-x",
-                    libc::O_TMPFILE | libc::O_RDWR | libc::O_EXCL
-                ),
-                false
-            ),
-            None
-        );
-        // A rename that brings something in from elsewhere, or takes a
-        // granted entry out, is the kernel's.
-        for (from, to) in [
-            ("/home/u/w/evil", "/home/u/.zcode-x"),
-            ("/home/u/.zcode-x", "/home/u/.bashrc"),
-            ("/home/u/.zcode-acp", "/home/u/.zcode-y"),
-        ] {
-            let r = Call::Rename {
-                from_at: libc::AT_FDCWD,
-                from: from.as_bytes().to_vec(),
-                to_at: libc::AT_FDCWD,
-                to: to.as_bytes().to_vec(),
-                flags: 0,
-            };
-            assert_eq!(decide_with_cwd(&r, false), None, "{from} -> {to}");
-        }
-    }
-
-    #[test]
-    fn a_relative_name_counts_only_where_the_caller_is_in_the_directory() {
-        let w = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        assert!(decide_with_cwd(&open(".zcode-notes", w), true).is_some());
-        assert_eq!(decide_with_cwd(&open(".zcode-notes", w), false), None);
-        assert_eq!(decide_with_cwd(&open("./.zcode-notes", w), true), None);
-        assert_eq!(decide_with_cwd(&open(".bashrc", w), true), None);
-    }
-
-    #[test]
-    fn calls_are_decoded_from_their_arguments() {
-        let mut mem = |addr: u64| Some(format!("/p{addr}").into_bytes());
-        let c = decode(
-            libc::SYS_renameat2 as u32,
-            [
-                3,
-                1,
-                libc::AT_FDCWD as u64,
-                2,
-                libc::RENAME_NOREPLACE as u64,
-                0,
-            ],
-            &mut mem,
-        );
-        assert_eq!(
-            c,
-            Some(Call::Rename {
-                from_at: 3,
-                from: b"/p1".to_vec(),
-                to_at: libc::AT_FDCWD,
-                to: b"/p2".to_vec(),
-                flags: libc::RENAME_NOREPLACE
-            })
-        );
-        let c = decode(
-            libc::SYS_unlinkat as u32,
-            [3, 7, libc::AT_REMOVEDIR as u64, 0, 0, 0],
-            &mut mem,
-        );
-        assert!(matches!(c, Some(Call::Rmdir { at: 3, .. })));
-        let c = decode(libc::SYS_unlinkat as u32, [3, 7, 0, 0, 0, 0], &mut mem);
-        assert_eq!(c, None, "a file's unlink is the kernel's");
-        // An unreadable path: not ours.
-        let mut none = |_: u64| None;
-        assert_eq!(decode(libc::SYS_openat as u32, [0; 6], &mut none), None);
-    }
-}
+#[path = "decide_tests.rs"]
+mod tests;

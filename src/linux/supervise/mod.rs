@@ -27,14 +27,18 @@
 //!    SECCOMP_ADDFD_FLAG_SEND). A call is never let through to the kernel on
 //!    the strength of a path the caller could still change.
 //!
-//! What a supervised name supports is what an atomic save needs, and no
-//! more: creating it exclusively (O_CREAT|O_EXCL), renaming one granted
-//! name over another, a lock directory (mkdir, rmdir, utimensat). Writing
-//! an existing entry in place, removing a file and chmod stay refused:
-//! every call the filter hands over costs a round trip, whatever file it
-//! names, so watching those too would tax all file work in the workspace
-//! (see BENCHMARKS.md). Only sandboxes whose policy has a name-prefix grant
-//! outside the writable directories get the filter at all.
+//! A supervised name supports every way a program makes, replaces or
+//! removes a name: an open with O_CREAT (with or without O_EXCL) or
+//! O_TRUNC, `creat`, renaming one granted name over another, `link`
+//! between granted names, a `symlink` holding a plain sibling name (a
+//! lock's note), `mkdir`, `rmdir`, `unlink`, `utimensat`: a grant must not
+//! hold only for one version's choice of calls. An existing entry is
+//! handed over only when it is a regular file with no other name, and is
+//! truncated after that check. chmod and writes through a descriptor are
+//! never handed over. Every call the filter hands over costs a round
+//! trip, whatever file it names, which is why only sandboxes whose policy
+//! has a name-prefix grant outside the writable directories get the filter
+//! at all (see BENCHMARKS.md for what it costs).
 //!
 //! Calls the kernel must see for the decision to be right stay with it:
 //! foreign ABIs are refused outright (`filter`), and so are set-user-ID and
