@@ -414,8 +414,8 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
     let Some(python) = python else {
         return "| `run_code` of `pass` (python) vs bare `python3 -c pass` | skipped: no python3 | | |".into();
     };
-    let ws = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ws = scratch_dir();
+    let home = scratch_dir();
     let config = home.path().join(".config/zcode-acp");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(
@@ -546,10 +546,10 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
 /// policy before the editor sees it. Both bridges run the same agent; the
 /// ratio is what judging costs per write, turn included.
 fn judged_writes(n: usize) -> String {
-    let ws = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ws = scratch_dir();
     let ws = std::fs::canonicalize(ws.path()).unwrap();
     let run = |armed: bool| -> Duration {
-        let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let home = scratch_dir();
         let mut cmd = Command::new(BIN);
         cmd.args(["--", BIN, "shell-agent"])
             .env("HOME", home.path())
@@ -685,7 +685,7 @@ fn on_a_tmpfs(cmd: &mut Command, ws: &std::path::Path, parent_ns: u64) {
 
 #[cfg(target_os = "linux")]
 fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
-    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = scratch_dir();
     let base = std::fs::canonicalize(base.path()).unwrap();
     let (home, ws, src) = (base.join("home"), base.join("ws"), base.join("src"));
     for d in [&home, &ws, &src] {
@@ -755,12 +755,35 @@ fn supervised_file_work(_runs: usize, _files: usize) -> Vec<String> {
     Vec::new()
 }
 
+/// A fresh directory for the bench's files where a sandbox sees them as
+/// they are on disk: never under /tmp or /var/tmp (a sandbox's own are
+/// private), wherever the checkout is (a clone under /tmp included).
+pub fn scratch_dir() -> tempfile::TempDir {
+    let candidates = [
+        Some(std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
+        std::env::var_os("HOME").map(std::path::PathBuf::from),
+        Some(std::path::PathBuf::from("/var/lib")),
+    ];
+    for c in candidates.into_iter().flatten() {
+        let Ok(real) = std::fs::canonicalize(&c) else {
+            continue;
+        };
+        if real.starts_with("/tmp") || real.starts_with("/var/tmp") {
+            continue;
+        }
+        if let Ok(dir) = tempfile::tempdir_in(&real) {
+            return dir;
+        }
+    }
+    panic!("no scratch directory outside /tmp and /var/tmp is writable");
+}
+
 fn main() {
     // cargo points the dynamic loader at its own library directories; an
     // editor does not, and every timed start would pay for searching them.
     // Single-threaded here, before anything is started.
     std::env::remove_var("LD_LIBRARY_PATH");
-    let state = tempfile::tempdir().unwrap();
+    let state = scratch_dir();
     // `cargo bench` passes --bench; `cargo test` runs this once, small, so
     // a broken benchmark is noticed without paying for a real run.
     let full = std::env::args().any(|a| a == "--bench");

@@ -57,6 +57,27 @@ impl Client {
         }
     }
 
+    /// Prints the updates the bridge sends until one `until` accepts (the
+    /// bridge's notice that the agent restarted, say).
+    async fn wait_for_update(&mut self, until: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
+        loop {
+            let line = self
+                .lines
+                .next_line()
+                .await?
+                .ok_or_else(|| anyhow!("the bridge closed its stdout"))?;
+            let msg: Value =
+                serde_json::from_str(&line).context("the bridge wrote a non-JSON line")?;
+            if msg["method"] == "session/update" {
+                let update = &msg["params"]["update"];
+                show_update(update);
+                if until(update) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// What this little editor does when the agent asks it for something.
     async fn answer(&mut self, method: &str, params: &Value) -> Value {
         match method {
@@ -289,6 +310,10 @@ pub async fn run() -> anyhow::Result<()> {
     let workspace = tmp.path().join("workspace");
     std::fs::create_dir_all(&workspace)?;
     println!("zcode-acp demo: a scripted editor talks to `zcode-acp -- zcode-acp shell-agent`");
+    println!("legend: -> the editor sends   <- it receives   <> the agent asks the editor   ?? the demo answers for you");
+    println!(
+        "        | the agent's words   [tool] the agent's tool calls and the bridge's notices"
+    );
     println!("\n== part 1: the relay (the agent runs unconfined here) ==\n");
 
     // Part one shows the relay; it runs the agent unconfined on purpose
@@ -309,6 +334,15 @@ pub async fn run() -> anyhow::Result<()> {
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGHUP,
     )?;
+    // The next prompt goes to the new agent once the bridge says it is up.
+    client
+        .wait_for_update(|u| {
+            u["sessionUpdate"] == "tool_call"
+                && u["title"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("(restarted)"))
+        })
+        .await?;
     prompt(
         &mut client,
         &sid,

@@ -158,8 +158,69 @@ enum Command {
     },
 }
 
+/// The subcommands a user types.
+const SUBCOMMANDS: &[&str] = &[
+    "shell-agent",
+    "mcp",
+    "demo",
+    "profile",
+    "allow",
+    "deny",
+    "approve",
+    "run",
+    "doctor",
+    "help",
+];
+
+/// What to say when the first word is neither an option nor a subcommand:
+/// a near miss of a subcommand, or an agent's command given without `--`.
+fn first_word_hint(word: &str) -> String {
+    let close = SUBCOMMANDS
+        .iter()
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|(d, c)| *d <= 2 && *d < c.len())
+        .min();
+    match close {
+        Some((_, c)) => format!("`{word}` is not a zcode-acp command; did you mean `zcode-acp {c}`?"),
+        None => format!(
+            "`{word}` is not a zcode-acp command; to run an agent behind zcode-acp, put `--` before its command: zcode-acp -- {word} ..."
+        ),
+    }
+}
+
+/// Levenshtein distance, for short words.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let first = std::env::args().nth(1).filter(|w| {
+                !w.starts_with('-') && !SUBCOMMANDS.contains(&w.as_str()) && !w.starts_with("__")
+            });
+            match (e.kind(), first) {
+                (clap::error::ErrorKind::UnknownArgument, Some(word)) => {
+                    eprintln!("zcode-acp: {}", first_word_hint(&word));
+                    eprintln!("For more information, try 'zcode-acp --help'.");
+                    return ExitCode::from(2);
+                }
+                _ => e.exit(),
+            }
+        }
+    };
     if let Err(e) = logging::init(cli.log_file.as_deref()) {
         eprintln!("zcode-acp: {e}");
         return ExitCode::from(2);

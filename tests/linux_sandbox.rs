@@ -1314,6 +1314,9 @@ t rename-in python3 -c 'import os; os.rename("{ws}/moved-in", "{h}/.claude.json.
 t hardlink ln {h}/.bashrc {h}/.claude.json.hl
 t symlink ln -s {h}/.bashrc {h}/.claude.json.sl
 t symlink-sibling ln -s .bashrc {h}/.claude.json.sl2
+t symlink-absent sh -c 'cd {h} && ln -s .bash_profile .claude.json.sl3'
+t symlink-note sh -c 'cd {h} && ln -s host:1 .claude.json.note'
+t symlink-over python3 -c 'import os; os.chdir("{h}"); os.rename(".claude.json.note", ".claude.json.moved")'
 t second-name sh -c 'echo evil > {h}/.claude.json.hl-old'
 t dotdot sh -c 'echo x > {h}/../{name}/.claude.json.dd'
 t managed sh -c 'echo x > {h}/.zcode-acp/x'
@@ -1347,6 +1350,7 @@ t race python3 {race} {h}
         "read-back",
         "stale-lock",
         "in-place",
+        "symlink-note",
         "no-fd-left",
         // Creates went through while the path flipped under them, and the
         // flipped name was never made.
@@ -1371,6 +1375,8 @@ t race python3 {race} {h}
         "hardlink",
         "symlink",
         "symlink-sibling",
+        "symlink-absent",
+        "symlink-over",
         "second-name",
         "dotdot",
         "managed",
@@ -1403,6 +1409,8 @@ t race python3 {race} {h}
         ".claude.json.hl",
         ".claude.json.sl",
         ".claude.json.sl2",
+        ".claude.json.sl3",
+        ".claude.json.moved",
         ".claude.json.dd",
     ] {
         assert!(

@@ -1552,3 +1552,20 @@ fn a_long_home_still_gets_the_editors_socket() {
     let answer = caller.join().unwrap();
     assert!(answer.contains("read through a long path"), "{answer}");
 }
+
+#[test]
+fn a_mistyped_command_or_a_forgotten_double_dash_is_explained() {
+    let run = |word: &str| {
+        let out = std::process::Command::new(BIN).arg(word).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run("doctr");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("did you mean `zcode-acp doctor`?"), "{err}");
+    let (code, err) = run("codex-acp");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("zcode-acp -- codex-acp"), "{err}");
+}

@@ -273,6 +273,26 @@ fn the_demo_runs_end_to_end() {
             "missing `{expected}` in:\n{stdout}"
         );
     }
+    // The demo waits for the restart: the next prompt meets a new agent,
+    // announced before it.
+    let pid_after = |marker: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.split(marker).nth(1))
+            .map(|p| p.trim().to_owned())
+            .unwrap_or_else(|| panic!("no `{marker}` in:\n{stdout}"))
+    };
+    let (old, new) = (pid_after("| agent pid:"), pid_after("new agent pid:"));
+    assert_ne!(
+        old, new,
+        "the prompt after the restart met the old agent:\n{stdout}"
+    );
+    let restarted = stdout.find("(restarted)").expect("the restart notice");
+    assert!(
+        restarted < stdout.find("new agent pid:").unwrap(),
+        "{stdout}"
+    );
+    assert!(stdout.contains("legend:"), "{stdout}");
 }
 
 #[test]

@@ -85,7 +85,7 @@ impl World {
 
 /// The rows: cold and warm, cargo and npm, bare against sandboxed.
 pub fn cache_builds(runs: usize) -> Vec<String> {
-    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = super::scratch_dir();
     let base = std::fs::canonicalize(base.path()).unwrap();
     let mut rows = Vec::new();
     match cargo_world(&base.join("cargo")) {

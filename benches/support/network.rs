@@ -95,7 +95,7 @@ fn median_of(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn rows(downloads: usize, connects: usize) -> Vec<String> {
-    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let home = super::scratch_dir();
     let home = std::fs::canonicalize(home.keep()).unwrap();
     std::fs::create_dir_all(home.join("ws")).unwrap();
     let (cert, key) = (home.join("cert.pem"), home.join("key.pem"));

@@ -11,8 +11,8 @@ use super::{median, Bridged, BIN};
 
 const FAKE_AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_agent.py");
 
-/// Where a row works: `home` and `ws` under the target's own temp dir
-/// (not /tmp, which the sandbox keeps writable anyway), and the fake
+/// Where a row works: `home` and `ws` in a scratch directory (never /tmp,
+/// which the sandbox keeps private and writable), and the fake
 /// agent's state in /tmp (writable to an armed agent before it has any
 /// workspace, as an agent's own state is).
 struct Place {
@@ -23,7 +23,7 @@ struct Place {
 }
 
 fn place() -> Place {
-    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = super::scratch_dir();
     let root = std::fs::canonicalize(base.path()).unwrap();
     let (home, ws) = (root.join("home"), root.join("ws"));
     std::fs::create_dir_all(&home).unwrap();

@@ -19,6 +19,10 @@ use crate::policy::{Band, Op};
 use crate::relay::envelope::request;
 use crate::relay::Frame;
 
+/// At most this many places are put to the user per bridge: a line on
+/// stderr is the agent's to print, so it must not become a flood.
+const MAX_STATE_QUESTIONS: usize = 3;
+
 impl Bridge {
     /// A line of the running agent's stderr that may report a refused
     /// write.
@@ -55,6 +59,12 @@ impl Bridge {
         if self.asks.agent_state.contains(&place) {
             return;
         }
+        // One question at a time, a few in all.
+        let busy = self.asks.agent_state_open;
+        let enough = self.asks.agent_state.len() >= MAX_STATE_QUESTIONS;
+        if busy || enough {
+            return debug!(place = %place.display(), "not asked: a question about the agent's state is open, or enough were asked");
+        }
         let Some(policy) = self.confinement.policy() else {
             return;
         };
@@ -75,6 +85,7 @@ impl Bridge {
             return;
         }
         self.asks.agent_state.insert(place.clone());
+        self.asks.agent_state_open = true;
         let shown = shown(&place, home);
         let bid = self.alloc_id();
         self.editor.announcements += 1;
@@ -103,6 +114,7 @@ impl Bridge {
     /// could not), granted for this bridge, remembered for the agent when
     /// "always", and the agent re-armed when the turn ends.
     pub(super) fn on_agent_state_answer(&mut self, agent: String, place: PathBuf, frame: &Frame) {
+        self.asks.agent_state_open = false;
         let choice = prompts::chosen(frame, prompts::STATE_FLOW);
         let always = match choice {
             Some(prompts::STATE_ALWAYS) => true,

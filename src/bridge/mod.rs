@@ -241,6 +241,7 @@ impl Bridge {
                 net: net_asks::NetPermissions::default(),
                 net_asks: net_asks::NetAsks::new(),
                 agent_state: Default::default(),
+                agent_state_open: false,
                 violations: None,
             },
             audit: parts::AuditState {

@@ -76,8 +76,10 @@ pub(super) struct Asks {
     /// generation's proxy asks on (see `net_asks`).
     pub net: net_asks::NetPermissions,
     pub net_asks: net_asks::NetAsks,
-    /// The places an agent no profile knows was asked about (once each).
+    /// The places an agent no profile knows was asked about (once each),
+    /// and whether such a question is open now (one at a time).
     pub agent_state: HashSet<PathBuf>,
+    pub agent_state_open: bool,
     /// The system log reader for the sandbox's tag, when it has one (macOS).
     pub violations: Option<watch::ViolationWatch>,
 }

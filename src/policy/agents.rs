@@ -212,16 +212,45 @@ pub fn own_state_location(
         })
         .collect::<Option<_>>()?;
     let agent = agent.to_ascii_lowercase();
-    let named = |n: &str| n.to_ascii_lowercase().starts_with(&agent);
+    // The agent's name, alone or with a short suffix (`-cache`, `_2`):
+    // nothing a line it prints could dress up as something else.
+    let named = |n: &str| {
+        let n = n.to_ascii_lowercase();
+        n.strip_prefix(&agent).is_some_and(|rest| {
+            rest.is_empty()
+                || (rest.len() <= 17
+                    && rest.starts_with(['-', '_', '.'])
+                    && rest[1..]
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        })
+    };
     let (at, depth) = match parts.as_slice() {
-        [".config", name, ..] | [".local", "share" | "state", name, ..] if named(name) => {
-            (parts.iter().position(|p| p == name)?, parts.len())
-        }
+        [".config", name, ..] if named(name) => (1, parts.len()),
+        [".local", "share" | "state", name, ..] if named(name) => (2, parts.len()),
         [first, ..] if first.strip_prefix('.').is_some_and(named) => (0, parts.len()),
         _ => return None,
     };
     // Places other programs keep, whatever the agent is called.
     const OTHERS: &[&str] = &[
+        "share",
+        "state",
+        "applications",
+        "fish",
+        "vim",
+        "nvim",
+        "emacs",
+        "emacs.d",
+        "ipython",
+        "jupyter",
+        "gradle",
+        "m2",
+        "vscode",
+        "idea",
+        "direnv",
+        "netrc",
+        "pypirc",
+        "npmrc",
         "config",
         "local",
         "cache",
@@ -307,6 +336,8 @@ mod tests {
             ".config/git/config",
             "newagent/x",
             ".local/newagent/x",
+            ".newagent (choose Always)/x",
+            ".newagentsuffixmuchtoolongtobeshort/x",
             "../other/.newagent/x",
         ] {
             assert_eq!(at(not_its_own), None, "{not_its_own}");
@@ -324,6 +355,8 @@ mod tests {
             ("ssh", ".ssh/config"),
             ("config", ".config/x"),
             ("git", ".config/git/x"),
+            ("share", ".local/share/share/x"),
+            ("sha", ".local/share/share/x"),
         ] {
             assert_eq!(
                 own_state_location(&home.join(path), home, agent),

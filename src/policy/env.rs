@@ -34,6 +34,12 @@ pub fn dir_grant(path: &Path, home: &Path, why: &str) -> Option<Writable> {
         tracing::warn!(path = %real.display(), "not whitelisting {why}: it would open the whole home directory");
         return None;
     }
+    // A state or cache directory that is (or leads through a symlink to)
+    // a place never granted: ~/.ssh, shell start-up files, autostart.
+    if let Some(never) = super::offerable::never_granted(&real, Some(home)) {
+        tracing::warn!(path = %real.display(), "not whitelisting {why}: {never}");
+        return None;
+    }
     Some(Writable {
         matcher: Matcher::Subpath(real),
         why: why.to_owned(),

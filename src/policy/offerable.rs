@@ -36,6 +36,8 @@ const STARTUP: &[&str] = &[
     ".zshenv",
     ".zlogin",
     ".config/fish",
+    ".local/share/fish",
+    ".config/environment.d",
     ".xprofile",
     ".xinitrc",
 ];
@@ -45,6 +47,7 @@ const AUTOSTART: &[&str] = &[
     ".config/autostart",
     "Library/LaunchAgents",
     ".config/systemd/user",
+    ".local/share/systemd/user",
 ];
 
 /// Whether `path` (a real path) opens everything beneath `/` or the home

@@ -152,35 +152,31 @@ fn run(sup: &Supervisor, listener: BorrowedFd<'_>, act: &Act, id: u64, pid: u32)
             dir: d,
             target,
             name,
-        } => {
-            use std::os::unix::ffi::OsStrExt;
-            // A sibling that is not a granted name must not exist: the
-            // link then leads nowhere the user keeps anything.
-            let granted = sup.dirs[*d]
-                .prefixes
-                .iter()
-                .any(|p| target.as_bytes().starts_with(p.as_bytes()));
-            if !granted {
-                match nix::sys::stat::fstatat(
-                    dir(*d),
-                    target.as_os_str(),
-                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) {
-                    Err(Errno::ENOENT) => {}
-                    Ok(_) => return Outcome::Answer(Err(Errno::EROFS)),
-                    Err(e) => return Outcome::Answer(Err(e)),
-                }
-            }
-            Outcome::Answer(
-                nix::unistd::symlinkat(target.as_os_str(), dir(*d), name.as_os_str()).map(|_| 0),
-            )
-        }
+        } => Outcome::Answer(
+            nix::unistd::symlinkat(target.as_os_str(), dir(*d), name.as_os_str()).map(|_| 0),
+        ),
         Act::Rename {
             dir: d,
             from,
             to,
             flags,
         } => {
+            // A symlink is never moved onto a granted name (nor swapped
+            // with one): a save made outside the sandbox would follow it.
+            // Only this supervisor changes these names, so what it sees
+            // here is what it renames.
+            for name in [from, to] {
+                let link = nix::sys::stat::fstatat(
+                    dir(*d),
+                    name.as_os_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
+                let moved = std::ptr::eq(name, from) || flags & libc::RENAME_EXCHANGE != 0;
+                if link && moved {
+                    return Outcome::Answer(Err(Errno::EPERM));
+                }
+            }
             let flags = nix::fcntl::RenameFlags::from_bits_truncate(*flags);
             Outcome::Answer(
                 nix::fcntl::renameat2(dir(*d), from.as_os_str(), dir(*d), to.as_os_str(), flags)

@@ -264,8 +264,7 @@ pub enum Act {
         from: OsString,
         to: OsString,
     },
-    /// `target` is one plain name: a sibling in the same directory, which
-    /// must be a granted name or not exist (checked when it is made).
+    /// `target` is one plain name: another granted name, or a lock's note.
     Symlink {
         dir: usize,
         target: OsString,
@@ -399,13 +398,27 @@ pub fn decide(
             })
         }
         Call::Symlink { target, at, path } => {
-            // Only a plain sibling name (a lock's "host:pid" note, or
-            // another granted name): a granted name must not lead a tool
-            // that writes it later to a file of yours.
+            // A granted name must not lead a tool that writes it later,
+            // outside the sandbox, to a file of yours: the link may hold
+            // only another granted name, or a lock's note (`host:pid`,
+            // `user@host.pid`: not hidden, with a `:` or an `@`), which no
+            // file of yours is called. Never a hidden name that does not
+            // exist yet (`.bash_profile`): a save from outside would
+            // create it.
             if !valid_name(target) {
                 return None;
             }
             let e = entry(*at, path)?;
+            let granted_target = dirs[e.0]
+                .prefixes
+                .iter()
+                .any(|p| target.starts_with(p.as_bytes()))
+                && allows(&(e.0, OsStr::from_bytes(target).to_owned()), Op::Write);
+            let note = !target.starts_with(b".") && target.iter().any(|b| matches!(b, b':' | b'@'));
+            let leads_nowhere_of_yours = granted_target || note;
+            if !leads_nowhere_of_yours {
+                return None;
+            }
             allows(&e, Op::Write).then_some(Act::Symlink {
                 dir: e.0,
                 target: OsStr::from_bytes(target).to_owned(),
