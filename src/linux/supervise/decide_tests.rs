@@ -173,6 +173,8 @@ fn nothing_else_in_home_is_taken_on() {
     assert_eq!(decide_with_cwd(&followed, false), None);
     for (target, at) in [
         (".bash_profile", "/home/u/.claude.json.sl"),
+        // A note with a path in it would lead wherever the path does.
+        ("host:1/../.bashrc", "/home/u/.claude.json.sl"),
         ("notes", "/home/u/.claude.json.sl"),
         ("/home/u/.bashrc", "/home/u/.claude.json.sl"),
         ("../u/.bashrc", "/home/u/.claude.json.sl"),
