@@ -24,6 +24,16 @@ impl Client {
         Ok(())
     }
 
+    /// The bridge's next message on stdout.
+    async fn next_message(&mut self) -> anyhow::Result<Value> {
+        let line = self
+            .lines
+            .next_line()
+            .await?
+            .ok_or_else(|| anyhow!("the bridge closed its stdout"))?;
+        serde_json::from_str(&line).context("the bridge wrote a non-JSON line")
+    }
+
     /// Sends a request and prints what the agent streams until it answers.
     async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
         self.next_id += 1;
@@ -31,13 +41,7 @@ impl Client {
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
         loop {
-            let line = self
-                .lines
-                .next_line()
-                .await?
-                .ok_or_else(|| anyhow!("the bridge closed its stdout"))?;
-            let msg: Value =
-                serde_json::from_str(&line).context("the bridge wrote a non-JSON line")?;
+            let msg = self.next_message().await?;
             if msg.get("method").is_none() && msg["id"] == id {
                 if let Some(e) = msg.get("error") {
                     bail!("{method} failed: {}", e["message"]);
@@ -61,13 +65,7 @@ impl Client {
     /// bridge's notice that the agent restarted, say).
     async fn wait_for_update(&mut self, until: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
         loop {
-            let line = self
-                .lines
-                .next_line()
-                .await?
-                .ok_or_else(|| anyhow!("the bridge closed its stdout"))?;
-            let msg: Value =
-                serde_json::from_str(&line).context("the bridge wrote a non-JSON line")?;
+            let msg = self.next_message().await?;
             if msg["method"] == "session/update" {
                 let update = &msg["params"]["update"];
                 show_update(update);

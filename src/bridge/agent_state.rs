@@ -36,12 +36,7 @@ impl Bridge {
         let Some(home) = crate::policy::offerable::real_home() else {
             return;
         };
-        let session = self
-            .routes
-            .latest_turn()
-            .map(str::to_owned)
-            .or_else(|| self.sessions.table.live().next().map(|s| s.id.clone()));
-        let Some(session) = session else {
+        let Some(session) = self.turn_or_first_session() else {
             return;
         };
         debug!(agent, session, line, "a refusal on the agent's stderr");
@@ -126,12 +121,7 @@ impl Bridge {
         let Some(home) = crate::policy::offerable::real_home() else {
             return;
         };
-        let session = self
-            .routes
-            .latest_turn()
-            .map(str::to_owned)
-            .or_else(|| self.sessions.table.live().next().map(|s| s.id.clone()))
-            .unwrap_or_default();
+        let session = self.turn_or_first_session().unwrap_or_default();
         if !place.is_dir() {
             if let Err(e) = crate::config::atomic::create_real_dir_path(&place, 0o700) {
                 warn!(place = %place.display(), "cannot make the agent's state directory: {e}");

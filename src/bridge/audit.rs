@@ -44,13 +44,17 @@ impl Bridge {
             return;
         }
         self.audit.dirty.extend(dirty);
-        let session = self
-            .routes
+        let session = self.turn_or_first_session().unwrap_or_default();
+        self.run_audit(&session);
+    }
+
+    /// The session of the latest turn, else the first live one: where the
+    /// bridge speaks up about what happened outside any request.
+    pub(super) fn turn_or_first_session(&self) -> Option<String> {
+        self.routes
             .latest_turn()
             .map(str::to_owned)
             .or_else(|| self.sessions.table.live().next().map(|s| s.id.clone()))
-            .unwrap_or_default();
-        self.run_audit(&session);
     }
 
     /// What the watcher cannot do, in words for the editor.
