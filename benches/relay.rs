@@ -40,7 +40,10 @@ impl Peer {
         }
         let mut child = cmd
             .env("ZCODE_SHELL_AGENT_HOME", state)
-            .env("ZCODE_ACP_LOG", "error")
+            .env(
+                "ZCODE_ACP_LOG",
+                std::env::var("ZCODE_ACP_BENCH_LOG").unwrap_or("error".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -207,7 +210,10 @@ impl Bridged {
             .args(agent)
             .env("HOME", home)
             .env("XDG_CONFIG_HOME", home.join("config"))
-            .env("ZCODE_ACP_LOG", "error")
+            .env(
+                "ZCODE_ACP_LOG",
+                std::env::var("ZCODE_ACP_BENCH_LOG").unwrap_or("error".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         for (k, v) in env {
@@ -439,7 +445,10 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
         .arg(&servers)
         .env("HOME", home.path())
         .env("XDG_CONFIG_HOME", home.path().join(".config"))
-        .env("ZCODE_ACP_LOG", "error")
+        .env(
+            "ZCODE_ACP_LOG",
+            std::env::var("ZCODE_ACP_BENCH_LOG").unwrap_or("error".into()),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -556,7 +565,10 @@ fn judged_writes(n: usize) -> String {
             // The agent's default state dir, which the armed sandbox makes
             // and keeps writable (the backend profile).
             .env("ZCODE_SHELL_AGENT_HOME", "")
-            .env("ZCODE_ACP_LOG", "error")
+            .env(
+                "ZCODE_ACP_LOG",
+                std::env::var("ZCODE_ACP_BENCH_LOG").unwrap_or("error".into()),
+            )
             .env_remove("ZCODE_ACP_SANDBOX");
         if armed {
             cmd.env("ZCODE_ACP_SANDBOX", "1");
@@ -721,7 +733,10 @@ fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
             .args(["--", "sh", "-c", &job])
             .current_dir(&ws)
             .env("HOME", &home)
-            .env("ZCODE_ACP_LOG", "error");
+            .env(
+                "ZCODE_ACP_LOG",
+                std::env::var("ZCODE_ACP_BENCH_LOG").unwrap_or("error".into()),
+            );
         if tmpfs {
             on_a_tmpfs(&mut cmd, &ws, parent_ns);
         }

@@ -423,6 +423,12 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
             format!("{p}.")
         })
     });
+    // A misspelled key would leave the sandbox as it was without a word.
+    let startup_note = match (startup_note, &user.unknown_keys) {
+        (Some(note), Some(keys)) => Some(format!("{note}\n{keys}.")),
+        (None, Some(keys)) => Some(format!("{keys}.")),
+        (note, None) => note,
+    };
     let sandbox = match requested {
         Some(requested_by) if !args.no_sandbox => {
             let sandbox = Sandbox::detect(requested_by, zcode_acp::commands::platform_enforcer());

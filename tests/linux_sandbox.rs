@@ -2514,3 +2514,64 @@ fn partial_id_maps_and_symlinked_homes_still_get_their_sandbox() {
     );
     check("root of a partial id map", &out);
 }
+
+/// A run whose writes were refused ends with one line naming them and the
+/// `--allow` that would open them; what it wrote in its workspace, and
+/// what it only read, is not named. Without it, a user sees only the
+/// shell's "Read-only file system".
+#[test]
+fn run_names_the_writes_it_refused_and_the_allow_that_opens_them() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let deep = p.outside.join("not/there");
+    let script = format!(
+        "echo hi > {o}/refused.txt; mkdir {o}/refused-dir; mkdir -p {d}; echo ok > inside.txt; \
+         cat {o}/../ws/inside.txt > /dev/null; mv inside.txt moved.txt; echo done",
+        o = p.outside.display(),
+        d = deep.display(),
+    );
+    let argv = run_sh(None, "none", &p.ws, &script);
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("done"),
+        "{stderr}"
+    );
+    assert!(p.ws.join("moved.txt").exists(), "{stderr}");
+    assert!(!p.outside.join("refused.txt").exists());
+    if !stderr.contains("zcode-acp: the sandbox refused writes to") {
+        // A kernel without seccomp user notification (before 5.14), or a
+        // listener already above us: nothing watches the calls.
+        assert!(
+            !zcode_acp::linux::supervise::available(),
+            "no refused-writes line: {stderr}"
+        );
+        println!("skipped: the supervisor cannot watch calls here");
+        return;
+    }
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("zcode-acp: the sandbox refused writes to"))
+        .unwrap();
+    for refused in ["refused.txt", "refused-dir", "not"] {
+        assert!(
+            line.contains(&format!("{}/{refused}", p.outside.display())),
+            "{line}"
+        );
+    }
+    assert!(
+        !line.contains("inside.txt") && !line.contains("moved.txt"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("--allow {}", p.outside.display())),
+        "{line}"
+    );
+    assert_eq!(
+        stderr.matches("the sandbox refused writes").count(),
+        1,
+        "{stderr}"
+    );
+}

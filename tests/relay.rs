@@ -1569,3 +1569,65 @@ fn a_mistyped_command_or_a_forgotten_double_dash_is_explained() {
     assert_eq!(code, Some(2));
     assert!(err.contains("zcode-acp -- codex-acp"), "{err}");
 }
+
+/// A misspelled switch is named in the editor, with the key it meant: in a
+/// project's sandbox.json (each project once, in its own session's
+/// notice) and in the user config. Nothing else would say why the agent
+/// runs unconfined.
+#[test]
+fn a_misspelled_setting_is_named_in_the_editor_with_the_key_it_meant() {
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        r#"{"sandbox": {"enable": true}}"#,
+    )
+    .unwrap();
+    let mut opts = Options::new(fake_agent());
+    opts.home_at = Some(home.path().to_path_buf());
+    let mut ed = Editor::start_with(opts);
+    ed.initialize();
+    let first = workspace(&ed, "first");
+    let second = workspace(&ed, "second");
+    for (ws, text) in [
+        (&first, r#"{"enable": true}"#),
+        (&second, r#"{"enabled": false, "alow": ["build"]}"#),
+    ] {
+        std::fs::create_dir_all(ws.join(".zcode/acp")).unwrap();
+        std::fs::write(ws.join(".zcode/acp/sandbox.json"), text).unwrap();
+    }
+    let notices = |ed: &Editor, sid: &str| -> String {
+        ed.seen
+            .iter()
+            .filter(|l| l.value["params"]["sessionId"] == sid)
+            .filter(|l| {
+                l.value["params"]["update"]["toolCallId"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("zcode-acp-sandbox"))
+            })
+            .map(|l| l.value["params"]["update"]["content"].to_string())
+            .collect()
+    };
+    let a = ed.new_session(&first);
+    let b = ed.new_session(&second);
+    // The second session's notice follows its answer.
+    ed.prompt(&b, "hello");
+    let said = notices(&ed, &a);
+    assert!(said.contains("runs unconfined"), "{said}");
+    assert!(
+        said.contains("`enable` (did you mean `enabled`?)") && said.contains("sandbox.json"),
+        "{said}"
+    );
+    assert!(
+        said.contains("`sandbox.enable` (did you mean `sandbox.enabled`?)"),
+        "{said}"
+    );
+    assert!(!said.contains("alow"), "{said}");
+    let said = notices(&ed, &b);
+    assert!(said.contains("`alow` (did you mean `allow`?)"), "{said}");
+    // Said once per project: a second session there hears nothing of it.
+    let again = ed.new_session(&first);
+    ed.prompt(&again, "hello");
+    assert_eq!(notices(&ed, &again), "");
+}

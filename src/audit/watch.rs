@@ -18,9 +18,8 @@
 //! every [`POLL`] as well: the audit then looks on a clock, at the cost of
 //! one walk of the roots each time.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long after the first relevant change the look is asked for: a burst
@@ -51,17 +50,81 @@ pub struct Targets {
 pub struct Watcher {
     /// Why watching is partial: the audit also looks every [`POLL`].
     pub degraded: Option<String>,
-    stop: Arc<AtomicBool>,
+    /// The write end of the stop pipe: closing it wakes the thread at once
+    /// (its read end hangs up), so a drop never waits out a timeout.
+    stop: Option<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
+}
+
+/// The watcher thread's end of the stop pipe.
+struct StopSignal(OwnedFd);
+
+impl StopSignal {
+    /// Waits up to `timeout` (`None`: for ever) for the stop; whether it
+    /// came. With `inotify`, also wakes when it has events (the second
+    /// value).
+    fn wait(
+        &self,
+        timeout: Option<Duration>,
+        inotify: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> (bool, bool) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let timeout = match timeout {
+            // Rounded up, so that a due time is never polled early in a loop.
+            Some(t) => PollTimeout::try_from(t.as_millis().saturating_add(1).min(60_000) as i32)
+                .unwrap_or(PollTimeout::MAX),
+            None => PollTimeout::NONE,
+        };
+        let mut fds = vec![PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+        if let Some(fd) = inotify {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(n) if n > 0 => {
+                let stopped = fds[0].any().unwrap_or(true);
+                let events = fds.get(1).is_some_and(|f| f.any().unwrap_or(false));
+                (stopped, events)
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => (false, false),
+            // A poll that cannot wait would spin: stop instead.
+            Err(_) => (true, false),
+        }
+    }
+}
+
+/// A stop pipe: the end the [`Watcher`] keeps, and the thread's.
+fn stop_pipe() -> std::io::Result<(OwnedFd, StopSignal)> {
+    let (read, write) = nix::unistd::pipe()?;
+    for fd in [&read, &write] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((write, StopSignal(read)))
+}
+
+/// Calls `on_change` now and every [`POLL`] until stopped: the watcher
+/// where changes cannot be watched.
+fn poll_only(
+    on_change: impl Fn(Vec<PathBuf>) + Send + 'static,
+    stop: StopSignal,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        on_change(Vec::new());
+        while !stop.wait(Some(POLL), None).0 {
+            on_change(Vec::new());
+        }
+    })
 }
 
 impl Watcher {
@@ -69,34 +132,32 @@ impl Watcher {
     /// thread) after each burst of relevant changes, with the paths that
     /// changed (empty: look everywhere).
     pub fn start(targets: Targets, on_change: impl Fn(Vec<PathBuf>) + Send + 'static) -> Watcher {
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, signal) = match stop_pipe() {
+            Ok(p) => p,
+            Err(e) => {
+                // No way to stop a thread: the caller looks at the end only.
+                return Watcher {
+                    degraded: Some(format!(
+                        "cannot start the watcher ({e}); only the look at the end is made"
+                    )),
+                    stop: None,
+                    thread: None,
+                };
+            }
+        };
         #[cfg(target_os = "linux")]
-        let (degraded, thread) = linux::start(targets, on_change, stop.clone());
+        let (degraded, thread) = linux::start(targets, on_change, signal);
         #[cfg(not(target_os = "linux"))]
         let (degraded, thread) = {
             let _ = targets;
-            let stop2 = stop.clone();
-            let thread = std::thread::spawn(move || {
-                // Slept in steps, so that a drop does not wait long.
-                let mut waited = Duration::ZERO;
-                on_change(Vec::new());
-                while !stop2.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    waited += Duration::from_millis(100);
-                    if waited >= POLL {
-                        waited = Duration::ZERO;
-                        on_change(Vec::new());
-                    }
-                }
-            });
             (
                 Some("this system gives no file-change notifications zcode-acp uses".to_owned()),
-                Some(thread),
+                Some(poll_only(on_change, signal)),
             )
         };
         Watcher {
             degraded,
-            stop,
+            stop: Some(stop),
             thread,
         }
     }
@@ -127,7 +188,6 @@ mod linux {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
     use std::collections::{HashMap, HashSet};
     use std::ffi::OsString;
-    use std::os::fd::AsFd;
 
     /// What one watched directory is for.
     #[derive(Debug, Default)]
@@ -254,7 +314,7 @@ mod linux {
     pub(super) fn start(
         targets: Targets,
         on_change: impl Fn(Vec<PathBuf>) + Send + 'static,
-        stop: Arc<AtomicBool>,
+        stop: StopSignal,
     ) -> (Option<String>, Option<std::thread::JoinHandle<()>>) {
         let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
             Ok(i) => i,
@@ -310,44 +370,29 @@ mod linux {
         (degraded, thread)
     }
 
-    fn poll_only(
-        on_change: impl Fn(Vec<PathBuf>) + Send + 'static,
-        stop: Arc<AtomicBool>,
-    ) -> std::thread::JoinHandle<()> {
-        std::thread::spawn(move || {
-            let mut waited = Duration::ZERO;
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                waited += Duration::from_millis(100);
-                if waited >= POLL {
-                    waited = Duration::ZERO;
-                    on_change(Vec::new());
-                }
-            }
-        })
-    }
-
-    fn run(mut state: State, on_change: impl Fn(Vec<PathBuf>), stop: Arc<AtomicBool>) {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    fn run(mut state: State, on_change: impl Fn(Vec<PathBuf>), stop: StopSignal) {
         // What was changed between the walk and the watches being added is
         // looked at once now.
         on_change(Vec::new());
-        let mut since_poll = Duration::ZERO;
+        let mut next_poll = std::time::Instant::now() + POLL;
         let mut due: Option<std::time::Instant> = None;
-        while !stop.load(Ordering::Relaxed) {
-            // Woken at least every 100 ms, to see `stop`.
-            let step = Duration::from_millis(100);
-            let timeout = match due {
-                Some(at) => at
-                    .saturating_duration_since(std::time::Instant::now())
-                    .min(step),
-                None => step,
+        loop {
+            // Asleep until an event, the settle time, the clock of a
+            // degraded watcher, or the stop.
+            let now = std::time::Instant::now();
+            let wake = match (due, state.full.is_some()) {
+                (Some(at), true) => Some(at.min(next_poll)),
+                (Some(at), false) => Some(at),
+                (None, true) => Some(next_poll),
+                (None, false) => None,
             };
-            let ready = {
-                let mut fds = [PollFd::new(state.inotify.as_fd(), PollFlags::POLLIN)];
-                let ms = u16::try_from(timeout.as_millis()).unwrap_or(100);
-                poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) > 0
-            };
+            let (stopped, ready) = stop.wait(
+                wake.map(|at| at.saturating_duration_since(now)),
+                Some(state.inotify.as_fd()),
+            );
+            if stopped {
+                return;
+            }
             if ready && relevant_events(&mut state) && due.is_none() {
                 due = Some(std::time::Instant::now() + SETTLE);
             }
@@ -369,12 +414,9 @@ mod linux {
                     on_change(dirty);
                 }
             }
-            if state.full.is_some() {
-                since_poll += timeout;
-                if since_poll >= POLL {
-                    since_poll = Duration::ZERO;
-                    on_change(Vec::new());
-                }
+            if state.full.is_some() && std::time::Instant::now() >= next_poll {
+                next_poll = std::time::Instant::now() + POLL;
+                on_change(Vec::new());
             }
         }
     }

@@ -103,9 +103,13 @@ impl Bridge {
             text
         } else {
             "The agent runs unconfined: zcode-acp relays it, but no sandbox limits what it writes. \
-             Set ZCODE_ACP_SANDBOX=1 to arm one."
+             Set ZCODE_ACP_SANDBOX=1 in the agent's env, or `\"enabled\": true` in the project's \
+             .zcode/acp/sandbox.json, to arm one."
                 .to_owned()
         };
+        for note in self.unknown_keys_notes(session) {
+            text = format!("{text}\n{note}");
+        }
         if let Some(note) = self.dangerous_note() {
             text = format!("{text}\n{note}");
         }
@@ -126,6 +130,45 @@ impl Bridge {
         }
         let title = self.state_title();
         self.announce(session, title, text);
+    }
+
+    /// What the sandbox.json of the session's projects have that zcode-acp
+    /// does not know (a misspelled `enable` leaves the sandbox off), each
+    /// project once per bridge. Only read.
+    fn unknown_keys_notes(&mut self, session: &str) -> Vec<String> {
+        let roots: Vec<std::path::PathBuf> = self
+            .sessions
+            .table
+            .get(session)
+            .map(|s| s.roots().cloned().collect())
+            .unwrap_or_default();
+        let mut notes = Vec::new();
+        for root in roots {
+            let Ok(real) = crate::policy::resolve_real(&root) else {
+                continue;
+            };
+            if !self.editor.keys_said.insert(real.clone()) {
+                continue;
+            }
+            let read = crate::config::project::read_with(&real, false);
+            if let Some(note) = crate::config::project::unknown_keys_note(&real, &read.config) {
+                notes.push(format!("{note}."));
+            }
+        }
+        notes
+    }
+
+    /// A session after the first: what its projects' sandbox.json have
+    /// that zcode-acp does not know, if not said yet.
+    pub(super) fn announce_unknown_keys(&mut self, session: &str) {
+        if !self.editor.announced_first {
+            return;
+        }
+        let notes = self.unknown_keys_notes(session);
+        if !notes.is_empty() {
+            let title = self.state_title();
+            self.announce(session, title, notes.join("\n"));
+        }
     }
 
     /// After a restart: every live session is told why, and what it cost.

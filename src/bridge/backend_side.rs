@@ -178,6 +178,7 @@ impl Bridge {
                         self.code.tools.opened(bid, opened.as_deref());
                         if let Some(session) = opened {
                             self.announce_first_session(&session);
+                            self.announce_unknown_keys(&session);
                             self.confirm_hand_edits(&session);
                         }
                     }

@@ -223,6 +223,7 @@ impl Bridge {
                 inbox: editor_in,
                 announced_first: false,
                 announcements: 0,
+                keys_said: Default::default(),
             },
             gens: parts::Generations {
                 tx: backend_tx,

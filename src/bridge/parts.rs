@@ -34,6 +34,8 @@ pub(super) struct EditorLink {
     pub announced_first: bool,
     /// How many notices of the bridge's own were sent (their ids).
     pub announcements: u64,
+    /// Projects whose sandbox.json's unknown keys were said (once each).
+    pub keys_said: std::collections::HashSet<std::path::PathBuf>,
 }
 
 /// The backend generations.

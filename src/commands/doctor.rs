@@ -88,6 +88,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         .map(|(root, _)| root.as_path())
         .collect();
     println!("{}", on_or_off(&global_switch(), &armed_projects));
+    if let Some(note) = crate::config::load_user_config()
+        .ok()
+        .and_then(|u| u.unknown_keys)
+    {
+        println!("{note}");
+    }
     let uname = nix::sys::utsname::uname()?;
     println!(
         "kernel: {} {} ({})",
@@ -159,6 +165,10 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         );
         for why in &eff.ignored {
             println!("  ignored until approved: {why}");
+        }
+        let read = crate::config::project::read_with(root, false);
+        if let Some(note) = crate::config::project::unknown_keys_note(root, &read.config) {
+            println!("  {note}");
         }
     }
     let policy = Policy::build(&input);

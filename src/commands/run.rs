@@ -249,7 +249,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let Confinement::Armed(armed) = &confinement else {
         return Err(cannot_arm("the sandbox did not arm"));
     };
-    let spec = enforcer.spec(armed, &command(&args));
+    // The command's refused writes are named when it ends.
+    let spec = enforcer
+        .spec(armed, &command(&args))
+        .noting_refusals(&armed.policy);
     let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
     if crate::linux::exec::threads() != Some(1) {
         return Err(cannot_arm(

@@ -6,6 +6,7 @@
 
 pub mod atomic;
 pub mod generation;
+pub mod keys;
 pub mod ledger;
 pub mod managed;
 pub mod network;
@@ -38,6 +39,10 @@ pub struct UserConfig {
     /// when a sandbox is armed.
     #[serde(default)]
     pub network: Option<serde_json::Value>,
+    /// What in the file zcode-acp does not know (a misspelled key), in
+    /// words for the log and the editor's notice.
+    #[serde(skip)]
+    pub unknown_keys: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,18 +163,17 @@ pub fn load_user_config() -> Result<UserConfig, UserConfigError> {
     };
     match std::fs::read(&path) {
         Ok(bytes) => {
-            for key in unknown_keys(&bytes, "sandbox", SANDBOX_KEYS) {
-                tracing::warn!(
-                    "the user config {} has `sandbox.{key}`, which zcode-acp does not know (it knows enabled, statePaths, backendProfile and agentState); it is ignored",
-                    path.display()
-                );
-            }
-            parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
+            let mut config = parse_user_config(&bytes).map_err(|e| UserConfigError::Invalid {
                 line: e.line(),
                 column: e.column(),
                 what: without_position(&e),
-                path,
-            })
+                path: path.clone(),
+            })?;
+            config.unknown_keys = unknown_keys_note(&path, &bytes);
+            if let Some(note) = &config.unknown_keys {
+                tracing::warn!("{note}");
+            }
+            Ok(config)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(UserConfig::default()),
         Err(source) => Err(UserConfigError::Unreadable { path, source }),
@@ -181,6 +185,35 @@ pub fn parse_user_config(bytes: &[u8]) -> Result<UserConfig, serde_json::Error> 
 }
 
 const SANDBOX_KEYS: &[&str] = &["enabled", "statePaths", "backendProfile", "agentState"];
+const TOP_KEYS: &[&str] = &["backend", "sandbox", "codeExec", "runCode", "network"];
+
+/// The user config's unknown keys in words: every one in `sandbox`, and
+/// those at the top that look like a misspelled known key (others may be a
+/// newer version's).
+fn unknown_keys_note(path: &std::path::Path, bytes: &[u8]) -> Option<String> {
+    let top: Vec<String> = match serde_json::from_slice(bytes) {
+        Ok(serde_json::Value::Object(top)) => top
+            .keys()
+            .filter(|k| !TOP_KEYS.contains(&k.as_str()))
+            .filter(|k| keys::probably_meant(k, TOP_KEYS).is_some())
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let notes: Vec<String> = [
+        keys::unknown_keys_note(path, "", &top, TOP_KEYS),
+        keys::unknown_keys_note(
+            path,
+            "sandbox.",
+            &unknown_keys(bytes, "sandbox", SANDBOX_KEYS),
+            SANDBOX_KEYS,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!notes.is_empty()).then(|| notes.join("; "))
+}
 
 /// Keys of the `section` settings no setting has: a misspelled `enable`
 /// would otherwise leave the sandbox off without a word. (Unknown keys
@@ -305,6 +338,27 @@ mod tests {
             SANDBOX_KEYS
         )
         .is_empty());
+    }
+
+    #[test]
+    fn the_user_configs_misspellings_are_said_with_what_they_meant() {
+        let path = std::path::Path::new("/h/.config/zcode-acp/config.json");
+        let note = unknown_keys_note(
+            path,
+            br#"{"sandbox": {"enable": true}, "codeexec": true, "future": 1}"#,
+        )
+        .unwrap();
+        assert!(
+            note.contains("`sandbox.enable` (did you mean `sandbox.enabled`?)"),
+            "{note}"
+        );
+        assert!(
+            note.contains("`codeexec` (did you mean `codeExec`?)"),
+            "{note}"
+        );
+        // A key nothing resembles at the top may be a newer version's.
+        assert!(!note.contains("future"), "{note}");
+        assert!(unknown_keys_note(path, br#"{"sandbox": {"enabled": true}}"#).is_none());
     }
 
     #[test]

@@ -42,6 +42,24 @@ pub struct ProjectConfig {
     /// Destinations this project's sandbox may also reach (it widens the
     /// user's table once approved).
     pub network: Option<crate::config::network::NetworkTable>,
+    /// Keys the file has that zcode-acp does not know (ignored; said).
+    pub unknown: Vec<String>,
+}
+
+/// The keys a project's sandbox.json may have.
+pub const KEYS: &[&str] = &[
+    "enabled",
+    "allow",
+    "deny",
+    "strictGit",
+    "codeExec",
+    "network",
+];
+
+/// What `root`'s sandbox.json has that zcode-acp does not know, in words
+/// (each key with the one it probably meant).
+pub fn unknown_keys_note(root: &Path, config: &ProjectConfig) -> Option<String> {
+    crate::config::keys::unknown_keys_note(&config_path(root), "", &config.unknown, KEYS)
 }
 
 /// How the file was found.
@@ -105,6 +123,11 @@ pub fn parse(bytes: &[u8]) -> Result<ProjectConfig, String> {
             None | Some(Value::Null) => None,
             Some(v) => Some(crate::config::network::NetworkTable::parse(v)?),
         },
+        unknown: obj
+            .keys()
+            .filter(|k| !KEYS.contains(&k.as_str()))
+            .cloned()
+            .collect(),
     })
 }
 

@@ -383,9 +383,17 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 Syscall::DropCapabilities,
                 sys::drop_all_capabilities(is_root),
             )?;
-            let code = wait_for_init(child, &forwarded, supervisor, proxy.as_ref().map(|p| p.pid))?;
+            let code = wait_for_init(
+                child,
+                &forwarded,
+                &mut supervisor,
+                proxy.as_ref().map(|p| p.pid),
+            )?;
             if reaper {
                 end_leftovers();
+            }
+            if let Some(line) = supervisor.as_ref().and_then(|s| s.refusals_line()) {
+                eprintln!("{line}");
             }
             Ok(code)
         }
@@ -419,11 +427,16 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
 /// The supervisor for the plan's supervised directories, if any and if it
 /// can be prepared (else those names stay as armed, and the log says so).
 fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor> {
-    if spec.plan.supervised.is_empty() {
+    if spec.plan.supervised.is_empty() && !spec.note_refusals {
         return None;
     }
     let policy = spec.policy.clone()?;
-    match super::supervise::Supervisor::prepare(&spec.plan.supervised, policy) {
+    match super::supervise::Supervisor::prepare(&spec.plan.supervised, policy, spec.note_refusals) {
+        Err(e) if spec.plan.supervised.is_empty() => {
+            // Only the refused writes' line is lost.
+            tracing::debug!("cannot watch for refused writes ({e})");
+            None
+        }
         Ok(s) => Some(s),
         Err(e) => {
             degraded(&format!("the agent cannot save the files its profile grants by name (such as ~/.claude.json) this session: their supervisor could not start ({e})"));
@@ -437,7 +450,7 @@ fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor>
 fn wait_for_init(
     child: Pid,
     forwarded: &SigSet,
-    mut supervisor: Option<super::supervise::Supervisor>,
+    supervisor: &mut Option<super::supervise::Supervisor>,
     proxy: Option<Pid>,
 ) -> Result<i32, LaunchError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};

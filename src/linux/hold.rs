@@ -199,12 +199,22 @@ pub fn hold(world: &World, within: Duration) -> Result<Held, HoldError> {
         let procs = all_processes()?;
         let lineage = lineage(&procs, world.holder, world.generation_dir.as_deref());
         let mut new = 0;
-        for &(pid, _, started) in &procs {
+        for &(pid, _, started, _) in &procs {
             if pid == me || pid == world.holder || stopped_pids.contains(&pid) {
                 continue;
             }
-            // Opened before it is judged: what is judged below is the
-            // process this descriptor stops, never one that took its pid.
+            // Judged first, from what the scan saw: most processes are not
+            // the world's, and need no descriptor.
+            let member =
+                lineage.contains(&pid) || scope.holds(pid, world.generation_dir.as_deref())?;
+            if !member {
+                continue;
+            }
+            // Then opened, and checked to be still the process the scan
+            // saw: a pid is not reused while its process lives, so a
+            // matching start time means the judgment above was of this very
+            // process, the one the descriptor stops (one that took its pid
+            // since waits for the next round's scan).
             let pidfd = match pidfd_open(pid) {
                 Ok(fd) => fd,
                 Err(Errno::ESRCH) => continue,
@@ -217,18 +227,7 @@ pub fn hold(world: &World, within: Duration) -> Result<Held, HoldError> {
                     )))
                 }
             };
-            // Still the process the scan saw, not one that took its pid
-            // since (that one waits for the next round's scan).
-            let same = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| start_time(&s))
-                == Some(started);
-            if !same {
-                continue;
-            }
-            let member =
-                lineage.contains(&pid) || scope.holds(pid, world.generation_dir.as_deref())?;
-            if !member {
+            if read_stat(pid).ok().as_deref().and_then(start_time) != Some(started) {
                 continue;
             }
             match send(&pidfd, libc::SIGSTOP) {
@@ -258,8 +257,29 @@ pub fn hold(world: &World, within: Duration) -> Result<Held, HoldError> {
     Err(HoldError::KeptForking)
 }
 
-/// A process as one scan saw it: pid, parent, start time.
-type Seen = (i32, i32, u64);
+/// A process as one scan saw it: pid, parent, start time, and whether its
+/// name is this program's (a terminal's helper runs it; anything else is
+/// not one, and its command line need not be read).
+type Seen = (i32, i32, u64, bool);
+
+/// The name (`comm`) a process running this program has: the first 15
+/// bytes of the file name it was started by, which for a terminal's helper
+/// is this program's own path (`std::env::current_exe`).
+fn own_comm() -> Option<&'static [u8]> {
+    static OWN: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        use std::os::unix::ffi::OsStrExt;
+        let exe = std::env::current_exe().ok()?;
+        let name = exe.file_name()?.as_bytes();
+        Some(name[..name.len().min(15)].to_vec())
+    })
+    .as_deref()
+}
+
+/// The name between the parentheses of a `/proc/PID/stat` line.
+fn comm_of(stat: &str) -> Option<&[u8]> {
+    Some(&stat.as_bytes()[stat.find('(')? + 1..stat.rfind(')')?])
+}
 
 /// Its start time (field 22 of `/proc/PID/stat`), which tells it from a
 /// process that took its pid since.
@@ -269,6 +289,15 @@ fn start_time(stat: &str) -> Option<u64> {
         .nth(19)?
         .parse()
         .ok()
+}
+
+/// `/proc/PID/stat`, in one read (it is generated whole on the first).
+fn read_stat(pid: i32) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat"))?;
+    let mut buf = [0u8; 4096];
+    let n = file.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// Every process, with its parent, read strictly: a `/proc` that cannot be
@@ -286,10 +315,12 @@ fn all_processes() -> Result<Vec<Seen>, HoldError> {
         else {
             continue;
         };
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        match read_stat(pid) {
             Ok(stat) => {
                 if let (Some(p), Some(t)) = (crate::procs::parse_stat(&stat), start_time(&stat)) {
-                    out.push((pid, p.ppid, t));
+                    // Unknown (no own name): every command line is read.
+                    let named = own_comm().is_none_or(|own| comm_of(&stat) == Some(own));
+                    out.push((pid, p.ppid, t, named));
                 }
             }
             // Gone between the listing and the read.
@@ -311,14 +342,14 @@ fn all_processes() -> Result<Vec<Seen>, HoldError> {
 /// namespace, included).
 fn lineage(procs: &[Seen], holder: i32, generation_dir: Option<&Path>) -> HashSet<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for &(pid, ppid, _) in procs {
+    for &(pid, ppid, _, _) in procs {
         children.entry(ppid).or_default().push(pid);
     }
     let mut out = HashSet::new();
     let mut stack = vec![holder];
     if let Some(dir) = generation_dir {
-        for &(pid, _, _) in procs {
-            if is_terminal_helper(pid, dir) {
+        for &(pid, _, _, named) in procs {
+            if named && is_terminal_helper(pid, dir) {
                 out.insert(pid);
                 stack.push(pid);
             }
@@ -546,20 +577,55 @@ mod tests {
         assert!(!is_terminal_helper(me, dir));
     }
 
+    /// Children a test started, ended with what they started (by pid)
+    /// even when the test panics: a failed test leaves no spinner behind.
+    struct Reap(Vec<std::process::Child>);
+
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let procs = crate::procs::snapshot();
+            for c in &mut self.0 {
+                for p in crate::procs::descendants_in(&procs, c.id() as i32) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p.pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Waits (up to 20 s, for a loaded machine) until `ready` holds.
+    fn wait_until(what: &str, ready: impl Fn() -> bool) {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while !ready() {
+            assert!(std::time::Instant::now() < end, "{what}: not after 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A holder sharing our user namespace (the Landlock-only level): its
     /// descendants are held, and a process of another program's sandbox,
     /// in a user namespace nested below ours, is left running.
     #[test]
     fn in_our_own_namespace_only_the_holders_descendants_are_held() {
-        let spawn = |args: &[&str]| {
-            std::process::Command::new(args[0])
-                .args(&args[1..])
-                .stdin(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        };
-        let mut holder = spawn(&["sh", "-c", "sh -c 'while :; do :; done' & wait"]);
-        let mut bystander = match std::process::Command::new("unshare")
+        let holder = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'while :; do :; done' & wait"])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let holder_pid = holder.id() as i32;
+        let mut reap = Reap(vec![holder]);
+        // The holder is spared and forks once: it must have forked (and be
+        // waiting) before the hold, or its spinner would start after it.
+        wait_until("the holder's spinner", || {
+            let procs = crate::procs::snapshot();
+            let waiting = procs.iter().any(|p| p.pid == holder_pid && p.state == 'S');
+            waiting && !crate::procs::descendants_in(&procs, holder_pid).is_empty()
+        });
+        match std::process::Command::new("unshare")
             .args([
                 "--user",
                 "--map-current-user",
@@ -569,24 +635,25 @@ mod tests {
             ])
             .spawn()
         {
-            Ok(c) => c,
+            Ok(c) => reap.0.push(c),
             Err(e) => {
                 println!("skipped in part: unshare cannot run here ({e})");
-                let _ = holder.kill();
-                let _ = holder.wait();
                 return;
             }
-        };
-        std::thread::sleep(Duration::from_millis(300));
-        let by = bystander.id() as i32;
+        }
+        let by = reap.0[1].id() as i32;
+        // unshare has made its namespace and exec'd the shell (or failed).
+        wait_until("the bystander's namespace", || {
+            std::fs::read_link(format!("/proc/{by}/exe")).is_ok_and(|exe| !exe.ends_with("unshare"))
+        });
         let nested = inode_of(&format!("/proc/{by}/ns/user")) != inode_of("/proc/self/ns/user");
         let world = World {
-            holder: holder.id() as i32,
+            holder: holder_pid,
             generation_dir: None,
         };
         let held = hold(&world, Duration::from_secs(5)).expect("held");
         let procs = crate::procs::snapshot();
-        let tree = crate::procs::descendants_in(&procs, holder.id() as i32);
+        let tree = crate::procs::descendants_in(&procs, holder_pid);
         assert!(!tree.is_empty());
         for p in &tree {
             assert!(matches!(p.state, 'T' | 't'), "{p:?} runs while held");
@@ -601,16 +668,6 @@ mod tests {
             println!("skipped in part: no nested user namespace here");
         }
         held.release();
-        for p in tree {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        for c in [&mut holder, &mut bystander] {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 
     /// A process tree of our own (a child that forks a grandchild that
@@ -620,7 +677,7 @@ mod tests {
         // The "holder" is a process in our own user namespace: the world is
         // then everything in that namespace, which includes this test. So
         // the tree runs in a user namespace of its own (where allowed).
-        let mut child = match std::process::Command::new("unshare")
+        let child = match std::process::Command::new("unshare")
             .args(["--user", "--map-current-user", "sh", "-c"])
             .arg("(while :; do sleep 0.01 & done) & while :; do :; done")
             .spawn()
@@ -628,12 +685,15 @@ mod tests {
             Ok(c) => c,
             Err(_) => return,
         };
-        std::thread::sleep(Duration::from_millis(300));
         let holder = child.id() as i32;
+        let _reap = Reap(vec![child]);
+        // unshare has made its namespace and exec'd the shell (or failed).
+        wait_until("the tree's namespace", || {
+            std::fs::read_link(format!("/proc/{holder}/exe"))
+                .map_or(true, |exe| !exe.ends_with("unshare"))
+        });
         if inode_of(&format!("/proc/{holder}/ns/user")) == inode_of("/proc/self/ns/user") {
-            // unshare could not make a namespace here: nothing to test.
-            let _ = child.kill();
-            let _ = child.wait();
+            println!("skipped: unshare could not make a user namespace here");
             return;
         }
         // The holder itself is spared; its descendants are held.
@@ -657,14 +717,5 @@ mod tests {
             .filter(|p| !matches!(p.state, 'T' | 't'))
             .count();
         assert!(running > 0, "nothing runs after the release");
-        // Every process of the tree this test started, by pid.
-        for p in crate::procs::descendants_in(&crate::procs::snapshot(), holder) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }

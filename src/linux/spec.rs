@@ -57,6 +57,11 @@ pub struct LaunchSpec {
     /// exists, so a terminal never starts while the agent is held.
     #[serde(default)]
     pub hold_lock: Option<PathBuf>,
+    /// `zcode-acp run`: the supervisor also watches the calls that make or
+    /// remove names, and the helper ends with a line naming the writes the
+    /// sandbox refused (see `supervise::refusals`).
+    #[serde(default)]
+    pub note_refusals: bool,
 }
 
 impl LaunchSpec {
@@ -84,7 +89,18 @@ impl LaunchSpec {
             network_asks: None,
             report: None,
             hold_lock: None,
+            note_refusals: false,
         }
+    }
+
+    /// Notes the writes the sandbox refuses, to name them when the command
+    /// ends, where this kernel lets a supervisor watch them.
+    pub fn noting_refusals(mut self, policy: &crate::policy::Policy) -> LaunchSpec {
+        if super::supervise::available() {
+            self.note_refusals = true;
+            self.policy.get_or_insert_with(|| policy.clone());
+        }
+        self
     }
 
     /// A network of its own under `table` where `own` (the table does not

@@ -38,7 +38,9 @@
 //! never handed over. Every call the filter hands over costs a round
 //! trip, whatever file it names, which is why only sandboxes whose policy
 //! has a name-prefix grant outside the writable directories get the filter
-//! at all (see BENCHMARKS.md for what it costs).
+//! at all (see BENCHMARKS.md for what it costs), and `zcode-acp run`, whose
+//! supervisor also notes the writes the kernel will refuse, to name them
+//! when the command ends (`refusals`).
 //!
 //! Calls the kernel must see for the decision to be right stay with it:
 //! foreign ABIs are refused outright (`filter`), and so are set-user-ID and
@@ -50,6 +52,7 @@
 mod act;
 pub mod decide;
 mod kernel;
+pub mod refusals;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -123,6 +126,8 @@ pub struct Supervisor {
     proc_fd: OwnedFd,
     policy: Policy,
     listener: Option<OwnedFd>,
+    /// `zcode-acp run`: the refused writes seen go by, for its last line.
+    refusals: Option<std::cell::RefCell<refusals::Refusals>>,
 }
 
 /// Why the supervisor could not be prepared.
@@ -137,8 +142,13 @@ pub struct PrepareError {
 impl Supervisor {
     /// Opens what the supervisor needs. Must run before the mount
     /// namespace is unshared: descriptors opened now keep the host's
-    /// (writable) mounts.
-    pub fn prepare(dirs: &[Supervised], policy: Policy) -> Result<Supervisor, PrepareError> {
+    /// (writable) mounts. With `note_refusals`, it also notes the writes
+    /// the sandbox refuses (see [`refusals`]).
+    pub fn prepare(
+        dirs: &[Supervised],
+        policy: Policy,
+        note_refusals: bool,
+    ) -> Result<Supervisor, PrepareError> {
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
         let failed = |what: &'static str, path: &std::path::Path| {
             let path = path.to_path_buf();
@@ -163,7 +173,50 @@ impl Supervisor {
             proc_fd,
             policy,
             listener: None,
+            refusals: note_refusals.then(Default::default),
         })
+    }
+
+    /// The line that says which writes the sandbox refused, if it noted
+    /// any.
+    pub fn refusals_line(&self) -> Option<String> {
+        self.refusals.as_ref()?.borrow().line()
+    }
+
+    /// Notes the names `call` writes that the policy refuses, made
+    /// absolute from the caller's directories as the host's `/proc` shows
+    /// them (before the call continues to the kernel, which decides it).
+    fn note_refusals(&self, pid: u32, call: &decide::Call) {
+        let Some(cell) = &self.refusals else {
+            return;
+        };
+        for (at, path, when) in refusals::written_names(call) {
+            let base = if path.first() == Some(&b'/') {
+                std::path::PathBuf::from("/")
+            } else {
+                let link = if at == libc::AT_FDCWD {
+                    format!("{pid}/cwd")
+                } else if at >= 0 {
+                    format!("{pid}/fd/{at}")
+                } else {
+                    continue;
+                };
+                match nix::fcntl::readlinkat(&self.proc_fd, link.as_str()) {
+                    Ok(dir) => std::path::PathBuf::from(dir),
+                    Err(_) => continue,
+                }
+            };
+            let path = refusals::absolute(&base, path);
+            let exists = || std::fs::symlink_metadata(&path).is_ok();
+            let counts = match when {
+                refusals::When::Always => true,
+                refusals::When::Absent => !exists(),
+                refusals::When::Present => exists(),
+            };
+            if counts {
+                cell.borrow_mut().note(&self.policy, path);
+            }
+        }
     }
 
     /// Takes the listener the sandbox's first process sent; with none, it
@@ -205,12 +258,18 @@ impl Supervisor {
         let call = decide::decode(n.data.nr as u32, n.data.args, &mut |addr| {
             kernel::read_c_string(pid, addr)
         });
-        let act = call.and_then(|c| {
-            decide::decide(&c, &self.dirs, &self.policy, &mut |at, i| {
+        let act = call.as_ref().and_then(|c| {
+            decide::decide(c, &self.dirs, &self.policy, &mut |at, i| {
                 self.caller_dir_is(pid, at, i)
             })
         });
         let Some(act) = act else {
+            // Noted while the caller still waits: its descriptors and
+            // working directory are still the ones the call names, and
+            // what exists is what the call will find.
+            if let Some(call) = &call {
+                self.note_refusals(pid, call);
+            }
             kernel::let_continue(listener, n.id);
             return;
         };
