@@ -42,7 +42,8 @@ fn an_armed_bridge_confines_the_agent_and_survives_a_kill_from_inside() {
     );
     // The network, in one line.
     assert!(
-        state.to_string().contains("Network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress allowed."),
+        state.to_string().contains("Network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress to the agent's API and the package registries (")
+            && state.to_string().contains("any other public host is asked"),
         "{state}"
     );
     // A missing kind is `other`, the schema's default (the schema types

@@ -1111,7 +1111,9 @@ fn doctor_reports_the_level_and_passes_its_self_test() {
         "the protected paths are listed: {stdout}"
     );
     assert!(
-        stdout.contains("network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress allowed"),
+        stdout.contains("network: a network of its own; out through the sandbox's proxy: host loopback denied, LAN denied, public egress to the agent's API and the package registries (")
+            && stdout.contains("reachable without a question: ")
+            && stdout.contains("registry.npmjs.org"),
         "{stdout}"
     );
 }

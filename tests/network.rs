@@ -291,15 +291,17 @@ fn probe(
     user: Option<&TestUser>,
     config: Option<&str>,
 ) -> std::collections::BTreeMap<String, String> {
-    probe_with(world, user, config, &[]).0
+    probe_with(world, user, config, &[], &[]).0
 }
 
-/// As [`probe`], with `env` for zcode-acp; also returns what it logged.
+/// As [`probe`], with `env` for zcode-acp and `args` for `run`; also
+/// returns what it logged.
 fn probe_with(
     world: &World,
     user: Option<&TestUser>,
     config: Option<&str>,
     env: &[(&str, &str)],
+    args: &[&str],
 ) -> (std::collections::BTreeMap<String, String>, String) {
     let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
     let (home, ws, bin) = match user {
@@ -326,7 +328,9 @@ fn probe_with(
         u.own(&ws);
     }
     let mut cmd = Command::new(bin);
-    cmd.args(["run", "--", "sh", "-c", PROBES])
+    cmd.arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", PROBES])
         .env_clear()
         .env("HOME", &home)
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -400,7 +404,29 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
         "says how to allow it"
     );
     assert_eq!(recorded(world), "", "the host's service was reached");
-    // The internet, through the proxy by each of its doors, and only so.
+    // The internet beyond the agent's own hosts and the registries: by
+    // none of the proxy's doors (no editor is there to ask), nor around it.
+    for name in ["internet", "internet-other", "internet-v6"] {
+        assert!(
+            r[name].starts_with(REFUSED) && r[name].contains("egress"),
+            "{name}: {}",
+            r[name]
+        );
+    }
+    // A tunnel or SOCKS refusal has no body curl shows.
+    for name in ["internet-tunnel", "internet-socks", "internet-direct"] {
+        assert_eq!(r[name], "failed", "{name}");
+    }
+    // No name server either: it would look up (and carry out) any name.
+    assert!(r["resolver"].starts_with(REFUSED), "{}", r["resolver"]);
+    // Servers the sandboxed process starts work on its own loopback.
+    assert_eq!(r["own-server"], "hello from 127.0.0.1");
+}
+
+/// `"egress": "allow"`: the internet through the proxy by each of its
+/// doors, and only so; and the name server, on its port, though it is on
+/// the LAN.
+fn assert_egress_allowed(r: &std::collections::BTreeMap<String, String>) {
     for name in [
         "internet",
         "internet-tunnel",
@@ -415,16 +441,35 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
     }
     assert_eq!(r["internet-v6"], "hello from 2001:db8::2");
     assert_eq!(r["internet-direct"], "failed", "a way out around the proxy");
-    // The name server, on its port, though it is on the LAN.
     assert_eq!(r["resolver"], "hello from 10.77.0.53");
-    // Servers the sandboxed process starts work on its own loopback.
-    assert_eq!(r["own-server"], "hello from 127.0.0.1");
+    assert!(r["lan"].starts_with(REFUSED), "{}", r["lan"]);
 }
 
 fn defaults_and_allows(user: Option<&TestUser>) {
     let world = world();
     let r = probe(&world, user, None);
     assert_defaults(&r, &world);
+
+    // Today's open internet, for those who want it: one config line.
+    let r = probe(&world, user, Some(r#"{"network": {"egress": "allow"}}"#));
+    assert_egress_allowed(&r);
+
+    // The agent's own API host is reached with no question and no config:
+    // here the host of its base-URL variable (a gateway, a local model).
+    let (r, _) = probe_with(
+        &world,
+        user,
+        None,
+        &[("ANTHROPIC_BASE_URL", "http://198.51.100.2:8080/v1")],
+        &["--backend-profile", "claude"],
+    );
+    assert_eq!(r["internet"], "hello from 198.51.100.2");
+    assert_eq!(r["internet-tunnel"], "hello from 198.51.100.2");
+    assert!(
+        r["internet-other"].starts_with(REFUSED),
+        "{}",
+        r["internet-other"]
+    );
 
     // One config line away: the host's port (directly, as a mirror, and
     // through the proxy), the LAN, and only the listed public host.
@@ -510,6 +555,7 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         user,
         None,
         &[("ZCODE_ACP_TEST_NO_NETWORK_NAMESPACE", "1")],
+        &[],
     );
     assert_eq!(r["host-direct"], "hello from 127.0.0.1");
     assert!(log.contains("the network is NOT confined"), "{log}");

@@ -156,6 +156,16 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         Err(_) => "not confined (nothing can be armed)".to_owned(),
     };
     println!("network: {network}");
+    if matches!(
+        input.network.egress,
+        crate::policy::network::Egress::Hosts(_)
+    ) && !input.network.listed.is_empty()
+    {
+        println!(
+            "  reachable without a question: {}",
+            input.network.listed.join(", ")
+        );
+    }
     for (root, eff) in &projects {
         println!(
             "\nworkspace {}: sandbox.json {}, armed by the project: {}",

@@ -59,6 +59,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         &[],
     )?;
     eprintln!("note: backend profile: {}", backend.describe());
+    eprintln!("note: network: {}", input.network.describe());
     let policy = Policy::build_resolving_links(&mut input, crate::policy::build::link_chain);
     for (root, eff) in &projects {
         for why in &eff.ignored {

@@ -53,12 +53,22 @@ pub enum Lan {
     Allow,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Egress {
-    #[default]
+    /// Every public host (`"egress": "allow"`).
     Allow,
-    /// Only hosts matching one of these (`example.com`, `*.example.com`).
+    /// Hosts matching one of these (`example.com`, `*.example.com`), with
+    /// those the policy lists for the running agent (its API, the package
+    /// registries: `policy::egress`); any other is asked, or refused where
+    /// nobody can be asked.
     Hosts(Vec<String>),
+}
+
+/// The default: the policy's list alone; everything else asked.
+impl Default for Egress {
+    fn default() -> Self {
+        Egress::Hosts(Vec::new())
+    }
 }
 
 pub(crate) fn within_limits(ports: usize, hosts: usize) -> Result<(), String> {

@@ -44,9 +44,15 @@ pub struct Agent {
     pub launchers: &'static [&'static str],
     pub dirs: &'static [StateDir],
     pub home_names: &'static [HomeNames],
-    /// The hosts its model API is served from (for the README and the
-    /// network's questions).
+    /// The hosts its model API is served from: reachable without a
+    /// question (see `egress`).
     pub api_hosts: &'static [&'static str],
+    /// The hosts it signs in through (OAuth and its token endpoints):
+    /// reachable without a question too.
+    pub sign_in_hosts: &'static [&'static str],
+    /// Variables that point it at another API server (a gateway, a proxy,
+    /// a local model): their hosts are reachable without a question.
+    pub base_url_env: &'static [&'static str],
     /// What the state is, in words for the log and `doctor`.
     pub described: &'static str,
 }
@@ -75,6 +81,8 @@ pub const AGENTS: &[Agent] = &[
             unless_env: Some("CLAUDE_CONFIG_DIR"),
         }],
         api_hosts: &["api.anthropic.com"],
+        sign_in_hosts: &["claude.ai", "console.anthropic.com", "platform.claude.com"],
+        base_url_env: &["ANTHROPIC_BASE_URL"],
         described: "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude, and ~/.claude.json)",
     },
     Agent {
@@ -84,6 +92,8 @@ pub const AGENTS: &[Agent] = &[
         dirs: &[dir(".codex", Some("CODEX_HOME"), "")],
         home_names: &[],
         api_hosts: &["api.openai.com", "chatgpt.com"],
+        sign_in_hosts: &["auth.openai.com"],
+        base_url_env: &["OPENAI_BASE_URL"],
         described: "codex's own state ($CODEX_HOME or ~/.codex)",
     },
     Agent {
@@ -96,6 +106,12 @@ pub const AGENTS: &[Agent] = &[
             "generativelanguage.googleapis.com",
             "cloudcode-pa.googleapis.com",
         ],
+        sign_in_hosts: &[
+            "accounts.google.com",
+            "oauth2.googleapis.com",
+            "www.googleapis.com",
+        ],
+        base_url_env: &["GOOGLE_GEMINI_BASE_URL"],
         described: "gemini's own state (~/.gemini, or $GEMINI_CLI_HOME/.gemini)",
     },
     Agent {
@@ -105,6 +121,8 @@ pub const AGENTS: &[Agent] = &[
         dirs: &[dir(".qwen", Some("QWEN_HOME"), "")],
         home_names: &[],
         api_hosts: &["dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com"],
+        sign_in_hosts: &["chat.qwen.ai"],
+        base_url_env: &["OPENAI_BASE_URL"],
         described: "qwen's own state ($QWEN_HOME or ~/.qwen)",
     },
     Agent {
@@ -119,6 +137,8 @@ pub const AGENTS: &[Agent] = &[
         ],
         home_names: &[],
         api_hosts: &["opencode.ai", "models.dev"],
+        sign_in_hosts: &[],
+        base_url_env: &[],
         described: "opencode's own state (its XDG config, data, state and cache directories)",
     },
     Agent {
@@ -128,6 +148,8 @@ pub const AGENTS: &[Agent] = &[
         dirs: &[dir(".vibe", Some("VIBE_HOME"), "")],
         home_names: &[],
         api_hosts: &["api.mistral.ai"],
+        sign_in_hosts: &["console.mistral.ai"],
+        base_url_env: &[],
         described: "Mistral Vibe's own state ($VIBE_HOME or ~/.vibe)",
     },
     Agent {
@@ -145,6 +167,8 @@ pub const AGENTS: &[Agent] = &[
             unless_env: None,
         }],
         api_hosts: &[],
+        sign_in_hosts: &[],
+        base_url_env: &[],
         described:
             "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
     },

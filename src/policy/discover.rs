@@ -101,7 +101,9 @@ links: Vec::new(),
                         table
                     }
                 }
-            }),
+            })
+            // What the agent needs, and the registries: no question.
+            .listing(super::egress::reachable(&backend.profiles, &ProcessEnv)),
     };
     Ok(Gathered {
         input,

@@ -15,6 +15,7 @@ pub mod agents;
 pub mod backends;
 pub mod build;
 pub mod discover;
+pub mod egress;
 pub mod env;
 pub mod gather;
 pub mod git_cmd;
