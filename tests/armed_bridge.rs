@@ -1350,3 +1350,61 @@ fn an_agent_nobody_profiled_is_asked_about_its_state_once_and_remembered() {
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["prompts"], 3);
 }
+
+/// What a turn sent through the sandbox's proxy is said when the turn
+/// ends, in one notice, with the byte counts the other end received; a
+/// turn that sent nothing says nothing.
+#[test]
+fn what_a_turn_sent_is_said_when_it_ends() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (mut ed, ws, sid, _outside) = armed_editor();
+    let svc = LoopbackService::start();
+    let size = 1_500_000usize;
+    std::fs::write(ws.join("up.bin"), vec![b'x'; size]).unwrap();
+    let start = ed.seen.len();
+    let upload = format!(
+        "curl -s -m 60 --noproxy '' -T up.bin http://127.0.0.1:{}/up; echo; echo done",
+        svc.port
+    );
+    let (_, text) = prompt_answering(&mut ed, &sid, &upload, "allow-once");
+    assert!(text.contains(&format!("got {size}")), "{text}");
+    let notices: Vec<&serde_json::Value> = ed.seen[start..]
+        .iter()
+        .map(|l| &l.value)
+        .filter(|v| {
+            v["params"]["update"]["title"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Network: this turn sent"))
+        })
+        .collect();
+    assert_eq!(notices.len(), 1, "one notice per turn");
+    let title = notices[0]["params"]["update"]["title"].as_str().unwrap();
+    assert!(title.contains("1.5 MB to 127.0.0.1"), "{title}");
+    let content = notices[0]["params"]["update"]["content"].to_string();
+    assert!(content.contains("a large upload"), "{content}");
+    // The exact count: the body the service received, and the request's
+    // head.
+    let sent: usize = content
+        .split(" bytes)")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count: {content}"));
+    assert!(
+        (size..size + 2048).contains(&sent),
+        "the proxy counted {sent} bytes sent; the service received {size}"
+    );
+    // A turn that sent nothing through the proxy says nothing.
+    let start = ed.seen.len();
+    ed.prompt(&sid, "true");
+    assert!(
+        !ed.seen[start..]
+            .iter()
+            .any(|l| l.value["params"]["update"]["title"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Network:"))),
+        "a notice for a turn that sent nothing"
+    );
+}

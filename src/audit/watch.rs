@@ -103,13 +103,21 @@ impl StopSignal {
 
 /// A stop pipe: the end the [`Watcher`] keeps, and the thread's.
 fn stop_pipe() -> std::io::Result<(OwnedFd, StopSignal)> {
-    let (read, write) = nix::unistd::pipe()?;
-    for fd in [&read, &write] {
-        nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )?;
-    }
+    // Close-on-exec from the start: a child another thread starts meanwhile
+    // must not hold the write end (a drop would then wait for it to end).
+    #[cfg(target_os = "linux")]
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    #[cfg(not(target_os = "linux"))]
+    let (read, write) = {
+        let (read, write) = nix::unistd::pipe()?;
+        for fd in [&read, &write] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )?;
+        }
+        (read, write)
+    };
     Ok((write, StopSignal(read)))
 }
 

@@ -88,6 +88,7 @@ impl Bridge {
     /// generation is not armed).
     pub(super) fn end_turn_after_audit(&mut self, session: &str, answer: Vec<u8>) {
         self.say_unasked(session);
+        self.say_what_left(session);
         if self.audit.base.is_none() {
             self.to_editor(answer);
             return;

@@ -23,6 +23,7 @@ mod editor_io;
 mod editor_side;
 mod frames;
 mod hold;
+mod ledger;
 mod lifecycle;
 mod net_asks;
 mod parts;
@@ -113,6 +114,8 @@ enum Event {
     Disk(disk::DiskDone),
     /// The generation's proxy asks about a refused connection.
     NetworkAsk(crate::network::asks::Question),
+    /// The generation's proxy counted what it carried.
+    Ledger,
     /// Code run by run_code calls the editor (see `code_tools`).
     CodeTool(code_tools::EditorCall),
     /// The agent is held still for the editor's writes, or cannot be.
@@ -241,6 +244,7 @@ impl Bridge {
                 writes: permissions::Permissions::default(),
                 net: net_asks::NetPermissions::default(),
                 net_asks: net_asks::NetAsks::new(),
+                ledger: Default::default(),
                 agent_state: Default::default(),
                 agent_state_open: false,
                 violations: None,
@@ -312,6 +316,7 @@ impl Bridge {
             Some(v) = watch::next(&mut self.asks.violations) => Event::Refused(v),
             done = self.disk.next() => Event::Disk(done),
             question = self.asks.net_asks.next() => Event::NetworkAsk(question),
+            _ = self.asks.ledger.ready() => Event::Ledger,
             call = self.code.tools.next() => Event::CodeTool(call),
             event = self.hold.next() => Event::Held(event),
             Some(mut dirty) = self.audit.changes.recv() => {
@@ -429,6 +434,7 @@ impl Bridge {
             }
             Event::Refused(v) => self.on_refused_in_log(v),
             Event::NetworkAsk(question) => self.on_network_ask(question),
+            Event::Ledger => self.on_ledger(),
             Event::CodeTool(call) => self.on_code_tool(call),
             Event::Held(event) => self.on_hold_event(event),
             Event::AuditChange(dirty) => self.on_audit_change(dirty),

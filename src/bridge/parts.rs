@@ -84,6 +84,8 @@ pub(super) struct Asks {
     pub agent_state_open: bool,
     /// The system log reader for the sandbox's tag, when it has one (macOS).
     pub violations: Option<watch::ViolationWatch>,
+    /// What the generation's proxy carried, by turn (see `ledger`).
+    pub ledger: super::ledger::TurnLedger,
 }
 
 /// The audit of the running generation.

@@ -295,6 +295,9 @@ impl Bridge {
         self.confinement = confinement;
         // Listening before the generation's proxy may ask.
         if let Some(socket) = self.network_asks_socket() {
+            self.asks
+                .ledger
+                .listen(&crate::confine::network_ledger_name(&socket));
             self.asks.net_asks.listen(socket);
         }
         let backend = crate::confine::Command {

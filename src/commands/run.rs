@@ -24,6 +24,12 @@ pub struct RunArgs {
     /// for a backend).
     #[arg(long, value_name = "PROFILE")]
     pub backend_profile: Option<String>,
+    /// Do not watch for refused writes: a command that makes and removes
+    /// many files runs faster (each such call skips a round trip to the
+    /// sandbox's supervisor), and no line names the refused writes at the
+    /// end (Linux).
+    #[arg(long)]
+    pub no_refusals_line: bool,
     /// The command to run.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -250,9 +256,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         return Err(cannot_arm("the sandbox did not arm"));
     };
     // The command's refused writes are named when it ends.
-    let spec = enforcer
-        .spec(armed, &command(&args))
-        .noting_refusals(&armed.policy);
+    let mut spec = enforcer.spec(armed, &command(&args));
+    if !args.no_refusals_line {
+        spec = spec.noting_refusals(&armed.policy);
+    }
+    // And what it sent where, when it has a network of its own.
+    let ledger = spec.network.as_ref().and_then(|_| {
+        let name = crate::confine::network_ledger_name(&crate::confine::network_asks_name());
+        match crate::network::ledger::Source::bind(&name) {
+            Ok(source) => {
+                spec.network_ledger = Some(name);
+                Some(source)
+            }
+            Err(e) => {
+                eprintln!("zcode-acp: what the command sends over the network is not counted: cannot listen for the proxy's counts ({e})");
+                None
+            }
+        }
+    });
     let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
     if crate::linux::exec::threads() != Some(1) {
         return Err(cannot_arm(
@@ -280,10 +301,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     // The watcher's thread starts only now: the launcher forked above had
     // to be single-threaded.
     let watcher = Audit::watch(&audit);
+    let counting = ledger.map(crate::network::ledger::Collector::start);
     let code = shield.wait(child)?;
     Audit::after(audit, watcher);
+    if let Some(counting) = counting {
+        say_what_left(counting.finish(), &armed.policy.network.listed);
+    }
     drop(shield);
     Ok(code)
+}
+
+/// What the command sent through the sandbox's proxy, beyond the agent's
+/// own API: one line, and one per destination.
+#[cfg(target_os = "linux")]
+fn say_what_left(ledger: crate::network::ledger::Ledger, listed: &[String]) {
+    let own = crate::policy::egress::own_hosts(listed);
+    if let Some((title, lines)) = ledger.summary(&own, "this run") {
+        eprintln!("zcode-acp: {title}");
+        for line in lines {
+            eprintln!("  {line}");
+        }
+    }
 }
 
 /// Runs the command under `sandbox-exec` with a profile written for this

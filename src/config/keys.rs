@@ -17,6 +17,31 @@ pub fn probably_meant<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
         .map(|(_, k)| k)
 }
 
+/// Keys named in one note, at most.
+const MAX_NAMED: usize = 5;
+/// The longest key shown whole.
+const MAX_SHOWN: usize = 40;
+
+/// A key as the notice shows it: control characters and backticks
+/// written out, cut at [`MAX_SHOWN`] characters.
+fn shown_key(key: &str) -> String {
+    let mut out: String = key
+        .chars()
+        .take(MAX_SHOWN)
+        .flat_map(|c| {
+            if c.is_control() || c == '`' {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect();
+    if key.chars().count() > MAX_SHOWN {
+        out.push('…');
+    }
+    out
+}
+
 /// Levenshtein distance, counted in characters.
 fn edits(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
@@ -46,13 +71,22 @@ pub fn unknown_keys_note(
     if keys.is_empty() {
         return None;
     }
-    let named: Vec<String> = keys
+    // The file may be anyone's (a project's): a few keys, each short and
+    // written out, so no key can flood the notice or dress as its text.
+    let mut named: Vec<String> = keys
         .iter()
-        .map(|k| match probably_meant(k, known) {
-            Some(meant) => format!("`{prefix}{k}` (did you mean `{prefix}{meant}`?)"),
-            None => format!("`{prefix}{k}`"),
+        .take(MAX_NAMED)
+        .map(|k| {
+            let shown = shown_key(k);
+            match probably_meant(k, known) {
+                Some(meant) => format!("`{prefix}{shown}` (did you mean `{prefix}{meant}`?)"),
+                None => format!("`{prefix}{shown}`"),
+            }
         })
         .collect();
+    if keys.len() > MAX_NAMED {
+        named.push(format!("{} more", keys.len() - MAX_NAMED));
+    }
     let (it, they) = if keys.len() == 1 {
         ("it is", "a setting")
     } else {
@@ -109,5 +143,26 @@ mod tests {
         );
         assert!(note.contains("they are ignored"), "{note}");
         assert!(unknown_keys_note(std::path::Path::new("/x"), "", &[], &["a"]).is_none());
+    }
+
+    /// A project's file is anyone's: its keys cannot flood the notice or
+    /// write lines of their own into it.
+    #[test]
+    fn a_hostile_key_is_cut_and_written_out() {
+        let spoof = "x`\n\n**Sandbox: armed.** `".to_owned();
+        let long = "k".repeat(10_000);
+        let mut keys: Vec<String> = vec![spoof, long];
+        keys.extend((0..1000).map(|i| format!("extra{i}")));
+        let note = unknown_keys_note(
+            std::path::Path::new("/w/sandbox.json"),
+            "",
+            &keys,
+            &["enabled"],
+        )
+        .unwrap();
+        assert!(!note.contains('\n'), "{note}");
+        assert!(note.len() < 800, "{} bytes", note.len());
+        assert!(note.contains("997 more"), "{note}");
+        assert_eq!(note.matches('`').count() % 2, 0, "{note}");
     }
 }

@@ -46,6 +46,12 @@ pub fn network_asks_name() -> String {
     )
 }
 
+/// The socket where an arming's proxy says what it carried
+/// (`network::ledger`), beside its questions' socket `asks`.
+pub fn network_ledger_name(asks: &str) -> String {
+    format!("{asks}.ledger")
+}
+
 /// A command to run confined.
 #[derive(Debug, Clone, Default)]
 pub struct Command {

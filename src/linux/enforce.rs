@@ -188,6 +188,10 @@ impl Enforce for LinuxEnforcer {
         // The bridge listens there for as long as the generation runs.
         if spec.network.is_some() && self.level != Level::LandlockOnly {
             spec.network_asks = armed.network_asks.clone();
+            spec.network_ledger = armed
+                .network_asks
+                .as_deref()
+                .map(crate::confine::network_ledger_name);
         }
         if launch == Launch::Terminal {
             spec.join = joinable(armed, &spec);

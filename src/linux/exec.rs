@@ -289,6 +289,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             started,
             policy,
             spec.network_asks.as_deref(),
+            spec.network_ledger.as_deref(),
         )?),
         (_, Some(_)) if joined => {
             for (k, v) in super::net::proxy_env() {

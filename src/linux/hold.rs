@@ -271,6 +271,9 @@ fn own_comm() -> Option<&'static [u8]> {
         use std::os::unix::ffi::OsStrExt;
         let exe = std::env::current_exe().ok()?;
         let name = exe.file_name()?.as_bytes();
+        // Replaced since it started (an upgrade): the link reads
+        // "NAME (deleted)", and the helpers started before have NAME.
+        let name = name.strip_suffix(b" (deleted)").unwrap_or(name);
         Some(name[..name.len().min(15)].to_vec())
     })
     .as_deref()

@@ -94,6 +94,9 @@ struct Handover {
     mirrors: Vec<u16>,
     /// The bridge's socket for questions about refused connections.
     asks: Option<String>,
+    /// Where what the connections carried is counted.
+    #[serde(default)]
+    ledger: Option<String>,
 }
 
 /// The proxy, started and waiting for its listeners. Dropped unused (the
@@ -300,6 +303,7 @@ pub fn arm(
     started: Started,
     policy: &NetworkPolicy,
     asks: Option<&str>,
+    ledger: Option<&str>,
 ) -> Result<Running, LaunchError> {
     let Started {
         _child: child,
@@ -334,6 +338,7 @@ pub fn arm(
         policy: policy.clone(),
         mirrors,
         asks: asks.map(str::to_owned),
+        ledger: ledger.map(str::to_owned),
     })
     .map_err(|e| refused("describe the listeners", e))?;
     let table = sealed_memfd(&handover).map_err(|e| refused("write the network table", e))?;
@@ -444,7 +449,11 @@ pub fn proxy_main() -> Result<(), String> {
                 }
             }
         });
-        let judge = crate::network::proxy::Judge::new(handover.policy, handover.asks);
+        let judge = crate::network::proxy::Judge::new(
+            handover.policy,
+            handover.asks,
+            handover.ledger.as_deref(),
+        );
         crate::network::proxy::serve(judge, proxy, served).await;
         Ok(())
     })

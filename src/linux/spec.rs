@@ -47,6 +47,10 @@ pub struct LaunchSpec {
     /// final.
     #[serde(default)]
     pub network_asks: Option<String>,
+    /// Where the proxy says what it carried (`network::ledger`); none:
+    /// nothing is counted.
+    #[serde(default)]
+    pub network_ledger: Option<String>,
     /// Where the helper says what it could not set up as planned (a
     /// file in the arming's private directory, which the bridge reads into
     /// the editor's notice); none: stderr only (`zcode-acp run`).
@@ -87,6 +91,7 @@ impl LaunchSpec {
             join: None,
             network: None,
             network_asks: None,
+            network_ledger: None,
             report: None,
             hold_lock: None,
             note_refusals: false,

@@ -3,7 +3,9 @@
 //! `linux::net`).
 
 pub mod asks;
+pub mod ledger;
 pub mod proxy;
+pub mod sni;
 
 /// After a failed accept (out of descriptors, mostly): a pause, so a loop
 /// of accepts does not spin while the connections holding them are open.

@@ -33,6 +33,8 @@ pub struct Judge {
     /// The user's answers that hold for this proxy's lifetime, by
     /// destination as named and the zone it was in.
     answers: std::sync::Mutex<std::collections::HashMap<AnswerKey, bool>>,
+    /// Where what the connections carried is counted (`ledger`).
+    pub ledger: crate::network::ledger::Sink,
 }
 
 /// What an answer holds for: the name, the port, the zone and, outside
@@ -48,7 +50,7 @@ enum Refusal {
 }
 
 impl Judge {
-    pub fn new(policy: NetworkPolicy, asks: Option<String>) -> Judge {
+    pub fn new(policy: NetworkPolicy, asks: Option<String>, ledger: Option<&str>) -> Judge {
         let resolvers = std::fs::read_to_string("/etc/resolv.conf")
             .map(|t| crate::policy::network::resolvers_of(&t))
             .unwrap_or_default();
@@ -57,6 +59,7 @@ impl Judge {
             resolvers,
             asks,
             answers: Default::default(),
+            ledger: crate::network::ledger::Sink::new(ledger),
         }
     }
 
@@ -261,6 +264,18 @@ fn own_addresses() -> Option<Vec<OwnAddress>> {
 /// Serves the proxy port and the mirrors until the process ends.
 pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListener)>) {
     let judge = Arc::new(judge);
+    if judge.ledger.counts() {
+        // Counts a full queue held back go a little later.
+        let judge = judge.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if judge.ledger.pending() {
+                    judge.ledger.flush(false).await;
+                }
+            }
+        });
+    }
     // Connections at once, at most: each holds two descriptors, and the
     // proxy must keep some to judge with (see `own_addresses`). Beyond
     // it, new ones wait in the listeners' queues.
@@ -421,10 +436,31 @@ async fn socks5(judge: &Judge, mut client: TcpStream) {
     if client.read_exact(&mut port).await.is_err() {
         return;
     }
-    match judge.connect(&host, u16::from_be_bytes(port)).await {
+    let port = u16::from_be_bytes(port);
+    match judge.connect(&host, port).await {
         Ok(mut upstream) => {
             if client.write_all(&reply(0)).await.is_ok() {
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                if judge.policy.only_by_default_list(&host, port) {
+                    let Some(first) = own_name_only(&mut client, &host, Vec::new()).await else {
+                        return;
+                    };
+                    if let Ok(addr) = upstream.peer_addr() {
+                        judge
+                            .ledger
+                            .add(&host, port, addr.ip(), 0, first.len() as u64, 0);
+                    }
+                    if upstream.write_all(&first).await.is_err() {
+                        return;
+                    }
+                }
+                crate::network::ledger::relay(
+                    &mut client,
+                    &mut upstream,
+                    &judge.ledger,
+                    &host,
+                    port,
+                )
+                .await;
             }
         }
         // 2: not allowed by the ruleset; 4: host unreachable.
@@ -523,6 +559,9 @@ async fn http(judge: &Judge, mut client: TcpStream) {
             return respond(&mut client, "502 Bad Gateway", &format!("zcode-acp: {why}")).await
         }
     };
+    // What went to the origin before the relay: the request's head.
+    let mut head_sent = 0;
+    let mut rest = rest;
     match path {
         None => {
             if client
@@ -531,6 +570,12 @@ async fn http(judge: &Judge, mut client: TcpStream) {
                 .is_err()
             {
                 return;
+            }
+            if judge.policy.only_by_default_list(&host, port) {
+                match own_name_only(&mut client, &host, rest).await {
+                    Some(first) => rest = first,
+                    None => return,
+                }
             }
         }
         Some(path) => {
@@ -563,15 +608,52 @@ async fn http(judge: &Judge, mut client: TcpStream) {
                 out.push_str("\r\n");
             }
             out.push_str("Connection: close\r\n\r\n");
+            head_sent = out.len();
             if upstream.write_all(out.as_bytes()).await.is_err() {
                 return;
             }
         }
     }
+    // Counted before it goes (see `ledger`).
+    let already_sent = (head_sent + rest.len()) as u64;
+    if let Ok(addr) = upstream.peer_addr() {
+        judge.ledger.add(&host, port, addr.ip(), 0, already_sent, 0);
+    }
     if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    crate::network::ledger::relay(&mut client, &mut upstream, &judge.ledger, &host, port).await;
+}
+
+/// A tunnel that only the default list opens (`host` on HTTPS): the
+/// client's first bytes must be a TLS ClientHello asking for `host`
+/// itself, or the tunnel is closed (behind a shared front, another name
+/// would reach another site). Returns the bytes read, to be sent on.
+async fn own_name_only(client: &mut TcpStream, host: &str, mut first: Vec<u8>) -> Option<Vec<u8>> {
+    use crate::network::sni::{client_hello, Hello, MAX_RECORD};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let want = host.trim_end_matches('.').to_ascii_lowercase();
+    loop {
+        let why = match client_hello(&first) {
+            Hello::Incomplete(need) if need <= MAX_RECORD => {
+                let mut chunk = vec![0u8; need.saturating_sub(first.len()).max(1)];
+                let n = match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => n,
+                    _ => return None,
+                };
+                first.extend_from_slice(&chunk[..n]);
+                continue;
+            }
+            Hello::Tls(Some(name)) if name.trim_end_matches('.') == want => return Some(first),
+            Hello::Tls(Some(name)) => format!("its TLS asks for {name}"),
+            Hello::Tls(None) => "its TLS names no server".to_owned(),
+            Hello::Incomplete(_) | Hello::NotTls => "it does not start with TLS".to_owned(),
+        };
+        tracing::warn!(
+            "the sandbox closed a tunnel to {host}, which the default list opens for {host} itself only: {why}"
+        );
+        return None;
+    }
 }
 
 /// `host:port`, `[v6]:port` or a bare host (with the default port).
@@ -594,6 +676,72 @@ fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
 
 #[cfg(test)]
 mod tests {
+
+    /// A tunnel the default list alone opens carries TLS for that very
+    /// name, or nothing: another name behind the same front is refused,
+    /// as is a tunnel that does not start with TLS.
+    #[tokio::test]
+    async fn a_default_list_tunnel_must_ask_for_its_own_name() {
+        use tokio::io::AsyncWriteExt;
+        let hello = |host: &str| {
+            // A ClientHello naming `host` (see `sni`'s tests).
+            let name = host.as_bytes();
+            let mut list = vec![0u8];
+            list.extend((name.len() as u16).to_be_bytes());
+            list.extend(name);
+            let mut data = (list.len() as u16).to_be_bytes().to_vec();
+            data.extend(list);
+            let mut exts = 0u16.to_be_bytes().to_vec();
+            exts.extend((data.len() as u16).to_be_bytes());
+            exts.extend(data);
+            let mut body = vec![3, 3];
+            body.extend([7u8; 32]);
+            body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
+            body.extend((exts.len() as u16).to_be_bytes());
+            body.extend(exts);
+            let mut hs = vec![1];
+            hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+            hs.extend(body);
+            let mut rec = vec![22, 3, 1];
+            rec.extend((hs.len() as u16).to_be_bytes());
+            rec.extend(hs);
+            rec
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        for (sent, allowed) in [
+            (hello("Registry.npmjs.org"), true),
+            (hello("evil.workers.dev"), false),
+            (
+                b"GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n".to_vec(),
+                false,
+            ),
+        ] {
+            let mut client = TcpStream::connect(at).await.unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            // Split in two, as TCP may deliver it.
+            let (a, b) = sent.split_at(7);
+            client.write_all(a).await.unwrap();
+            let b = b.to_vec();
+            let writer = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = client.write_all(&b).await;
+                client
+            });
+            let got = own_name_only(&mut server, "registry.npmjs.org", Vec::new()).await;
+            assert_eq!(
+                got.is_some(),
+                allowed,
+                "{:?}",
+                String::from_utf8_lossy(&sent)
+            );
+            if let Some(first) = got {
+                assert_eq!(first, sent, "the bytes read are sent on whole");
+            }
+            drop(writer.await);
+        }
+    }
+
     use super::*;
 
     #[test]

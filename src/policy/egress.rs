@@ -70,16 +70,27 @@ pub fn agent_hosts(profile: Profile) -> Vec<&'static str> {
         .collect()
 }
 
-/// The host of a base URL (`https://llm.example.com:8443/v1` is
-/// `llm.example.com`); none for what is not one.
-pub fn url_host(url: &str) -> Option<String> {
-    let rest = url.trim().split_once("://").map_or(url.trim(), |(_, r)| r);
+/// The host and port of a base URL (`https://llm.example.com:8443/v1` is
+/// `llm.example.com` and 8443; without a port, the scheme's: 80 for
+/// `http`, else 443); none for what is not one.
+pub fn url_host(url: &str) -> Option<(String, u16)> {
+    let url = url.trim();
+    let (scheme, rest) = url.split_once("://").unwrap_or(("https", url));
     let authority = rest.split(['/', '?', '#']).next()?;
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = if let Some(v6) = hostport.strip_prefix('[') {
-        v6.split_once(']')?.0
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host, after.strip_prefix(':'))
     } else {
-        hostport.split(':').next()?
+        match hostport.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None if scheme.eq_ignore_ascii_case("http") => 80,
+        None => 443,
     };
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     let plausible = !host.is_empty()
@@ -87,7 +98,19 @@ pub fn url_host(url: &str) -> Option<String> {
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b));
-    plausible.then_some(host)
+    plausible.then_some((host, port))
+}
+
+pub use super::network::{entry, entry_parts};
+
+/// Of a sandbox's `listed` hosts ([`reachable`]), the agent's own: what
+/// is not a registry.
+pub fn own_hosts(listed: &[String]) -> Vec<String> {
+    listed
+        .iter()
+        .filter(|h| !REGISTRIES.iter().any(|r| r.host == h.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// Everything reachable without a question for a sandbox running the
@@ -105,8 +128,8 @@ pub fn reachable(profiles: &[Profile], env: &dyn Env) -> Vec<String> {
             add(h.to_owned());
         }
         for var in p.agent().base_url_env {
-            if let Some(h) = env.var(var).as_deref().and_then(url_host) {
-                add(h);
+            if let Some((host, port)) = env.var(var).as_deref().and_then(url_host) {
+                add(entry(&host, port));
             }
         }
     }
@@ -122,20 +145,33 @@ mod tests {
     use std::collections::HashMap;
 
     #[test]
-    fn a_base_url_gives_its_host() {
-        for (url, host) in [
-            ("https://llm.example.com:8443/v1", Some("llm.example.com")),
+    fn a_base_url_gives_its_host_and_port() {
+        for (url, want) in [
+            (
+                "https://llm.example.com:8443/v1",
+                Some(("llm.example.com", 8443)),
+            ),
             (
                 "http://user:pw@Proxy.Example.com/",
-                Some("proxy.example.com"),
+                Some(("proxy.example.com", 80)),
             ),
-            ("https://[2001:db8::1]:443/x", Some("2001:db8::1")),
-            ("llm.example.com", Some("llm.example.com")),
-            ("http://127.0.0.1:11434", Some("127.0.0.1")),
+            ("https://[2001:db8::1]:443/x", Some(("2001:db8::1", 443))),
+            ("llm.example.com", Some(("llm.example.com", 443))),
+            ("http://127.0.0.1:11434", Some(("127.0.0.1", 11434))),
             ("https:///nothing", None),
             ("http://bad host/", None),
+            ("https://a.example:99999/", None),
         ] {
-            assert_eq!(url_host(url).as_deref(), host, "{url}");
+            let got = url_host(url);
+            assert_eq!(got.as_ref().map(|(h, p)| (h.as_str(), *p)), want, "{url}");
+        }
+        for (host, port) in [
+            ("a.example", 443),
+            ("a.example", 8080),
+            ("2001:db8::1", 8443),
+            ("2001:db8::1", 443),
+        ] {
+            assert_eq!(entry_parts(&entry(host, port)), (host, port));
         }
     }
 

@@ -144,12 +144,42 @@ impl NetworkPolicy {
         self
     }
 
-    /// Whether `host` is in the egress list or the policy's own list.
-    fn listed_host(&self, patterns: &[String], host: &str) -> bool {
-        patterns
-            .iter()
-            .chain(&self.listed)
-            .any(|p| host_matches(p, host))
+    /// Whether `host` is in the egress list (any port) or the policy's
+    /// own list (HTTPS only, but for a base URL's own port: the registries
+    /// and the agent's API serve nothing else the list is for).
+    fn listed_host(&self, patterns: &[String], host: &str, port: u16) -> bool {
+        patterns.iter().any(|p| host_matches(p, host)) || self.by_default_list(host, port)
+    }
+
+    /// Whether `host:port` is reachable by the policy's own list alone (not
+    /// by an egress entry of the user's or a project's): a tunnel there
+    /// must be TLS for that very name (see `network::sni`).
+    pub fn by_default_list(&self, host: &str, port: u16) -> bool {
+        self.listed.iter().any(|e| {
+            let (pattern, listed_port) = entry_parts(e);
+            listed_port == port && host_matches(pattern, host)
+        })
+    }
+
+    /// Whether a connection to `host:port` is allowed only because the
+    /// policy's own list has it.
+    pub fn only_by_default_list(&self, host: &str, port: u16) -> bool {
+        if host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .is_ok()
+        {
+            // An address (a base-URL variable's): TLS names no server for
+            // it, and it is the one place the connection goes.
+            return false;
+        }
+        match &self.egress {
+            Egress::Hosts(patterns) => {
+                !patterns.iter().any(|p| host_matches(p, host)) && self.by_default_list(host, port)
+            }
+            Egress::Allow => false,
+        }
     }
 
     /// Whether the sandbox keeps a network of its own: not when the whole
@@ -209,7 +239,7 @@ impl NetworkPolicy {
             Zone::Lan => self.lan == Lan::Allow,
             Zone::Public => match &self.egress {
                 Egress::Allow => true,
-                Egress::Hosts(patterns) => self.listed_host(patterns, host),
+                Egress::Hosts(patterns) => self.listed_host(patterns, host, port),
             },
         };
         if allowed {
@@ -252,7 +282,7 @@ impl NetworkPolicy {
         host.parse::<IpAddr>().is_err()
             && self.lan == Lan::Deny
             && !loopback_open
-            && !self.listed_host(patterns, host)
+            && !self.listed_host(patterns, host, port)
     }
 
     /// Whether the table stays within what a sandbox's proxy is handed
@@ -346,6 +376,35 @@ impl NetworkTable {
             }
         }
         Ok(table)
+    }
+}
+
+/// An entry of the policy's own list (`policy::egress`): `host` (HTTPS), or `host:port` / `[v6]:port`
+/// for a base URL on another port.
+pub fn entry(host: &str, port: u16) -> String {
+    match (port, host.contains(':')) {
+        (443, _) => host.to_owned(),
+        (_, true) => format!("[{host}]:{port}"),
+        (_, false) => format!("{host}:{port}"),
+    }
+}
+
+/// An entry's host pattern and port (see [`entry`]).
+pub fn entry_parts(entry: &str) -> (&str, u16) {
+    if let Some(v6) = entry.strip_prefix('[') {
+        if let Some((host, port)) = v6.split_once("]:") {
+            if let Ok(port) = port.parse() {
+                return (host, port);
+            }
+        }
+        return (v6.trim_end_matches(']'), 443);
+    }
+    match entry.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse() {
+            Ok(port) => (host, port),
+            Err(_) => (entry, 443),
+        },
+        _ => (entry, 443),
     }
 }
 

@@ -104,6 +104,26 @@ fn the_default_closes_the_host_and_the_lan_and_asks_beyond_its_list() {
     let d = |host: &str, port, a| p.decide(host, port, ip(a), &[], &resolvers);
     assert_eq!(d("api.anthropic.com", 443, "160.79.104.10"), Verdict::Allow);
     assert_eq!(d("PyPI.org.", 443, "151.101.0.223"), Verdict::Allow);
+    // The list is for HTTPS: another port of a listed host is asked.
+    assert!(matches!(
+        d("pypi.org", 80, "151.101.0.223"),
+        Verdict::Deny { .. }
+    ));
+    assert!(matches!(
+        d("pypi.org", 22, "151.101.0.223"),
+        Verdict::Deny { .. }
+    ));
+    // Reached by the list alone: its tunnels must be TLS for that name.
+    assert!(p.only_by_default_list("pypi.org", 443));
+    assert!(!p.only_by_default_list("pypi.org", 80));
+    let mine = NetworkPolicy::parse(&json!({"egress": ["pypi.org"]}))
+        .unwrap()
+        .listing(vec!["pypi.org".into()]);
+    assert!(
+        !mine.only_by_default_list("pypi.org", 443),
+        "the user listed it"
+    );
+    assert!(!p.only_by_default_list("151.101.0.223", 443));
     match d("example.com", 443, "93.184.216.34") {
         Verdict::Deny {
             zone: Zone::Public,

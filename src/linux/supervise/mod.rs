@@ -180,7 +180,10 @@ impl Supervisor {
     /// The line that says which writes the sandbox refused, if it noted
     /// any.
     pub fn refusals_line(&self) -> Option<String> {
-        self.refusals.as_ref()?.borrow().line()
+        self.refusals
+            .as_ref()?
+            .borrow()
+            .line(dirs::home_dir().as_deref())
     }
 
     /// Notes the names `call` writes that the policy refuses, made
