@@ -2534,7 +2534,9 @@ fn run_names_the_writes_it_refused_and_the_allow_that_opens_them() {
         o = p.outside.display(),
         d = deep.display(),
     );
-    let argv = run_sh(None, "none", &p.ws, &script);
+    // Asked for: stderr is no terminal here.
+    let mut argv = run_sh(None, "none", &p.ws, &script);
+    argv.insert(2, "--refusals-line".into());
     let (out, _) = run_with_home(&p.ws, &argv, None, None, None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -2576,4 +2578,9 @@ fn run_names_the_writes_it_refused_and_the_allow_that_opens_them() {
         1,
         "{stderr}"
     );
+    // Not asked for, and no terminal to read it: no watching, no line.
+    let argv = run_sh(None, "none", &p.ws, &script);
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("the sandbox refused writes"), "{stderr}");
 }

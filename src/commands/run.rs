@@ -24,10 +24,13 @@ pub struct RunArgs {
     /// for a backend).
     #[arg(long, value_name = "PROFILE")]
     pub backend_profile: Option<String>,
-    /// Do not watch for refused writes: a command that makes and removes
-    /// many files runs faster (each such call skips a round trip to the
-    /// sandbox's supervisor), and no line names the refused writes at the
-    /// end (Linux).
+    /// Watch for refused writes and name them in a last line even when
+    /// stderr is not a terminal (by default only a terminal's reader gets
+    /// it: watching costs each call that makes or removes a name a round
+    /// trip to the sandbox's supervisor) (Linux).
+    #[arg(long, conflicts_with = "no_refusals_line")]
+    pub refusals_line: bool,
+    /// Never watch for refused writes, even on a terminal (Linux).
     #[arg(long)]
     pub no_refusals_line: bool,
     /// The command to run.
@@ -257,7 +260,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     };
     // The command's refused writes are named when it ends.
     let mut spec = enforcer.spec(armed, &command(&args));
-    if !args.no_refusals_line {
+    if wants_refusals_line(&args) {
         spec = spec.noting_refusals(&armed.policy);
     }
     // And what it sent where, when it has a network of its own.
@@ -309,6 +312,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     drop(shield);
     Ok(code)
+}
+
+/// Whether the run watches for refused writes: asked for, or by default
+/// when stderr is a terminal (a person reads the line there; a script's
+/// log gains nothing worth a round trip per call).
+#[cfg(target_os = "linux")]
+fn wants_refusals_line(args: &RunArgs) -> bool {
+    use std::io::IsTerminal;
+    !args.no_refusals_line && (args.refusals_line || std::io::stderr().is_terminal())
 }
 
 /// What the command sent through the sandbox's proxy, beyond the agent's

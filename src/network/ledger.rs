@@ -376,46 +376,58 @@ impl Source {
 /// send (so its queue never fills and the proxy never waits), for a
 /// caller with no loop of its own (`zcode-acp run`).
 pub struct Collector {
+    source: std::sync::Arc<Source>,
+    ledger: std::sync::Arc<std::sync::Mutex<Ledger>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Ledger>>,
 }
 
 impl Collector {
     pub fn start(source: Source) -> Collector {
         use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
+        let collector = Collector {
+            source: std::sync::Arc::new(source),
+            ledger: Default::default(),
+            stop: Default::default(),
+        };
+        let (source, ledger, stop) = (
+            collector.source.clone(),
+            collector.ledger.clone(),
+            collector.stop.clone(),
+        );
+        // Left to end on its own (within its poll's tenth of a second):
+        // `finish` reads what is queued itself, and waits for nothing.
+        let _ = std::thread::Builder::new()
             .name("zcode-acp-ledger".into())
             .spawn(move || {
                 use std::os::fd::AsFd;
-                let mut ledger = Ledger::default();
-                loop {
-                    let last = stopping.load(Ordering::Relaxed);
+                while !stop.load(Ordering::Relaxed) {
                     let mut fds = [nix::poll::PollFd::new(
                         source.socket.as_fd(),
                         nix::poll::PollFlags::POLLIN,
                     )];
                     let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
-                    for r in source.drain() {
-                        ledger.add(&r);
-                    }
-                    if last {
-                        return ledger;
+                    let records = source.drain();
+                    if let Ok(mut l) = ledger.lock() {
+                        for r in &records {
+                            l.add(r);
+                        }
                     }
                 }
-            })
-            .ok();
-        Collector { stop, thread }
+            });
+        collector
     }
 
-    /// Everything counted, once what is queued now is read.
-    pub fn finish(mut self) -> Ledger {
+    /// Everything counted, with what is queued now.
+    pub fn finish(self) -> Ledger {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+        let records = self.source.drain();
+        let Ok(mut ledger) = self.ledger.lock() else {
+            return Ledger::default();
+        };
+        for r in &records {
+            ledger.add(r);
+        }
+        std::mem::take(&mut *ledger)
     }
 }
 
