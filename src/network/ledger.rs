@@ -100,6 +100,30 @@ impl Ledger {
             .filter(|((host, _), _)| !is_own(host))
             .map(|((host, port), t)| (host.as_str(), *port, t))
             .collect();
+        // Names are the client's to choose: written out, never markup or
+        // lines of their own in the notice.
+        let rows_owned: Vec<(String, u16, &Totals)> = rows
+            .drain(..)
+            .map(|(host, port, t)| {
+                let safe: String = host
+                    .chars()
+                    .flat_map(|c| {
+                        if c.is_control() {
+                            c.escape_default().collect::<Vec<_>>()
+                        } else if "`*_[]<>\\".contains(c) {
+                            vec!['\\', c]
+                        } else {
+                            vec![c]
+                        }
+                    })
+                    .collect();
+                (safe, port, t)
+            })
+            .collect();
+        let mut rows: Vec<(&str, u16, &Totals)> = rows_owned
+            .iter()
+            .map(|(h, p, t)| (h.as_str(), *p, *t))
+            .collect();
         if self.others != Totals::default() {
             rows.push(("other hosts", 0, &self.others));
         }
@@ -552,6 +576,12 @@ mod tests {
             "{lines:?}"
         );
         assert!(!lines.iter().any(|l| l.contains("anthropic")));
+        // A name is the client's: no lines or markup of its own.
+        let mut odd = Ledger::default();
+        odd.add(&rec("a\n**b**`c", 1, 0));
+        let (title, lines) = odd.summary(&[], "this turn").unwrap();
+        assert!(!title.contains('\n') && !lines[0].contains('\n'), "{title}");
+        assert!(title.contains("a\\n\\*\\*b\\*\\*\\`c"), "{title}");
         // Only the agent's own API: nothing to say.
         let mut own = Ledger::default();
         own.add(&rec("api.anthropic.com", 1, 1));

@@ -645,7 +645,8 @@ async fn own_name_only(client: &mut TcpStream, host: &str, mut first: Vec<u8>) -
                 continue;
             }
             Hello::Tls(Some(name)) if name.trim_end_matches('.') == want => return Some(first),
-            Hello::Tls(Some(name)) => format!("its TLS asks for {name}"),
+            // The client's bytes: quoted, so no name can write lines.
+            Hello::Tls(Some(name)) => format!("its TLS asks for {name:?}"),
             Hello::Tls(None) => "its TLS names no server".to_owned(),
             Hello::Incomplete(_) | Hello::NotTls => "it does not start with TLS".to_owned(),
         };
