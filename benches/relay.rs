@@ -658,6 +658,12 @@ fn judged_writes(n: usize) -> String {
 /// after the child is checked to be in a mount namespace other than
 /// `parent_ns` (this process's).
 #[cfg(target_os = "linux")]
+/// Why a tmpfs row cannot run here (a mount namespace without a user
+/// namespace needs root), if it cannot.
+fn no_tmpfs_here() -> Option<&'static str> {
+    (!nix::unistd::geteuid().is_root()).then_some("skipped: a tmpfs of the bench's own needs root")
+}
+
 fn on_a_tmpfs(cmd: &mut Command, ws: &std::path::Path, parent_ns: u64) {
     let ws = std::ffi::CString::new(ws.to_str().unwrap()).unwrap();
     // SAFETY: runs in the forked child before exec; system calls
@@ -748,6 +754,13 @@ fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
     };
     let mut rows = Vec::new();
     for (tmpfs, place) in [(false, "this machine's disk"), (true, "a tmpfs")] {
+        if let Some(why) = no_tmpfs_here().filter(|_| tmpfs) {
+            println!("bench: the git clone row on a tmpfs is {why}");
+            rows.push(format!(
+                "| `git clone` + `rm -rf` of {files} files in the workspace on {place} | {why} | | |"
+            ));
+            continue;
+        }
         let mut plain = Vec::new();
         let mut supervised = Vec::new();
         for _ in 0..runs {

@@ -537,14 +537,16 @@ pub fn sighup(pid: i32) {
 /// there is none): never a temp directory, which is writable by design
 /// and would hide what the sandbox refuses.
 pub fn home_like_a_users(prefix: &str) -> tempfile::TempDir {
-    let base = if Path::new("/home").is_dir() {
-        PathBuf::from("/home")
-    } else {
-        scratch_base()
-    };
+    // A contributor who is not root cannot make one in /home: the scratch
+    // base then (inside the checkout, never a temp directory).
+    if Path::new("/home").is_dir() {
+        if let Ok(dir) = tempfile::Builder::new().prefix(prefix).tempdir_in("/home") {
+            return dir;
+        }
+    }
     tempfile::Builder::new()
         .prefix(prefix)
-        .tempdir_in(&base)
+        .tempdir_in(scratch_base())
         .unwrap()
 }
 
