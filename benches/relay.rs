@@ -645,6 +645,13 @@ fn judged_writes(n: usize) -> String {
     )
 }
 
+/// Why a tmpfs row cannot run here (a mount namespace without a user
+/// namespace needs root), if it cannot.
+#[cfg(target_os = "linux")]
+fn no_tmpfs_here() -> Option<&'static str> {
+    (!nix::unistd::geteuid().is_root()).then_some("skipped: a tmpfs of the bench's own needs root")
+}
+
 /// File-heavy work in the workspace (a clone of a 3,000-file repository,
 /// then its removal) under the sandbox with Claude's backend profile, whose
 /// `~/.claude.json*` grant brings the supervisor's seccomp filter, against
@@ -658,12 +665,6 @@ fn judged_writes(n: usize) -> String {
 /// after the child is checked to be in a mount namespace other than
 /// `parent_ns` (this process's).
 #[cfg(target_os = "linux")]
-/// Why a tmpfs row cannot run here (a mount namespace without a user
-/// namespace needs root), if it cannot.
-fn no_tmpfs_here() -> Option<&'static str> {
-    (!nix::unistd::geteuid().is_root()).then_some("skipped: a tmpfs of the bench's own needs root")
-}
-
 fn on_a_tmpfs(cmd: &mut Command, ws: &std::path::Path, parent_ns: u64) {
     let ws = std::ffi::CString::new(ws.to_str().unwrap()).unwrap();
     // SAFETY: runs in the forked child before exec; system calls
