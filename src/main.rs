@@ -177,7 +177,7 @@ const SUBCOMMANDS: &[&str] = &[
 fn first_word_hint(word: &str) -> String {
     let close = SUBCOMMANDS
         .iter()
-        .map(|c| (edit_distance(word, c), c))
+        .map(|c| (zcode_acp::config::keys::edit_distance(word, c), c))
         .filter(|(d, c)| *d <= 2 && *d < c.len())
         .min();
     match close {
@@ -186,22 +186,6 @@ fn first_word_hint(word: &str) -> String {
             "`{word}` is not a zcode-acp command; to run an agent behind zcode-acp, put `--` before its command: zcode-acp -- {word} ..."
         ),
     }
-}
-
-/// Levenshtein distance, for short words.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 fn main() -> ExitCode {

@@ -11,7 +11,7 @@ pub fn probably_meant<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let key = key.to_ascii_lowercase();
     known
         .iter()
-        .map(|k| (edits(&key, &k.to_ascii_lowercase()), *k))
+        .map(|k| (edit_distance(&key, &k.to_ascii_lowercase()), *k))
         .filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 })
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
@@ -42,8 +42,9 @@ fn shown_key(key: &str) -> String {
     out
 }
 
-/// Levenshtein distance, counted in characters.
-fn edits(a: &str, b: &str) -> usize {
+/// Levenshtein distance, counted in characters (the command line's typo
+/// hints use it too).
+pub fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
