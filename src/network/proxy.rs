@@ -684,30 +684,7 @@ mod tests {
     #[tokio::test]
     async fn a_default_list_tunnel_must_ask_for_its_own_name() {
         use tokio::io::AsyncWriteExt;
-        let hello = |host: &str| {
-            // A ClientHello naming `host` (see `sni`'s tests).
-            let name = host.as_bytes();
-            let mut list = vec![0u8];
-            list.extend((name.len() as u16).to_be_bytes());
-            list.extend(name);
-            let mut data = (list.len() as u16).to_be_bytes().to_vec();
-            data.extend(list);
-            let mut exts = 0u16.to_be_bytes().to_vec();
-            exts.extend((data.len() as u16).to_be_bytes());
-            exts.extend(data);
-            let mut body = vec![3, 3];
-            body.extend([7u8; 32]);
-            body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
-            body.extend((exts.len() as u16).to_be_bytes());
-            body.extend(exts);
-            let mut hs = vec![1];
-            hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-            hs.extend(body);
-            let mut rec = vec![22, 3, 1];
-            rec.extend((hs.len() as u16).to_be_bytes());
-            rec.extend(hs);
-            rec
-        };
+        let hello = |host| crate::network::sni::hello_naming(Some(host));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         for (sent, allowed) in [

@@ -119,56 +119,57 @@ fn parse_hello(record: &[u8]) -> Option<Option<String>> {
 }
 
 #[cfg(test)]
+/// A minimal ClientHello naming `host` (none: no server_name).
+pub(crate) fn hello_naming(host: Option<&str>) -> Vec<u8> {
+    let mut exts = Vec::new();
+    if let Some(host) = host {
+        let name = host.as_bytes();
+        let mut list = vec![0u8];
+        list.extend((name.len() as u16).to_be_bytes());
+        list.extend(name);
+        let mut data = (list.len() as u16).to_be_bytes().to_vec();
+        data.extend(list);
+        exts.extend(0u16.to_be_bytes());
+        exts.extend((data.len() as u16).to_be_bytes());
+        exts.extend(data);
+    }
+    // Another extension (supported_versions) around it.
+    exts.extend(43u16.to_be_bytes());
+    exts.extend(3u16.to_be_bytes());
+    exts.extend([2, 3, 4]);
+    let mut body = vec![3, 3];
+    body.extend([7u8; 32]);
+    body.push(0); // session id
+    body.extend(2u16.to_be_bytes());
+    body.extend([0x13, 0x01]);
+    body.extend([1, 0]); // compression
+    body.extend((exts.len() as u16).to_be_bytes());
+    body.extend(exts);
+    let mut hs = vec![1];
+    hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend(body);
+    let mut rec = vec![22, 3, 1];
+    rec.extend((hs.len() as u16).to_be_bytes());
+    rec.extend(hs);
+    rec
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A minimal ClientHello naming `host` (none: no server_name).
-    pub(crate) fn hello(host: Option<&str>) -> Vec<u8> {
-        let mut exts = Vec::new();
-        if let Some(host) = host {
-            let name = host.as_bytes();
-            let mut list = vec![0u8];
-            list.extend((name.len() as u16).to_be_bytes());
-            list.extend(name);
-            let mut data = (list.len() as u16).to_be_bytes().to_vec();
-            data.extend(list);
-            exts.extend(0u16.to_be_bytes());
-            exts.extend((data.len() as u16).to_be_bytes());
-            exts.extend(data);
-        }
-        // Another extension (supported_versions) around it.
-        exts.extend(43u16.to_be_bytes());
-        exts.extend(3u16.to_be_bytes());
-        exts.extend([2, 3, 4]);
-        let mut body = vec![3, 3];
-        body.extend([7u8; 32]);
-        body.push(0); // session id
-        body.extend(2u16.to_be_bytes());
-        body.extend([0x13, 0x01]);
-        body.extend([1, 0]); // compression
-        body.extend((exts.len() as u16).to_be_bytes());
-        body.extend(exts);
-        let mut hs = vec![1];
-        hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-        hs.extend(body);
-        let mut rec = vec![22, 3, 1];
-        rec.extend((hs.len() as u16).to_be_bytes());
-        rec.extend(hs);
-        rec
-    }
 
     #[test]
     fn the_name_asked_for_is_read() {
         assert_eq!(
-            client_hello(&hello(Some("Registry.NPMjs.org"))),
+            client_hello(&hello_naming(Some("Registry.NPMjs.org"))),
             Hello::Tls(Some("registry.npmjs.org".into()))
         );
-        assert_eq!(client_hello(&hello(None)), Hello::Tls(None));
+        assert_eq!(client_hello(&hello_naming(None)), Hello::Tls(None));
     }
 
     #[test]
     fn what_is_not_a_whole_hello_is_told_apart() {
-        let h = hello(Some("a.example"));
+        let h = hello_naming(Some("a.example"));
         assert_eq!(client_hello(&h[..3]), Hello::Incomplete(5));
         assert_eq!(client_hello(&h[..10]), Hello::Incomplete(h.len()));
         assert_eq!(
