@@ -94,44 +94,22 @@ impl Ledger {
             own.iter()
                 .any(|p| crate::policy::network::host_matches(p, host))
         };
-        let mut rows: Vec<(&str, u16, &Totals)> = self
+        // Names are the client's to choose: written out, never markup or
+        // lines of their own in the notice.
+        let mut rows: Vec<(String, u16, &Totals)> = self
             .by_destination
             .iter()
             .filter(|((host, _), _)| !is_own(host))
-            .map(|((host, port), t)| (host.as_str(), *port, t))
-            .collect();
-        // Names are the client's to choose: written out, never markup or
-        // lines of their own in the notice.
-        let rows_owned: Vec<(String, u16, &Totals)> = rows
-            .drain(..)
-            .map(|(host, port, t)| {
-                let safe: String = host
-                    .chars()
-                    .flat_map(|c| {
-                        if c.is_control() {
-                            c.escape_default().collect::<Vec<_>>()
-                        } else if "`*_[]<>\\".contains(c) {
-                            vec!['\\', c]
-                        } else {
-                            vec![c]
-                        }
-                    })
-                    .collect();
-                (safe, port, t)
-            })
-            .collect();
-        let mut rows: Vec<(&str, u16, &Totals)> = rows_owned
-            .iter()
-            .map(|(h, p, t)| (h.as_str(), *p, *t))
+            .map(|((host, port), t)| (written_out(host), *port, t))
             .collect();
         if self.others != Totals::default() {
-            rows.push(("other hosts", 0, &self.others));
+            rows.push(("other hosts".to_owned(), 0, &self.others));
         }
         if rows.is_empty() {
             return None;
         }
         // The largest uploads first.
-        rows.sort_by(|a, b| b.2.sent.cmp(&a.2.sent).then(a.0.cmp(b.0)));
+        rows.sort_by(|a, b| b.2.sent.cmp(&a.2.sent).then(a.0.cmp(&b.0)));
         let title_parts: Vec<String> = rows
             .iter()
             .take(3)
@@ -148,7 +126,7 @@ impl Ledger {
             .map(|(host, port, t)| {
                 let addrs: Vec<String> = t.addrs.iter().map(IpAddr::to_string).collect();
                 let dest = if *port == 0 {
-                    (*host).to_owned()
+                    host.clone()
                 } else {
                     format!(
                         "{} ({})",
@@ -177,6 +155,22 @@ impl Ledger {
             .collect();
         Some((title, lines))
     }
+}
+
+/// A host name as the notice shows it: control characters escaped,
+/// markdown's marks taken literally.
+fn written_out(host: &str) -> String {
+    host.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else if "`*_[]<>\\".contains(c) {
+                vec!['\\', c]
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 /// `n` bytes in words: `512 B`, `2 KB`, `3.1 MB` (powers of 1000).
