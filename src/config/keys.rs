@@ -107,22 +107,16 @@ mod tests {
 
     #[test]
     fn a_misspelling_is_matched_to_the_key_it_meant() {
-        let known = [
-            "enabled",
-            "allow",
-            "deny",
-            "strictGit",
-            "codeExec",
-            "network",
-        ];
-        assert_eq!(probably_meant("enable", &known), Some("enabled"));
-        assert_eq!(probably_meant("Enabled", &known), Some("enabled"));
-        assert_eq!(probably_meant("strict_git", &known), Some("strictGit"));
-        assert_eq!(probably_meant("alow", &known), Some("allow"));
-        assert_eq!(probably_meant("codexec", &known), Some("codeExec"));
-        assert_eq!(probably_meant("future", &known), None);
-        assert_eq!(probably_meant("den", &known), Some("deny"));
-        assert_eq!(probably_meant("do", &known), None);
+        // A project's sandbox.json's keys.
+        let known = crate::config::project::KEYS;
+        assert_eq!(probably_meant("enable", known), Some("enabled"));
+        assert_eq!(probably_meant("Enabled", known), Some("enabled"));
+        assert_eq!(probably_meant("strict_git", known), Some("strictGit"));
+        assert_eq!(probably_meant("alow", known), Some("allow"));
+        assert_eq!(probably_meant("codexec", known), Some("codeExec"));
+        assert_eq!(probably_meant("future", known), None);
+        assert_eq!(probably_meant("den", known), Some("deny"));
+        assert_eq!(probably_meant("do", known), None);
     }
 
     #[test]
