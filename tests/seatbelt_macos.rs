@@ -365,6 +365,53 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// `zcode-acp run --refusals-line` names the writes Seatbelt refused, read
+/// from the system log between its two fences, and the `--allow` that
+/// would open them; a write inside the workspace is not among them.
+#[test]
+fn zcode_acp_run_names_the_writes_the_log_says_were_refused() {
+    let real_home = resolve_real(&dirs::home_dir().unwrap()).unwrap();
+    let base = tempfile::Builder::new()
+        .prefix("zcode-acp-run-")
+        .tempdir_in(&real_home)
+        .unwrap();
+    let home = resolve_real(base.path()).unwrap();
+    let ws = home.join("ws");
+    let outside = home.join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
+        .args(["run", "--refusals-line", "--workspace"])
+        .arg(&ws)
+        .args(["--", "/bin/sh", "-c"])
+        .arg(format!(
+            "echo a > {}/in; echo b > {}/refused.txt; true",
+            ws.display(),
+            outside.display()
+        ))
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!outside.join("refused.txt").exists());
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("zcode-acp: the sandbox refused writes to"))
+        .unwrap_or_else(|| panic!("no refused-writes line: {stderr}"));
+    assert!(
+        line.contains(&format!("{}/refused.txt", outside.display())),
+        "{line}"
+    );
+    assert!(!line.contains("/in"), "{line}");
+    assert!(
+        line.contains(&format!("--allow {}", outside.display())),
+        "{line}"
+    );
+    // The fences are zcode-acp's own, never named.
+    assert!(!stderr.contains("refused-fence"), "{stderr}");
+}
+
 /// A tmux server, a container engine or any other server outside the
 /// sandbox (an editor's, listening outside the workspace) runs whatever it
 /// is sent: unix sockets are refused by default, while a socket of the

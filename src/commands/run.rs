@@ -26,11 +26,12 @@ pub struct RunArgs {
     pub backend_profile: Option<String>,
     /// Watch for refused writes and name them in a last line even when
     /// stderr is not a terminal (by default only a terminal's reader gets
-    /// it: watching costs each call that makes or removes a name a round
-    /// trip to the sandbox's supervisor) (Linux).
+    /// it: on Linux, watching costs each call that makes or removes a name
+    /// a round trip to the sandbox's supervisor; on macOS, it reads the
+    /// system log).
     #[arg(long, conflicts_with = "no_refusals_line")]
     pub refusals_line: bool,
-    /// Never watch for refused writes, even on a terminal (Linux).
+    /// Never watch for refused writes, even on a terminal.
     #[arg(long)]
     pub no_refusals_line: bool,
     /// The command to run.
@@ -316,8 +317,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 
 /// Whether the run watches for refused writes: asked for, or by default
 /// when stderr is a terminal (a person reads the line there; a script's
-/// log gains nothing worth a round trip per call).
-#[cfg(target_os = "linux")]
+/// log gains nothing worth its cost: on Linux a round trip per call, on
+/// macOS a `log stream` and two fences).
 fn wants_refusals_line(args: &RunArgs) -> bool {
     use std::io::IsTerminal;
     !args.no_refusals_line && (args.refusals_line || std::io::stderr().is_terminal())
@@ -342,15 +343,35 @@ fn say_what_left(ledger: crate::network::ledger::Ledger, listed: &[String]) {
 #[cfg(target_os = "macos")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use std::os::unix::process::CommandExt;
-    let enforcer = crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?;
-    let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::Spawned)?;
+    let enforcer = Arc::new(crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?);
+    let (confinement, managed) = arm(&args, enforcer.clone(), Starter::Spawned)?;
+    let Confinement::Armed(armed) = &confinement else {
+        return Err(cannot_arm("the sandbox did not arm"));
+    };
     let argv = confinement
         .wrap(&command(&args), Launch::Backend)
         .map_err(cannot_arm)?;
-    let audit = confinement
-        .policy()
-        .map(|policy| std::sync::Arc::new(std::sync::Mutex::new(Audit::before(policy, managed))));
-    let watcher = audit.as_ref().map(Audit::watch);
+    // The command's refused writes are named when it ends, from the
+    // system log (read from before the command starts).
+    let fence = |path: &std::path::Path| make_fence(&confinement, path);
+    let refusal_log = match (
+        wants_refusals_line(&args),
+        enforcer.violation_tag(),
+        &armed.dir,
+    ) {
+        (true, Some(tag), Some(dir)) => {
+            match crate::seatbelt::refusal_log::RefusalLog::start(tag, &dir.path, &fence) {
+                Ok(log) => Some(log),
+                Err(e) => {
+                    eprintln!("zcode-acp: the writes the sandbox refuses will not be named when the command ends: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
+    let watcher = Audit::watch(&audit);
     let shield = super::shield::Shield::raise()?;
     let old = shield.old;
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -364,10 +385,46 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", argv[0]))?;
     let code = shield.wait(nix::unistd::Pid::from_raw(child.id() as i32))?;
-    drop(confinement);
-    if let (Some(audit), Some(watcher)) = (audit, watcher) {
-        Audit::after(audit, watcher);
+    if let Some(log) = refusal_log {
+        let read = log.finish(&fence);
+        let mut refused = crate::policy::refused::Refusals::default();
+        for v in read.refused {
+            refused.note(&armed.policy, v.path);
+        }
+        let partial = if read.whole {
+            ""
+        } else {
+            " (the system log had not reported them all when the command ended: there may be more)"
+        };
+        if let Some(line) = refused.line(dirs::home_dir().as_deref()) {
+            eprintln!("{line}{partial}");
+        } else if !read.whole {
+            eprintln!("zcode-acp: the system log had not reported every write the sandbox refused when the command ended: none is named");
+        }
     }
+    drop(confinement);
+    Audit::after(audit, watcher);
     drop(shield);
     Ok(code)
+}
+
+/// A write into the run's private directory under its own profile, which
+/// Seatbelt refuses and reports with the run's tag: a fence for the log
+/// (see `seatbelt::refusal_log`). Its outcome is the report, not the
+/// status.
+#[cfg(target_os = "macos")]
+fn make_fence(confinement: &Confinement, path: &std::path::Path) {
+    let touch = Command {
+        argv: vec!["/usr/bin/touch".into(), path.to_string_lossy().into_owned()],
+        ..Command::default()
+    };
+    let Ok(argv) = confinement.wrap(&touch, Launch::Backend) else {
+        return;
+    };
+    let _ = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }

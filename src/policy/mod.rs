@@ -23,6 +23,7 @@ pub mod launch;
 pub mod network;
 pub mod offerable;
 pub mod protected;
+pub mod refused;
 pub mod repos;
 pub mod resolve;
 pub mod sockets;

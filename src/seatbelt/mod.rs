@@ -23,6 +23,7 @@ pub const MACOS_SEATBELT: &str = "macos seatbelt";
 
 pub mod enforce;
 pub mod quote;
+pub mod refusal_log;
 pub mod violations;
 
 use std::fmt::Write;

@@ -127,7 +127,7 @@ pub struct Supervisor {
     policy: Policy,
     listener: Option<OwnedFd>,
     /// `zcode-acp run`: the refused writes seen go by, for its last line.
-    refusals: Option<std::cell::RefCell<refusals::Refusals>>,
+    refusals: Option<std::cell::RefCell<crate::policy::refused::Refusals>>,
 }
 
 /// Why the supervisor could not be prepared.
