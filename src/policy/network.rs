@@ -28,6 +28,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use super::local_names::LocalNames;
+
 // The table as the config files write it is config's (plain values, read
 // and written there); what it lets through is decided here.
 use crate::config::network::{parse_egress, union_egress, union_loopback, within_limits};
@@ -267,22 +269,26 @@ impl NetworkPolicy {
         Verdict::Deny { zone, why }
     }
 
-    /// Whether a connection to `host` (a name) is refused whatever it
-    /// resolves to: a name outside an egress list, where neither the LAN
-    /// nor this machine's port is open. Such a name is not resolved.
-    pub fn refuses_unresolved(&self, host: &str, port: u16) -> bool {
+    /// Whether `host` (a name) is put to the user before it is resolved:
+    /// a name outside the egress list, unless it is a local name (see
+    /// `local_names`) and the LAN or this machine's port is open, where
+    /// only its address says whether it may be reached. Resolving a name
+    /// carries it to whoever serves its domain, and the name itself can
+    /// carry what the agent read.
+    pub fn asks_before_resolving(&self, host: &str, port: u16, local: &LocalNames) -> bool {
         let Egress::Hosts(patterns) = &self.egress else {
             return false;
         };
+        if host.parse::<IpAddr>().is_ok() || self.listed_host(patterns, host, port) {
+            return false;
+        }
         let loopback_open = match &self.host_loopback {
             HostLoopback::Allow => true,
             HostLoopback::Ports(p) => p.contains(&port),
             HostLoopback::Deny => false,
         };
-        host.parse::<IpAddr>().is_err()
-            && self.lan == Lan::Deny
-            && !loopback_open
-            && !self.listed_host(patterns, host, port)
+        let local_could_open = self.lan == Lan::Allow || loopback_open;
+        !(local_could_open && local.is_local(host))
     }
 
     /// Whether the table stays within what a sandbox's proxy is handed

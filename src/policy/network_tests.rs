@@ -134,8 +134,8 @@ fn the_default_closes_the_host_and_the_lan_and_asks_beyond_its_list() {
         v => panic!("an unlisted host: {v:?}"),
     }
     // Not even resolved (the name itself could carry what was read).
-    assert!(p.refuses_unresolved("secret.attacker.example", 443));
-    assert!(!p.refuses_unresolved("api.anthropic.com", 443));
+    assert!(p.asks_before_resolving_here("secret.attacker.example", 443));
+    assert!(!p.asks_before_resolving_here("api.anthropic.com", 443));
     // No resolver: it would look up any name.
     assert!(matches!(
         d("10.0.0.53", 53, "10.0.0.53"),
@@ -148,7 +148,7 @@ fn the_default_closes_the_host_and_the_lan_and_asks_beyond_its_list() {
     );
     // A closed table (one that cannot be read) takes no list.
     let closed = NetworkPolicy::closed().listing(vec!["pypi.org".into()]);
-    assert!(closed.refuses_unresolved("pypi.org", 443));
+    assert!(closed.asks_before_resolving_here("pypi.org", 443));
     assert!(closed.describe().contains("no public egress"));
 }
 
@@ -417,32 +417,47 @@ fn the_resolver_is_reachable_on_53_only_while_egress_is_allowed() {
         Verdict::Allow
     );
     // A name outside the list is not resolved on port 53 either.
-    assert!(listed.refuses_unresolved("secret.attacker.example", 53));
+    assert!(listed.asks_before_resolving_here("secret.attacker.example", 53));
 }
 
 #[test]
-fn a_name_outside_the_egress_list_is_refused_unresolved() {
+fn a_name_outside_the_egress_list_is_asked_before_it_is_resolved() {
     let p = NetworkPolicy::parse(&json!({"egress": ["*.github.com"]})).unwrap();
-    assert!(p.refuses_unresolved("secret.attacker.example", 443));
-    assert!(!p.refuses_unresolved("api.github.com", 443));
+    assert!(p.asks_before_resolving_here("secret.attacker.example", 443));
+    assert!(!p.asks_before_resolving_here("api.github.com", 443));
     assert!(
-        !p.refuses_unresolved("1.2.3.4", 443),
+        !p.asks_before_resolving_here("1.2.3.4", 443),
         "an address is judged as such"
     );
-    assert!(NetworkPolicy::default().refuses_unresolved("x.example", 443));
+    assert!(NetworkPolicy::default().asks_before_resolving_here("x.example", 443));
     assert!(!NetworkPolicy::parse(&json!({"egress": "allow"}))
         .unwrap()
-        .refuses_unresolved("x.example", 443));
-    // Where the name might lead to an open LAN or port, it is resolved.
+        .asks_before_resolving_here("x.example", 443));
+    // Where a local name might lead to an open LAN or port, it is
+    // resolved; any other name is still asked first (the DNS query would
+    // carry it out, wherever it leads).
     let lan = NetworkPolicy::parse(&json!({"egress": [], "lan": "allow"})).unwrap();
-    assert!(!lan.refuses_unresolved("nas.local", 445));
+    assert!(!lan.asks_before_resolving_here("nas.local", 445));
+    assert!(!lan.asks_before_resolving_here("printer", 631));
+    assert!(lan.asks_before_resolving_here("secret.attacker.example", 445));
     let port = NetworkPolicy::parse(&json!({"egress": [], "hostLoopback": [8080]})).unwrap();
-    assert!(!port.refuses_unresolved("localhost", 8080));
-    assert!(port.refuses_unresolved("localhost", 8081));
+    assert!(!port.asks_before_resolving_here("localhost", 8080));
+    assert!(port.asks_before_resolving_here("localhost", 8081));
+    assert!(port.asks_before_resolving_here("secret.attacker.example", 8080));
+    // Closed LAN and ports: even a local name is asked.
+    assert!(NetworkPolicy::default().asks_before_resolving_here("nas.local", 445));
 }
 
 #[test]
 fn resolvers_are_read_from_resolv_conf() {
     let text = "# comment\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\nsearch lan\n";
     assert_eq!(resolvers_of(text), vec![ip("10.0.0.53"), ip("fe80::1")]);
+}
+
+impl NetworkPolicy {
+    /// [`NetworkPolicy::asks_before_resolving`] with no hosts file and no
+    /// search domain.
+    fn asks_before_resolving_here(&self, host: &str, port: u16) -> bool {
+        self.asks_before_resolving(host, port, &LocalNames::default())
+    }
 }
