@@ -141,6 +141,11 @@ impl World {
 enum Agent {
     Codex,
     Claude,
+    /// `@zed-industries/claude-code-acp` 0.16.2, the adapter Zed installed
+    /// before the rename (still on many machines): Claude Code 2.1.44, run
+    /// as `node .../claude-agent-sdk/cli.js`, which saves `~/.claude.json`
+    /// through a temporary file opened with `O_CREAT|O_TRUNC`.
+    ClaudeLegacy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -165,6 +170,11 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
         (Agent::Claude, Launch::NodeScript) => vec![
             "node".into(),
             format!("{AGENTS}/@agentclientprotocol/claude-agent-acp/dist/index.js"),
+        ],
+        (Agent::ClaudeLegacy, Launch::BinName) => vec!["claude-code-acp".into()],
+        (Agent::ClaudeLegacy, Launch::NodeScript) => vec![
+            "node".into(),
+            format!("{AGENTS}/@zed-industries/claude-code-acp/dist/index.js"),
         ],
     };
     if agent == Agent::Codex {
@@ -237,7 +247,7 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
             ));
             env.push(("MOCK_API_KEY".into(), "dummy".into()));
         }
-        Agent::Claude => {
+        Agent::Claude | Agent::ClaudeLegacy => {
             env.push(("ANTHROPIC_BASE_URL".into(), w.model.url()));
             env.push(("ANTHROPIC_API_KEY".into(), "dummy".into()));
             env.push((
@@ -409,10 +419,16 @@ impl Writes {
         ])
     }
 
-    /// Checks the disk: inside written, outside not. Err says what broke.
-    fn inside_only(&self) -> Result<(), String> {
+    /// Checks the disk: inside written, outside not (but the outside edit
+    /// when `edit_out_allowed`: the user allowed it once as it was made).
+    /// Err says what broke.
+    fn inside_only(&self, edit_out_allowed: bool) -> Result<(), String> {
         let mut problems = Vec::new();
-        for (p, want) in [(&self.shell_in, "shell-in"), (&self.edit_in, "edit-in")] {
+        let mut wanted = vec![(&self.shell_in, "shell-in"), (&self.edit_in, "edit-in")];
+        if edit_out_allowed {
+            wanted.push((&self.edit_out, "edit-out"));
+        }
+        for (p, want) in wanted {
             match std::fs::read_to_string(p) {
                 Ok(t) if t.trim() == want => {}
                 Ok(t) => problems.push(format!("{} holds {t:?}", p.display())),
@@ -420,7 +436,7 @@ impl Writes {
             }
         }
         for p in [&self.shell_out, &self.edit_out] {
-            if p.exists() {
+            if p.exists() && !(edit_out_allowed && p == &self.edit_out) {
                 problems.push(format!("{} was written outside the project", p.display()));
             }
         }
@@ -471,10 +487,17 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
         "{}",
         t.response
     );
-    if let Err(e) = writes.inside_only() {
+    // An agent that routes its edits through the editor (the legacy
+    // adapter does when the editor offers writes) has its outside edit
+    // judged as it is made: after the one question about that directory,
+    // answered "Allow once", that write lands (the shell's, refused by the
+    // kernel, waits for the next prompt).
+    let edit_out = json!(writes.edit_out).to_string();
+    let edited_by_editor = through_editor.contains(&edit_out);
+    if let Err(e) = writes.inside_only(edited_by_editor) {
         panic!(
-            "{:?}/{:?} {tag}: {e}\nagent said: {}",
-            run.agent, run.launch, t.text
+            "{:?}/{:?} {tag}: {e}\nagent said: {}\nthe bridge asked: {:?}",
+            run.agent, run.launch, t.text, t.bridge_prompts
         );
     }
     let offered = format!("Allow the agent to write in {}?", w.outside.display());
@@ -554,12 +577,23 @@ fn claude_works_armed_on_its_first_run_and_later() {
     first_and_later_runs(Agent::Claude, ".claude");
 }
 
+/// The adapter Zed installed before the rename: its Claude Code saves
+/// `~/.claude.json` through `O_CREAT|O_TRUNC`, which the name-prefix
+/// grant serves whatever the open's flags.
+#[test]
+fn legacy_claude_code_acp_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::ClaudeLegacy, ".claude");
+}
+
 #[test]
 fn without_the_sandbox_both_writes_land() {
     if !ready() {
         return;
     }
-    for agent in [Agent::Codex, Agent::Claude] {
+    for agent in [Agent::Codex, Agent::Claude, Agent::ClaudeLegacy] {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
         // makes it, so this is a user's later run.
@@ -601,7 +635,7 @@ fn a_widened_policy_makes_the_outside_checks_fail() {
     let sid = ed.new_session(&w.ws);
     let writes = Writes::new(&w, "widened");
     turn(&mut ed, &sid, writes.steps(), "reject-once");
-    let verdict = writes.inside_only();
+    let verdict = writes.inside_only(false);
     assert!(
         verdict
             .as_ref()
@@ -846,7 +880,7 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
             "{agent:?}: acpx failed: {}\n{stdout:.3000}",
             String::from_utf8_lossy(&out.stderr)
         );
-        if let Err(e) = writes.inside_only() {
+        if let Err(e) = writes.inside_only(false) {
             panic!("{agent:?} under acpx: {e}\n{stdout:.3000}");
         }
         // --approve-all also answers the bridge's prompt: it must have
@@ -908,7 +942,7 @@ fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
         "the SDK client failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    if let Err(e) = writes.inside_only() {
+    if let Err(e) = writes.inside_only(false) {
         panic!("Claude under the SDK client: {e}\n{stdout}");
     }
     let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
