@@ -146,6 +146,7 @@ enum Agent {
     /// as `node .../claude-agent-sdk/cli.js`, which saves `~/.claude.json`
     /// through a temporary file opened with `O_CREAT|O_TRUNC`.
     ClaudeLegacy,
+    Gemini,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,6 +171,12 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
         (Agent::Claude, Launch::NodeScript) => vec![
             "node".into(),
             format!("{AGENTS}/@agentclientprotocol/claude-agent-acp/dist/index.js"),
+        ],
+        (Agent::Gemini, Launch::BinName) => vec!["gemini".into(), "--acp".into()],
+        (Agent::Gemini, Launch::NodeScript) => vec![
+            "node".into(),
+            format!("{AGENTS}/@google/gemini-cli/bundle/gemini.js"),
+            "--acp".into(),
         ],
         (Agent::ClaudeLegacy, Launch::BinName) => vec!["claude-code-acp".into()],
         (Agent::ClaudeLegacy, Launch::NodeScript) => vec![
@@ -247,6 +254,10 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
             ));
             env.push(("MOCK_API_KEY".into(), "dummy".into()));
         }
+        Agent::Gemini => {
+            env.push(("GOOGLE_GEMINI_BASE_URL".into(), w.model.url()));
+            env.push(("GEMINI_API_KEY".into(), "dummy".into()));
+        }
         Agent::Claude | Agent::ClaudeLegacy => {
             env.push(("ANTHROPIC_BASE_URL".into(), w.model.url()));
             env.push(("ANTHROPIC_API_KEY".into(), "dummy".into()));
@@ -281,13 +292,32 @@ struct Run {
     bridge_args: Vec<String>,
 }
 
+impl Agent {
+    /// Whether the agent shows its shell tool's output to the editor, where
+    /// the bridge reads a refused write and offers it. Gemini CLI 0.61
+    /// does not (its shell's `tool_call_update` carries no content), so
+    /// its refused writes are refused on disk but not offered.
+    fn shows_shell_output(self) -> bool {
+        self != Agent::Gemini
+    }
+
+    /// Whether the agent can make a new file through an editor that
+    /// answers a read of a missing file with an error. Gemini CLI 0.61
+    /// cannot: it tells a missing file from other errors by the error's
+    /// class, which a JSON-RPC error object never has ("Error checking
+    /// existing file"), so its tests offer it no editor writes.
+    fn creates_through_the_editor(self) -> bool {
+        self != Agent::Gemini
+    }
+}
+
 impl Run {
     fn new(agent: Agent, launch: Launch) -> Run {
         Run {
             agent,
             launch,
             sandbox: true,
-            editor_writes: true,
+            editor_writes: agent.creates_through_the_editor(),
             extra_env: Vec::new(),
             bridge_args: Vec::new(),
         }
@@ -500,6 +530,17 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
             run.agent, run.launch, t.text, t.bridge_prompts
         );
     }
+    if !run.agent.shows_shell_output() {
+        // Refused on disk (checked above), and nothing to offer.
+        assert_eq!(
+            t.bridge_prompts,
+            Vec::<String>::new(),
+            "{:?}/{:?} {tag}",
+            run.agent,
+            run.launch
+        );
+        return;
+    }
     let offered = format!("Allow the agent to write in {}?", w.outside.display());
     assert_eq!(
         t.bridge_prompts,
@@ -589,11 +630,24 @@ fn legacy_claude_code_acp_works_armed_on_its_first_run_and_later() {
 }
 
 #[test]
+fn gemini_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::Gemini, ".gemini");
+}
+
+#[test]
 fn without_the_sandbox_both_writes_land() {
     if !ready() {
         return;
     }
-    for agent in [Agent::Codex, Agent::Claude, Agent::ClaudeLegacy] {
+    for agent in [
+        Agent::Codex,
+        Agent::Claude,
+        Agent::ClaudeLegacy,
+        Agent::Gemini,
+    ] {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
         // makes it, so this is a user's later run.
@@ -604,8 +658,18 @@ fn without_the_sandbox_both_writes_land() {
         let sid = ed.new_session(&w.ws);
         let writes = Writes::new(&w, "unarmed");
         let t = turn(&mut ed, &sid, writes.steps(), "reject-once");
+        // Gemini CLI keeps its own edit tool inside the workspace ("Path
+        // not in workspace"), sandbox or not: its shell is the difference.
+        let landed = if agent == Agent::Gemini {
+            [&writes.shell_in, &writes.shell_out, &writes.edit_in]
+                .iter()
+                .all(|p| p.exists())
+                && !writes.edit_out.exists()
+        } else {
+            writes.all_written()
+        };
         assert!(
-            writes.all_written(),
+            landed,
             "{agent:?}: unarmed, every write lands: the sandbox is what made the difference\n{}",
             t.text
         );
