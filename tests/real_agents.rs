@@ -147,6 +147,8 @@ enum Agent {
     /// through a temporary file opened with `O_CREAT|O_TRUNC`.
     ClaudeLegacy,
     Gemini,
+    /// Qwen Code 0.15.10, the last release that runs on Node 20.
+    Qwen,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -176,6 +178,12 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
         (Agent::Gemini, Launch::NodeScript) => vec![
             "node".into(),
             format!("{AGENTS}/@google/gemini-cli/bundle/gemini.js"),
+            "--acp".into(),
+        ],
+        (Agent::Qwen, Launch::BinName) => vec!["qwen".into(), "--acp".into()],
+        (Agent::Qwen, Launch::NodeScript) => vec![
+            "node".into(),
+            format!("{AGENTS}/@qwen-code/qwen-code/cli.js"),
             "--acp".into(),
         ],
         (Agent::ClaudeLegacy, Launch::BinName) => vec!["claude-code-acp".into()],
@@ -219,6 +227,10 @@ fn the_readmes_zed_blocks_are_the_ones_tested() {
 /// exist before its first run).
 fn backend(agent: Agent, launch: Launch, w: &World) -> Vec<String> {
     let mut argv = readme_backend(agent, launch);
+    if agent == Agent::Qwen {
+        // Its OpenAI-compatible provider, as `qwen auth` would choose it.
+        argv.extend(["--auth-type".into(), "openai".into()]);
+    }
     if agent == Agent::Codex {
         for c in [
             "model=\"gpt-5.2-codex\"".to_owned(),
@@ -253,6 +265,24 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
                 w.home.join(".codex").display().to_string(),
             ));
             env.push(("MOCK_API_KEY".into(), "dummy".into()));
+        }
+        Agent::Qwen => {
+            env.push(("OPENAI_BASE_URL".into(), format!("{}/v1", w.model.url())));
+            env.push(("OPENAI_API_KEY".into(), "dummy".into()));
+            env.push(("OPENAI_MODEL".into(), "qwen3-coder-plus".into()));
+            // Its usage statistics go to a host of Alibaba's RUM service,
+            // which the sandbox asks about (docs/agents.md); off here, from
+            // the system settings, so that its first run has no state.
+            let settings = w.home.join("qwen-system-settings.json");
+            std::fs::write(
+                &settings,
+                r#"{"privacy": {"usageStatisticsEnabled": false}}"#,
+            )
+            .unwrap();
+            env.push((
+                "QWEN_CODE_SYSTEM_SETTINGS_PATH".into(),
+                settings.display().to_string(),
+            ));
         }
         Agent::Gemini => {
             env.push(("GOOGLE_GEMINI_BASE_URL".into(), w.model.url()));
@@ -630,6 +660,14 @@ fn legacy_claude_code_acp_works_armed_on_its_first_run_and_later() {
 }
 
 #[test]
+fn qwen_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::Qwen, ".qwen");
+}
+
+#[test]
 fn gemini_works_armed_on_its_first_run_and_later() {
     if !ready() {
         return;
@@ -647,6 +685,7 @@ fn without_the_sandbox_both_writes_land() {
         Agent::Claude,
         Agent::ClaudeLegacy,
         Agent::Gemini,
+        Agent::Qwen,
     ] {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
