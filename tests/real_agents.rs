@@ -149,6 +149,8 @@ enum Agent {
     Gemini,
     /// Qwen Code 0.15.10, the last release that runs on Node 20.
     Qwen,
+    /// OpenCode, a native binary (no `node` launch form).
+    OpenCode,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -179,6 +181,12 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
             "node".into(),
             format!("{AGENTS}/@google/gemini-cli/bundle/gemini.js"),
             "--acp".into(),
+        ],
+        (Agent::OpenCode, Launch::BinName) => vec!["opencode".into(), "acp".into()],
+        // Its binary by its path, as a release download is started.
+        (Agent::OpenCode, Launch::NodeScript) => vec![
+            format!("{AGENTS}/opencode-ai/bin/opencode.exe"),
+            "acp".into(),
         ],
         (Agent::Qwen, Launch::BinName) => vec!["qwen".into(), "--acp".into()],
         (Agent::Qwen, Launch::NodeScript) => vec![
@@ -265,6 +273,28 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
                 w.home.join(".codex").display().to_string(),
             ));
             env.push(("MOCK_API_KEY".into(), "dummy".into()));
+        }
+        Agent::OpenCode => {
+            // The mock as an OpenAI-compatible provider, given inline so
+            // that its first run has no config file.
+            let config = json!({
+                "model": "mock/mock-model",
+                "autoupdate": false,
+                "share": "disabled",
+                "provider": {"mock": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "Mock",
+                    "options": {"baseURL": format!("{}/v1", w.model.url()), "apiKey": "dummy"},
+                    "models": {"mock-model": {"name": "Mock", "tool_call": true}},
+                }},
+            });
+            env.push(("OPENCODE_CONFIG_CONTENT".into(), config.to_string()));
+            env.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
+            env.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
+            // It installs its plugin package with npm at start: from the
+            // cache only, and from no registry, so nothing leaves here.
+            env.push(("npm_config_offline".into(), "true".into()));
+            env.push(("npm_config_registry".into(), "http://127.0.0.1:9/".into()));
         }
         Agent::Qwen => {
             env.push(("OPENAI_BASE_URL".into(), format!("{}/v1", w.model.url())));
@@ -668,6 +698,14 @@ fn qwen_works_armed_on_its_first_run_and_later() {
 }
 
 #[test]
+fn opencode_works_armed_on_its_first_run_and_later() {
+    if !ready() {
+        return;
+    }
+    first_and_later_runs(Agent::OpenCode, ".local/share/opencode");
+}
+
+#[test]
 fn gemini_works_armed_on_its_first_run_and_later() {
     if !ready() {
         return;
@@ -686,6 +724,7 @@ fn without_the_sandbox_both_writes_land() {
         Agent::ClaudeLegacy,
         Agent::Gemini,
         Agent::Qwen,
+        Agent::OpenCode,
     ] {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
