@@ -21,6 +21,8 @@ use common::{Editor, Options, BIN};
 use serde_json::{json, Value};
 
 const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/node_modules");
+/// Mistral Vibe's virtual environment (scripts/test makes it).
+const VIBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/vibe");
 const MOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mock_model.py");
 /// Real agents start slower than the fixtures, and CI shares two cores.
 const SLOW: Duration = Duration::from_secs(90);
@@ -151,6 +153,9 @@ enum Agent {
     Qwen,
     /// OpenCode, a native binary (no `node` launch form).
     OpenCode,
+    /// Mistral Vibe 2.26.1, a Python package (3.0 pins a certifi the
+    /// registry does not have).
+    Vibe,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -181,6 +186,12 @@ fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
             "node".into(),
             format!("{AGENTS}/@google/gemini-cli/bundle/gemini.js"),
             "--acp".into(),
+        ],
+        (Agent::Vibe, Launch::BinName) => vec!["vibe-acp".into()],
+        // Its script by its interpreter, as `uv run` or an editor starts it.
+        (Agent::Vibe, Launch::NodeScript) => vec![
+            format!("{VIBE}/bin/python3"),
+            format!("{VIBE}/bin/vibe-acp"),
         ],
         (Agent::OpenCode, Launch::BinName) => vec!["opencode".into(), "acp".into()],
         // Its binary by its path, as a release download is started.
@@ -262,7 +273,7 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
     let mut env = vec![(
         "PATH".to_owned(),
         format!(
-            "{AGENTS}/.bin:{}:/usr/local/bin:/usr/bin:/bin",
+            "{AGENTS}/.bin:{VIBE}/bin:{}:/usr/local/bin:/usr/bin:/bin",
             node_dir.display()
         ),
     )];
@@ -273,6 +284,24 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
                 w.home.join(".codex").display().to_string(),
             ));
             env.push(("MOCK_API_KEY".into(), "dummy".into()));
+        }
+        Agent::Vibe => {
+            env.push(("MISTRAL_API_KEY".into(), "dummy".into()));
+            // Its Mistral provider pointed at the mock, by its settings'
+            // environment layer, so that its first run has no config file.
+            let providers = json!([{
+                "name": "mistral",
+                "api_base": format!("{}/v1", w.model.url()),
+                "api_key_env_var": "MISTRAL_API_KEY",
+                "backend": "mistral",
+            }]);
+            env.push(("VIBE_PROVIDERS".into(), providers.to_string()));
+            // Its own service (managed config, sessions) at the mock too,
+            // and no telemetry or experiments: nothing leaves here.
+            for key in ["VIBE_VIBE_BASE_URL", "VIBE_VIBE_CODE_SESSIONS_BASE_URL"] {
+                env.push((key.into(), w.model.url()));
+            }
+            env.push(("VIBE_ENABLE_TELEMETRY".into(), "false".into()));
         }
         Agent::OpenCode => {
             // The mock as an OpenAI-compatible provider, given inline so
@@ -698,6 +727,20 @@ fn qwen_works_armed_on_its_first_run_and_later() {
 }
 
 #[test]
+fn vibe_works_armed_on_its_first_run_and_later() {
+    if !ready() || !vibe_ready() {
+        return;
+    }
+    first_and_later_runs(Agent::Vibe, ".vibe");
+}
+
+/// Whether scripts/test could install Mistral Vibe (it needs Python 3.12).
+fn vibe_ready() -> bool {
+    Path::new(VIBE).join("bin/vibe-acp").exists()
+        || common::skip("Mistral Vibe is not installed (scripts/test installs it when a Python 3.12 or later is on PATH or in pyenv)")
+}
+
+#[test]
 fn opencode_works_armed_on_its_first_run_and_later() {
     if !ready() {
         return;
@@ -725,7 +768,11 @@ fn without_the_sandbox_both_writes_land() {
         Agent::Gemini,
         Agent::Qwen,
         Agent::OpenCode,
-    ] {
+        Agent::Vibe,
+    ]
+    .into_iter()
+    .filter(|a| *a != Agent::Vibe || vibe_ready())
+    {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing
         // makes it, so this is a user's later run.

@@ -148,7 +148,9 @@ pub const AGENTS: &[Agent] = &[
         dirs: &[dir(".vibe", Some("VIBE_HOME"), "")],
         home_names: &[],
         api_hosts: &["api.mistral.ai"],
-        sign_in_hosts: &["console.mistral.ai"],
+        // The console signs in; chat.mistral.ai serves its managed config
+        // and its sessions.
+        sign_in_hosts: &["console.mistral.ai", "chat.mistral.ai"],
         base_url_env: &[],
         described: "Mistral Vibe's own state ($VIBE_HOME or ~/.vibe)",
     },
