@@ -27,13 +27,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
+use std::io::BufReader;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 
+use common::netns::Netns;
 use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
 
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
@@ -45,124 +43,6 @@ const DNS_SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/d
 const LOOPBACK_PORT: u16 = 18081;
 const ALL_ADDRESSES_PORT: u16 = 18082;
 const V6_ONLY_PORT: u16 = 18083;
-
-fn ns_of(pid: &str, kind: &str) -> u64 {
-    std::fs::metadata(format!("/proc/{pid}/ns/{kind}"))
-        .unwrap()
-        .ino()
-}
-
-/// A process of the test's own in a network namespace it made; ended by
-/// pid when dropped.
-struct Netns {
-    holder: Child,
-    out: BufReader<ChildStdout>,
-}
-
-impl Netns {
-    /// `unshare --net` (and `--mount`, if `mount`), the checks, `setup`,
-    /// then `exec last` (which must print "ready" once it serves).
-    fn spawn(mount: bool, setup: &str, last: &str) -> Netns {
-        let check = r#"[ "$(stat -Lc %i /proc/self/ns/net)" != "$ZC_OUTER_NET" ] || { echo "the network namespace did not change: refusing to configure it" >&2; exit 99; }
-[ "$ZC_OUTER_MNT" = none ] || [ "$(stat -Lc %i /proc/self/ns/mnt)" != "$ZC_OUTER_MNT" ] || { echo "the mount namespace did not change: refusing to mount" >&2; exit 99; }"#;
-        let outer_mnt = if mount {
-            ns_of("self", "mnt").to_string()
-        } else {
-            "none".to_owned()
-        };
-        let mut holder = Command::new("unshare")
-            .arg("--net")
-            .args(mount.then_some("--mount"))
-            .args(["--", "sh", "-euc"])
-            .arg(format!("{check}\n{setup}\nexec {last}"))
-            .env("ZC_OUTER_NET", ns_of("self", "net").to_string())
-            .env("ZC_OUTER_MNT", outer_mnt)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("unshare");
-        let out = BufReader::new(holder.stdout.take().unwrap());
-        Netns { holder, out }
-    }
-
-    fn pid(&self) -> u32 {
-        self.holder.id()
-    }
-
-    fn wait_ready(&mut self) {
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        assert!(
-            line.starts_with("ready"),
-            "a namespace of the test's world did not start"
-        );
-    }
-
-    /// `cmd` runs in this namespace, and in its mount namespace if it made
-    /// one (as `ids`, if given, after entering them).
-    fn enter(&self, cmd: &mut Command, ids: Option<(u32, u32)>) -> Vec<std::fs::File> {
-        let open = |kind: &str| {
-            let ns = std::fs::File::open(format!("/proc/{}/ns/{kind}", self.pid())).unwrap();
-            let ino = ns.metadata().unwrap().ino();
-            (ns, ino)
-        };
-        let (net, want_net) = open("net");
-        let (mnt, want_mnt) = open("mnt");
-        let own_mnt = want_mnt != ns_of("self", "mnt");
-        let (net_fd, mnt_fd) = (net.as_raw_fd(), mnt.as_raw_fd());
-        // Entering a mount namespace moves to its root: the command's own
-        // directory is entered again after it.
-        let cwd = cmd.get_current_dir().map(|d| {
-            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(d.as_os_str())).unwrap()
-        });
-        // SAFETY: runs in the forked child before exec; system calls only.
-        unsafe {
-            cmd.pre_exec(move || {
-                let is = |path: &std::ffi::CStr, want: u64| {
-                    let mut st: libc::stat = std::mem::zeroed();
-                    libc::stat(path.as_ptr(), &mut st) == 0 && st.st_ino == want
-                };
-                if own_mnt {
-                    if libc::setns(mnt_fd, libc::CLONE_NEWNS) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if !is(c"/proc/self/ns/mnt", want_mnt) {
-                        return Err(std::io::Error::other("not in the test's mount namespace"));
-                    }
-                    if let Some(cwd) = &cwd {
-                        if libc::chdir(cwd.as_ptr()) != 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                }
-                if libc::setns(net_fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if !is(c"/proc/self/ns/net", want_net) {
-                    return Err(std::io::Error::other("not in the test's network namespace"));
-                }
-                if let Some((uid, gid)) = ids {
-                    if libc::setgroups(0, std::ptr::null()) != 0
-                        || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        // Kept open by the caller until the command is spawned.
-        vec![net, mnt]
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
-    }
-}
 
 /// The test's world: the host, the internet and LAN beyond it, and the
 /// host's services.

@@ -21,6 +21,8 @@ use common::{Editor, Options, BIN};
 use serde_json::{json, Value};
 
 const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/node_modules");
+/// The model's address in the proxy scenario (`netns::a_host_beyond_a_router`).
+const BEYOND_A_ROUTER: &str = "198.51.100.2";
 /// Mistral Vibe's virtual environment (scripts/test makes it).
 const VIBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/vibe");
 const MOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mock_model.py");
@@ -45,31 +47,46 @@ fn ready() -> bool {
 /// Our mock model server, ended (by pid) with the test.
 struct Model {
     child: Child,
+    address: &'static str,
     port: u16,
     log: PathBuf,
 }
 
 impl Model {
-    fn start(dir: &Path) -> Model {
+    /// On this machine's loopback, or on a host beyond a router (in the
+    /// network namespace of the test's process `beyond`, see `netns`).
+    fn start_at(dir: &Path, beyond: Option<u32>) -> Model {
         let log = dir.join("model-requests.jsonl");
-        let mut child = Command::new("python3")
-            .arg(MOCK)
+        let address = if beyond.is_some() {
+            BEYOND_A_ROUTER
+        } else {
+            "127.0.0.1"
+        };
+        let mut cmd = Command::new("python3");
+        cmd.arg(MOCK)
             .arg(&log)
             .arg("600")
+            .arg(address)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the mock model");
+            .stdout(Stdio::piped());
+        #[cfg(target_os = "linux")]
+        let _entered = beyond.map(|pid| common::netns::enter(pid, &mut cmd, None));
+        let mut child = cmd.spawn().expect("start the mock model");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
         let port = line.trim().parse().expect("the mock model's port");
-        Model { child, port, log }
+        Model {
+            child,
+            address,
+            port,
+            log,
+        }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.address, self.port)
     }
 
     /// How many model requests carried a directive containing `tag`.
@@ -104,6 +121,16 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with_model_at(None)
+    }
+
+    /// As [`World::new`], the model on this machine's loopback, or beyond a
+    /// router (see [`Model::start_at`]), where the sandbox reaches it through
+    /// its proxy. There the user config is only what the agent needs: none
+    /// when its model's address is in a base-URL variable of its profile's
+    /// (the default list reaches it), else the address in the egress list,
+    /// as a user with a custom provider writes it.
+    fn with_model_at(beyond: Option<(u32, Agent)>) -> World {
         // A user's home is not a temp directory: temp is writable by
         // design, so an "outside" there would prove nothing.
         let dir = common::home_like_a_users("zcode-agents-");
@@ -115,17 +142,24 @@ impl World {
         for d in [&ws, &other, &outside] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let model = Model::start(&home);
+        let model = Model::start_at(&home, beyond.map(|(pid, _)| pid));
         // The mock model listens on the host's loopback, which the sandbox
         // closes by default: allowed the way a user allows a local model
         // server, with one line of the user config.
         let config = home.join(".config/zcode-acp");
         std::fs::create_dir_all(&config).unwrap();
-        std::fs::write(
-            config.join("config.json"),
-            format!("{{\"network\": {{\"hostLoopback\": [{}]}}}}\n", model.port),
-        )
-        .unwrap();
+        let network = match beyond {
+            None => Some(json!({"hostLoopback": [model.port]})),
+            Some((_, agent)) if agent.model_url_in_its_env() => None,
+            Some(_) => Some(json!({"egress": [BEYOND_A_ROUTER]})),
+        };
+        if let Some(network) = network {
+            std::fs::write(
+                config.join("config.json"),
+                format!("{}\n", json!({ "network": network })),
+            )
+            .unwrap();
+        }
         World {
             _dir: dir,
             home,
@@ -332,20 +366,23 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
             // Its usage statistics go to a host of Alibaba's RUM service,
             // which the sandbox asks about (docs/agents.md); off here, from
             // the system settings, so that its first run has no state.
-            let settings = w.home.join("qwen-system-settings.json");
-            std::fs::write(
-                &settings,
-                r#"{"privacy": {"usageStatisticsEnabled": false}}"#,
-            )
-            .unwrap();
-            env.push((
-                "QWEN_CODE_SYSTEM_SETTINGS_PATH".into(),
-                settings.display().to_string(),
+            env.push(system_settings(
+                w,
+                "QWEN_CODE_SYSTEM_SETTINGS_PATH",
+                "qwen-system-settings.json",
             ));
         }
         Agent::Gemini => {
             env.push(("GOOGLE_GEMINI_BASE_URL".into(), w.model.url()));
             env.push(("GEMINI_API_KEY".into(), "dummy".into()));
+            // Its usage statistics go to play.googleapis.com, which the
+            // sandbox asks about (docs/agents.md); off here, from the system
+            // settings, so that its first run has no state.
+            env.push(system_settings(
+                w,
+                "GEMINI_CLI_SYSTEM_SETTINGS_PATH",
+                "gemini-system-settings.json",
+            ));
         }
         Agent::Claude | Agent::ClaudeLegacy => {
             env.push(("ANTHROPIC_BASE_URL".into(), w.model.url()));
@@ -359,6 +396,18 @@ fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
         }
     }
     env
+}
+
+/// A system settings file (of Gemini CLI's kind) that turns usage
+/// statistics off, and the variable that names it.
+fn system_settings(w: &World, variable: &str, name: &str) -> (String, String) {
+    let settings = w.home.join(name);
+    std::fs::write(
+        &settings,
+        r#"{"privacy": {"usageStatisticsEnabled": false}}"#,
+    )
+    .unwrap();
+    (variable.to_owned(), settings.display().to_string())
 }
 
 fn which(program: &str) -> String {
@@ -379,9 +428,33 @@ struct Run {
     extra_env: Vec<(String, String)>,
     /// Options for the bridge itself (`--code-exec`).
     bridge_args: Vec<String>,
+    /// The bridge starts in the network namespace of this test process
+    /// (`netns::a_host_beyond_a_router`'s host).
+    host_ns: Option<u32>,
 }
 
 impl Agent {
+    /// Every agent the tests drive.
+    const ALL: [Agent; 7] = [
+        Agent::Codex,
+        Agent::Claude,
+        Agent::ClaudeLegacy,
+        Agent::Gemini,
+        Agent::Qwen,
+        Agent::OpenCode,
+        Agent::Vibe,
+    ];
+
+    /// Whether the tests point the agent at the mock with a base-URL
+    /// variable its profile names (`policy::agents`), which the default
+    /// list reaches with no question.
+    fn model_url_in_its_env(self) -> bool {
+        matches!(
+            self,
+            Agent::Claude | Agent::ClaudeLegacy | Agent::Gemini | Agent::Qwen
+        )
+    }
+
     /// Whether the agent shows its shell tool's output to the editor, where
     /// the bridge reads a refused write and offers it. Gemini CLI 0.61
     /// does not (its shell's `tool_call_update` carries no content), so
@@ -409,6 +482,7 @@ impl Run {
             editor_writes: agent.creates_through_the_editor(),
             extra_env: Vec::new(),
             bridge_args: Vec::new(),
+            host_ns: None,
         }
     }
 
@@ -432,6 +506,10 @@ impl Run {
         opts = opts.arg("--stop-grace-ms").arg("1000");
         for a in &self.bridge_args {
             opts = opts.arg(a);
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(pid) = self.host_ns {
+            opts.prepare = Some(Box::new(move |cmd| common::netns::enter(pid, cmd, None)));
         }
         let mut ed = Editor::start_with(opts);
         ed.drop_grace = Duration::from_secs(20);
@@ -734,6 +812,52 @@ fn vibe_works_armed_on_its_first_run_and_later() {
     first_and_later_runs(Agent::Vibe, ".vibe");
 }
 
+/// Every agent reaches its model as it reaches its real API: through the
+/// sandbox's proxy, to a host beyond a router (a network world of the
+/// test's own; no packet leaves this machine), with no question beyond the
+/// refused write, on its first run.
+#[cfg(target_os = "linux")]
+#[test]
+fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
+    if !ready() || !can_make_a_network_world() {
+        return;
+    }
+    for agent in Agent::ALL
+        .into_iter()
+        .filter(|a| *a != Agent::Vibe || vibe_ready())
+    {
+        let (host, internet) = common::netns::a_host_beyond_a_router();
+        let w = World::with_model_at(Some((internet.pid(), agent)));
+        let mut run = Run::new(agent, Launch::BinName);
+        run.host_ns = Some(host.pid());
+        armed_scenario(&w, &run, "proxy");
+        assert!(
+            w.model.requests_mentioning("proxy") > 0,
+            "{agent:?}: the model beyond the router was never asked"
+        );
+    }
+}
+
+/// `ip` and `unshare`, which the network world is made with.
+#[cfg(target_os = "linux")]
+fn can_make_a_network_world() -> bool {
+    let missing: Vec<&str> = ["ip", "unshare"]
+        .into_iter()
+        .filter(|tool| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    missing.is_empty()
+        || common::skip(&format!(
+            "the test's network world needs {}",
+            missing.join(", ")
+        ))
+}
+
 /// Whether scripts/test could install Mistral Vibe (it needs Python 3.12).
 fn vibe_ready() -> bool {
     Path::new(VIBE).join("bin/vibe-acp").exists()
@@ -761,17 +885,9 @@ fn without_the_sandbox_both_writes_land() {
     if !ready() {
         return;
     }
-    for agent in [
-        Agent::Codex,
-        Agent::Claude,
-        Agent::ClaudeLegacy,
-        Agent::Gemini,
-        Agent::Qwen,
-        Agent::OpenCode,
-        Agent::Vibe,
-    ]
-    .into_iter()
-    .filter(|a| *a != Agent::Vibe || vibe_ready())
+    for agent in Agent::ALL
+        .into_iter()
+        .filter(|a| *a != Agent::Vibe || vibe_ready())
     {
         let w = World::new();
         // Codex refuses a CODEX_HOME that does not exist; unarmed, nothing

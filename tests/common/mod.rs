@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[cfg(target_os = "linux")]
+pub mod netns;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
 
 /// Generous: CI machines are small and share their cores.
@@ -101,7 +104,14 @@ pub struct Options {
     /// Run the bridge, and the terminals this editor runs for it, as this
     /// user (uid, gid), with this copy of the binary (one the user can run).
     pub run_as: Option<(u32, u32, PathBuf)>,
+    /// Prepares the bridge's command before it starts (such as entering a
+    /// network namespace of the test's, see `netns`); what it returns is
+    /// kept open until the bridge has started.
+    pub prepare: Option<Prepare>,
 }
+
+/// See [`Options::prepare`].
+pub type Prepare = Box<dyn FnOnce(&mut Command) -> Vec<std::fs::File>>;
 
 impl Options {
     pub fn new(backend: Vec<String>) -> Self {
@@ -117,6 +127,7 @@ impl Options {
             #[cfg(target_os = "linux")]
             masked_proc: None,
             run_as: None,
+            prepare: None,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -134,7 +145,7 @@ impl Editor {
         Self::start_with(Options::new(backend))
     }
 
-    pub fn start_with(opts: Options) -> Editor {
+    pub fn start_with(mut opts: Options) -> Editor {
         let home = match (&opts.home_at, &opts.home_in) {
             (Some(at), _) => Home::At(at.clone()),
             (None, Some(dir)) => Home::Temp(tempfile::tempdir_in(dir).unwrap()),
@@ -169,7 +180,9 @@ impl Editor {
         if opts.outer_ns {
             in_outer_mount_ns(&mut cmd);
         }
+        let kept = opts.prepare.take().map(|prepare| prepare(&mut cmd));
         let mut child = cmd.spawn().expect("start zcode-acp");
+        drop(kept);
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
