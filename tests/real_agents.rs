@@ -131,9 +131,38 @@ impl World {
     /// (the default list reaches it), else the address in the egress list,
     /// as a user with a custom provider writes it.
     fn with_model_at(beyond: Option<(u32, Agent)>) -> World {
+        World::made(beyond, None)
+    }
+
+    /// As [`World::new`], for a user the test made: their home in their
+    /// directory, theirs.
+    #[cfg(target_os = "linux")]
+    fn for_user(user: &common::TestUser) -> World {
+        World::made(None, Some(user))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn made(beyond: Option<(u32, Agent)>, _user: Option<()>) -> World {
+        World::made_in(beyond, common::home_like_a_users("zcode-agents-"))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn made(beyond: Option<(u32, Agent)>, user: Option<&common::TestUser>) -> World {
+        let Some(user) = user else {
+            return World::made_in(beyond, common::home_like_a_users("zcode-agents-"));
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("home-")
+            .tempdir_in(&user.base)
+            .unwrap();
+        let w = World::made_in(beyond, dir);
+        user.own(&w.home);
+        w
+    }
+
+    fn made_in(beyond: Option<(u32, Agent)>, dir: tempfile::TempDir) -> World {
         // A user's home is not a temp directory: temp is writable by
         // design, so an "outside" there would prove nothing.
-        let dir = common::home_like_a_users("zcode-agents-");
         let home = std::fs::canonicalize(dir.path()).unwrap();
         assert!(!home.starts_with("/tmp") && !home.starts_with("/var/tmp"));
         let ws = home.join("src/project");
@@ -431,6 +460,9 @@ struct Run {
     /// The bridge starts in the network namespace of this test process
     /// (`netns::a_host_beyond_a_router`'s host).
     host_ns: Option<u32>,
+    /// The bridge runs as this user (uid, gid), with this copy of the
+    /// binary.
+    run_as: Option<(u32, u32, PathBuf)>,
 }
 
 impl Agent {
@@ -444,6 +476,18 @@ impl Agent {
         Agent::OpenCode,
         Agent::Vibe,
     ];
+
+    /// Where the agent keeps its state (made on its first run).
+    fn state_dir(self) -> &'static str {
+        match self {
+            Agent::Codex => ".codex",
+            Agent::Claude | Agent::ClaudeLegacy => ".claude",
+            Agent::Gemini => ".gemini",
+            Agent::Qwen => ".qwen",
+            Agent::OpenCode => ".local/share/opencode",
+            Agent::Vibe => ".vibe",
+        }
+    }
 
     /// Whether the tests point the agent at the mock with a base-URL
     /// variable its profile names (`policy::agents`), which the default
@@ -483,6 +527,7 @@ impl Run {
             extra_env: Vec::new(),
             bridge_args: Vec::new(),
             host_ns: None,
+            run_as: None,
         }
     }
 
@@ -490,7 +535,9 @@ impl Run {
         let mut opts = Options::new(backend(self.agent, self.launch, w));
         opts.clear_env = true;
         opts.home_at = Some(w.home.clone());
-        opts.outer_ns = true;
+        // (A mount namespace of its own is made after the switch to a
+        // user, which may not: a user's bridge starts in this one.)
+        opts.outer_ns = self.run_as.is_none();
         opts.timeout = SLOW;
         for (k, v) in agent_env(self.agent, w)
             .into_iter()
@@ -507,6 +554,7 @@ impl Run {
         for a in &self.bridge_args {
             opts = opts.arg(a);
         }
+        opts.run_as = self.run_as.clone();
         #[cfg(target_os = "linux")]
         if let Some(pid) = self.host_ns {
             opts.prepare = Some(Box::new(move |cmd| common::netns::enter(pid, cmd, None)));
@@ -834,6 +882,38 @@ fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
         assert!(
             w.model.requests_mentioning("proxy") > 0,
             "{agent:?}: the model beyond the router was never asked"
+        );
+    }
+}
+
+/// Each agent's first run for a user who is not root: their own home, the
+/// bridge and the agent run as them, the same scenario. (Mistral Vibe runs
+/// only where its Python is one such a user can run: a pyenv's under
+/// /root is not.)
+#[cfg(target_os = "linux")]
+#[test]
+fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
+    if !ready() {
+        return;
+    }
+    let user = common::TestUser::create();
+    for agent in Agent::ALL {
+        if agent == Agent::Vibe {
+            let python = std::fs::canonicalize(Path::new(VIBE).join("bin/python3"));
+            if !vibe_ready() || python.as_ref().map_or(true, |p| p.starts_with("/root")) {
+                println!("not as an unprivileged user: Mistral Vibe's Python ({python:?}) is out of its reach");
+                continue;
+            }
+        }
+        let w = World::for_user(&user);
+        assert!(!w.home.join(agent.state_dir()).exists());
+        let mut run = Run::new(agent, Launch::BinName);
+        run.run_as = Some((user.uid, user.gid, user.base.join("bin/zcode-acp")));
+        armed_scenario(&w, &run, "first");
+        assert!(
+            w.home.join(agent.state_dir()).is_dir(),
+            "{agent:?}: {} was made for the first run",
+            agent.state_dir()
         );
     }
 }
