@@ -6,10 +6,16 @@
 //! tool calls, so each agent runs its own shell and edit tools. Every run
 //! starts from an empty environment with the test's own home.
 //!
-//! The agents are pinned in tests/agents/package.json and installed by
-//! `.ci/run` (`npm ci --prefix tests/agents`).
+//! The seven agents (tests/support/agents.rs) are pinned in
+//! tests/agents/package.json and tests/agents/vibe-requirements.txt and
+//! installed by scripts/test. One scenario puts the model on a host beyond
+//! a router, in network namespaces of the test's own
+//! (tests/common/netns.rs), which the agent reaches through the sandbox's
+//! proxy.
 #![cfg(target_os = "linux")]
 
+#[path = "support/agents.rs"]
+mod agents;
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -17,14 +23,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use agents::{agent_env, backend, readme_backend, Agent, Launch, AGENTS, VIBE};
 use common::{Editor, Options, BIN};
 use serde_json::{json, Value};
 
-const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/node_modules");
 /// The model's address in the proxy scenario (`netns::a_host_beyond_a_router`).
 const BEYOND_A_ROUTER: &str = "198.51.100.2";
-/// Mistral Vibe's virtual environment (scripts/test makes it).
-const VIBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/vibe");
 const MOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mock_model.py");
 /// Real agents start slower than the fixtures, and CI shares two cores.
 const SLOW: Duration = Duration::from_secs(90);
@@ -69,7 +73,6 @@ impl Model {
             .arg(address)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        #[cfg(target_os = "linux")]
         let _entered = beyond.map(|pid| common::netns::enter(pid, &mut cmd, None));
         let mut child = cmd.spawn().expect("start the mock model");
         let mut line = String::new();
@@ -136,17 +139,10 @@ impl World {
 
     /// As [`World::new`], for a user the test made: their home in their
     /// directory, theirs.
-    #[cfg(target_os = "linux")]
     fn for_user(user: &common::TestUser) -> World {
         World::made(None, Some(user))
     }
 
-    #[cfg(not(target_os = "linux"))]
-    fn made(beyond: Option<(u32, Agent)>, _user: Option<()>) -> World {
-        World::made_in(beyond, common::home_like_a_users("zcode-agents-"))
-    }
-
-    #[cfg(target_os = "linux")]
     fn made(beyond: Option<(u32, Agent)>, user: Option<&common::TestUser>) -> World {
         let Some(user) = user else {
             return World::made_in(beyond, common::home_like_a_users("zcode-agents-"));
@@ -200,86 +196,6 @@ impl World {
     }
 }
 
-// ---- The agents
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Agent {
-    Codex,
-    Claude,
-    /// `@zed-industries/claude-code-acp` 0.16.2, the adapter Zed installed
-    /// before the rename (still on many machines): Claude Code 2.1.44, run
-    /// as `node .../claude-agent-sdk/cli.js`, which saves `~/.claude.json`
-    /// through a temporary file opened with `O_CREAT|O_TRUNC`.
-    ClaudeLegacy,
-    Gemini,
-    /// Qwen Code 0.15.10, the last release that runs on Node 20.
-    Qwen,
-    /// OpenCode, a native binary (no `node` launch form).
-    OpenCode,
-    /// Mistral Vibe 2.26.1, a Python package (3.0 pins a certifi the
-    /// registry does not have).
-    Vibe,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Launch {
-    /// The package's bin name, found on PATH (an npm `.bin` shim).
-    BinName,
-    /// `node <prefix>/<package>/<script>`, as editors start npm agents.
-    NodeScript,
-}
-
-/// The backend command as the README's `agent_servers` blocks give it.
-/// Codex's own sandbox is turned off: it cannot nest inside ours, and ours
-/// is the one that holds.
-fn readme_backend(agent: Agent, launch: Launch) -> Vec<String> {
-    let mut argv: Vec<String> = match (agent, launch) {
-        (Agent::Codex, Launch::BinName) => vec!["codex-acp".into()],
-        (Agent::Codex, Launch::NodeScript) => vec![
-            "node".into(),
-            format!("{AGENTS}/@zed-industries/codex-acp/bin/codex-acp.js"),
-        ],
-        (Agent::Claude, Launch::BinName) => vec!["claude-agent-acp".into()],
-        (Agent::Claude, Launch::NodeScript) => vec![
-            "node".into(),
-            format!("{AGENTS}/@agentclientprotocol/claude-agent-acp/dist/index.js"),
-        ],
-        (Agent::Gemini, Launch::BinName) => vec!["gemini".into(), "--acp".into()],
-        (Agent::Gemini, Launch::NodeScript) => vec![
-            "node".into(),
-            format!("{AGENTS}/@google/gemini-cli/bundle/gemini.js"),
-            "--acp".into(),
-        ],
-        (Agent::Vibe, Launch::BinName) => vec!["vibe-acp".into()],
-        // Its script by its interpreter, as `uv run` or an editor starts it.
-        (Agent::Vibe, Launch::NodeScript) => vec![
-            format!("{VIBE}/bin/python3"),
-            format!("{VIBE}/bin/vibe-acp"),
-        ],
-        (Agent::OpenCode, Launch::BinName) => vec!["opencode".into(), "acp".into()],
-        // Its binary by its path, as a release download is started.
-        (Agent::OpenCode, Launch::NodeScript) => vec![
-            format!("{AGENTS}/opencode-ai/bin/opencode.exe"),
-            "acp".into(),
-        ],
-        (Agent::Qwen, Launch::BinName) => vec!["qwen".into(), "--acp".into()],
-        (Agent::Qwen, Launch::NodeScript) => vec![
-            "node".into(),
-            format!("{AGENTS}/@qwen-code/qwen-code/cli.js"),
-            "--acp".into(),
-        ],
-        (Agent::ClaudeLegacy, Launch::BinName) => vec!["claude-code-acp".into()],
-        (Agent::ClaudeLegacy, Launch::NodeScript) => vec![
-            "node".into(),
-            format!("{AGENTS}/@zed-industries/claude-code-acp/dist/index.js"),
-        ],
-    };
-    if agent == Agent::Codex {
-        argv.extend(["-c".into(), "sandbox_mode=\"danger-full-access\"".into()]);
-    }
-    argv
-}
-
 /// The README's quick-start `agent_servers` blocks for codex and Claude
 /// are the commands these tests run (read from the README itself, so the
 /// two cannot drift apart).
@@ -304,149 +220,6 @@ fn the_readmes_zed_blocks_are_the_ones_tested() {
     }
 }
 
-/// The backend command for a test: the README's, pointed at the mock
-/// model (codex is told through `-c`, so its state directory need not
-/// exist before its first run).
-fn backend(agent: Agent, launch: Launch, w: &World) -> Vec<String> {
-    let mut argv = readme_backend(agent, launch);
-    if agent == Agent::Qwen {
-        // Its OpenAI-compatible provider, as `qwen auth` would choose it.
-        argv.extend(["--auth-type".into(), "openai".into()]);
-    }
-    if agent == Agent::Codex {
-        for c in [
-            "model=\"gpt-5.2-codex\"".to_owned(),
-            "model_provider=\"mock\"".to_owned(),
-            format!(
-                "model_providers.mock={{name=\"mock\",base_url=\"{}/v1\",wire_api=\"responses\",env_key=\"MOCK_API_KEY\"}}",
-                w.model.url()
-            ),
-            "approval_policy=\"never\"".to_owned(),
-        ] {
-            argv.extend(["-c".into(), c]);
-        }
-    }
-    argv
-}
-
-/// The agent's environment: only what a user's editor would pass, with
-/// the test's home and a dummy key for the mock.
-fn agent_env(agent: Agent, w: &World) -> Vec<(String, String)> {
-    let node_dir = Path::new(&which("node")).parent().unwrap().to_owned();
-    let mut env = vec![(
-        "PATH".to_owned(),
-        format!(
-            "{AGENTS}/.bin:{VIBE}/bin:{}:/usr/local/bin:/usr/bin:/bin",
-            node_dir.display()
-        ),
-    )];
-    match agent {
-        Agent::Codex => {
-            env.push((
-                "CODEX_HOME".into(),
-                w.home.join(".codex").display().to_string(),
-            ));
-            env.push(("MOCK_API_KEY".into(), "dummy".into()));
-        }
-        Agent::Vibe => {
-            env.push(("MISTRAL_API_KEY".into(), "dummy".into()));
-            // Its Mistral provider pointed at the mock, by its settings'
-            // environment layer, so that its first run has no config file.
-            let providers = json!([{
-                "name": "mistral",
-                "api_base": format!("{}/v1", w.model.url()),
-                "api_key_env_var": "MISTRAL_API_KEY",
-                "backend": "mistral",
-            }]);
-            env.push(("VIBE_PROVIDERS".into(), providers.to_string()));
-            // Its own service (managed config, sessions) at the mock too,
-            // and no telemetry or experiments: nothing leaves here.
-            for key in ["VIBE_VIBE_BASE_URL", "VIBE_VIBE_CODE_SESSIONS_BASE_URL"] {
-                env.push((key.into(), w.model.url()));
-            }
-            env.push(("VIBE_ENABLE_TELEMETRY".into(), "false".into()));
-        }
-        Agent::OpenCode => {
-            // The mock as an OpenAI-compatible provider, given inline so
-            // that its first run has no config file.
-            let config = json!({
-                "model": "mock/mock-model",
-                "autoupdate": false,
-                "share": "disabled",
-                "provider": {"mock": {
-                    "npm": "@ai-sdk/openai-compatible",
-                    "name": "Mock",
-                    "options": {"baseURL": format!("{}/v1", w.model.url()), "apiKey": "dummy"},
-                    "models": {"mock-model": {"name": "Mock", "tool_call": true}},
-                }},
-            });
-            env.push(("OPENCODE_CONFIG_CONTENT".into(), config.to_string()));
-            env.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
-            env.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
-            // It installs its plugin package with npm at start: from the
-            // cache only, and from no registry, so nothing leaves here.
-            env.push(("npm_config_offline".into(), "true".into()));
-            env.push(("npm_config_registry".into(), "http://127.0.0.1:9/".into()));
-        }
-        Agent::Qwen => {
-            env.push(("OPENAI_BASE_URL".into(), format!("{}/v1", w.model.url())));
-            env.push(("OPENAI_API_KEY".into(), "dummy".into()));
-            env.push(("OPENAI_MODEL".into(), "qwen3-coder-plus".into()));
-            // Its usage statistics go to a host of Alibaba's RUM service,
-            // which the sandbox asks about (docs/agents.md); off here, from
-            // the system settings, so that its first run has no state.
-            env.push(system_settings(
-                w,
-                "QWEN_CODE_SYSTEM_SETTINGS_PATH",
-                "qwen-system-settings.json",
-            ));
-        }
-        Agent::Gemini => {
-            env.push(("GOOGLE_GEMINI_BASE_URL".into(), w.model.url()));
-            env.push(("GEMINI_API_KEY".into(), "dummy".into()));
-            // Its usage statistics go to play.googleapis.com, which the
-            // sandbox asks about (docs/agents.md); off here, from the system
-            // settings, so that its first run has no state.
-            env.push(system_settings(
-                w,
-                "GEMINI_CLI_SYSTEM_SETTINGS_PATH",
-                "gemini-system-settings.json",
-            ));
-        }
-        Agent::Claude | Agent::ClaudeLegacy => {
-            env.push(("ANTHROPIC_BASE_URL".into(), w.model.url()));
-            env.push(("ANTHROPIC_API_KEY".into(), "dummy".into()));
-            env.push((
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
-                "1".into(),
-            ));
-            // Claude refuses to run as root unless told it is sandboxed.
-            env.push(("IS_SANDBOX".into(), "1".into()));
-        }
-    }
-    env
-}
-
-/// A system settings file (of Gemini CLI's kind) that turns usage
-/// statistics off, and the variable that names it.
-fn system_settings(w: &World, variable: &str, name: &str) -> (String, String) {
-    let settings = w.home.join(name);
-    std::fs::write(
-        &settings,
-        r#"{"privacy": {"usageStatisticsEnabled": false}}"#,
-    )
-    .unwrap();
-    (variable.to_owned(), settings.display().to_string())
-}
-
-fn which(program: &str) -> String {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 struct Run {
     agent: Agent,
     launch: Launch,
@@ -465,58 +238,6 @@ struct Run {
     run_as: Option<(u32, u32, PathBuf)>,
 }
 
-impl Agent {
-    /// Every agent the tests drive.
-    const ALL: [Agent; 7] = [
-        Agent::Codex,
-        Agent::Claude,
-        Agent::ClaudeLegacy,
-        Agent::Gemini,
-        Agent::Qwen,
-        Agent::OpenCode,
-        Agent::Vibe,
-    ];
-
-    /// Where the agent keeps its state (made on its first run).
-    fn state_dir(self) -> &'static str {
-        match self {
-            Agent::Codex => ".codex",
-            Agent::Claude | Agent::ClaudeLegacy => ".claude",
-            Agent::Gemini => ".gemini",
-            Agent::Qwen => ".qwen",
-            Agent::OpenCode => ".local/share/opencode",
-            Agent::Vibe => ".vibe",
-        }
-    }
-
-    /// Whether the tests point the agent at the mock with a base-URL
-    /// variable its profile names (`policy::agents`), which the default
-    /// list reaches with no question.
-    fn model_url_in_its_env(self) -> bool {
-        matches!(
-            self,
-            Agent::Claude | Agent::ClaudeLegacy | Agent::Gemini | Agent::Qwen
-        )
-    }
-
-    /// Whether the agent shows its shell tool's output to the editor, where
-    /// the bridge reads a refused write and offers it. Gemini CLI 0.61
-    /// does not (its shell's `tool_call_update` carries no content), so
-    /// its refused writes are refused on disk but not offered.
-    fn shows_shell_output(self) -> bool {
-        self != Agent::Gemini
-    }
-
-    /// Whether the agent can make a new file through an editor that
-    /// answers a read of a missing file with an error. Gemini CLI 0.61
-    /// cannot: it tells a missing file from other errors by the error's
-    /// class, which a JSON-RPC error object never has ("Error checking
-    /// existing file"), so its tests offer it no editor writes.
-    fn creates_through_the_editor(self) -> bool {
-        self != Agent::Gemini
-    }
-}
-
 impl Run {
     fn new(agent: Agent, launch: Launch) -> Run {
         Run {
@@ -532,14 +253,14 @@ impl Run {
     }
 
     fn start(&self, w: &World) -> Editor {
-        let mut opts = Options::new(backend(self.agent, self.launch, w));
+        let mut opts = Options::new(backend(self.agent, self.launch, &w.model.url()));
         opts.clear_env = true;
         opts.home_at = Some(w.home.clone());
         // (A mount namespace of its own is made after the switch to a
         // user, which may not: a user's bridge starts in this one.)
         opts.outer_ns = self.run_as.is_none();
         opts.timeout = SLOW;
-        for (k, v) in agent_env(self.agent, w)
+        for (k, v) in agent_env(self.agent, &w.home, &w.model.url())
             .into_iter()
             .chain(self.extra_env.clone())
         {
@@ -555,7 +276,6 @@ impl Run {
             opts = opts.arg(a);
         }
         opts.run_as = self.run_as.clone();
-        #[cfg(target_os = "linux")]
         if let Some(pid) = self.host_ns {
             opts.prepare = Some(Box::new(move |cmd| common::netns::enter(pid, cmd, None)));
         }
@@ -864,7 +584,6 @@ fn vibe_works_armed_on_its_first_run_and_later() {
 /// sandbox's proxy, to a host beyond a router (a network world of the
 /// test's own; no packet leaves this machine), with no question beyond the
 /// refused write, on its first run.
-#[cfg(target_os = "linux")]
 #[test]
 fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
     if !ready() || !can_make_a_network_world() {
@@ -890,7 +609,6 @@ fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
 /// bridge and the agent run as them, the same scenario. (Mistral Vibe runs
 /// only where its Python is one such a user can run: a pyenv's under
 /// /root is not.)
-#[cfg(target_os = "linux")]
 #[test]
 fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
     if !ready() {
@@ -919,7 +637,6 @@ fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
 }
 
 /// `ip` and `unshare`, which the network world is made with.
-#[cfg(target_os = "linux")]
 fn can_make_a_network_world() -> bool {
     let missing: Vec<&str> = ["ip", "unshare"]
         .into_iter()
@@ -1213,7 +930,7 @@ fn client(agent: Agent, w: &World) -> Command {
     cmd.env_clear()
         .env("HOME", &w.home)
         .env("ZCODE_ACP_SANDBOX", "1");
-    for (k, v) in agent_env(agent, w) {
+    for (k, v) in agent_env(agent, &w.home, &w.model.url()) {
         cmd.env(k, v);
     }
     cmd
@@ -1228,7 +945,7 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
         let w = World::new();
         let writes = Writes::new(&w, "acpx");
         let mut line = vec![BIN.to_owned(), "--".to_owned()];
-        line.extend(backend(agent, Launch::BinName, &w));
+        line.extend(backend(agent, Launch::BinName, &w.model.url()));
         // acpx splits --agent as a shell would: an argument with spaces or
         // double quotes (codex's TOML values) goes in single quotes.
         let agent_line = line
@@ -1313,7 +1030,7 @@ fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
     let w = World::new();
     let writes = Writes::new(&w, "sdk");
     let mut argv = vec![BIN.to_owned(), "--".to_owned()];
-    argv.extend(backend(Agent::Claude, Launch::NodeScript, &w));
+    argv.extend(backend(Agent::Claude, Launch::NodeScript, &w.model.url()));
     let out = client(Agent::Claude, &w)
         .arg(sdk.join("real_agent.mjs"))
         .arg(&w.ws)
