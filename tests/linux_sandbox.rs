@@ -196,7 +196,13 @@ fn places() -> Places {
 }
 
 fn places_in(parent: &Path) -> Places {
-    let dir = tempfile::tempdir_in(parent).unwrap();
+    // A name of its own, not hidden as tempfile's `.tmpXXXX` is: a user's
+    // projects are not (and `run` suggests no --allow beneath a hidden
+    // directory).
+    let dir = tempfile::Builder::new()
+        .prefix("zcode-places-")
+        .tempdir_in(parent)
+        .unwrap();
     let base = std::fs::canonicalize(dir.path()).unwrap();
     let ws = base.join("ws");
     let outside = base.join("outside");

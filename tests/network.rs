@@ -494,6 +494,13 @@ fn defaults_and_allows(user: Option<&TestUser>) {
     let names = names_asked(&world);
     assert!(names.contains("printer.lan"), "{names}");
     assert!(!names.contains("secret-token"), "a name left: {names}");
+    // Nor does the open LAN open its name server, which would look up any
+    // name for the agent (DNS over TCP through the proxy).
+    assert!(
+        r["resolver"].starts_with(REFUSED) && r["resolver"].contains("name server"),
+        "{}",
+        r["resolver"]
+    );
 
     // An egress list: the name server is out of reach (it would look up
     // any name, and carry it out), and a name outside the list is not

@@ -351,6 +351,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let argv = confinement
         .wrap(&command(&args), Launch::Backend)
         .map_err(cannot_arm)?;
+    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
+    let watcher = Audit::watch(&audit);
+    // Raised first: a ^C or SIGTERM while the log starts is held for the
+    // command, and never leaves `log stream` behind.
+    let shield = super::shield::Shield::raise()?;
     // The command's refused writes are named when it ends, from the
     // system log (read from before the command starts).
     let fence = |path: &std::path::Path| make_fence(&confinement, path);
@@ -370,9 +375,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         _ => None,
     };
-    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
-    let watcher = Audit::watch(&audit);
-    let shield = super::shield::Shield::raise()?;
     let old = shield.old;
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);

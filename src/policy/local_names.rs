@@ -11,6 +11,11 @@
 //! a name in `/etc/hosts`, or one under a search domain of
 //! `/etc/resolv.conf` (its own network's). Every other name outside the
 //! egress list is put to the user before it is resolved.
+//!
+//! What this does not know: a search domain that is a public suffix
+//! (`co.uk`, set by a DHCP server or a VPN) makes every name under it
+//! local; and a single label or a `.local` name is asked of the whole LAN
+//! (LLMNR, mDNS), where a host of the attacker's could hear it.
 
 use std::collections::HashSet;
 
@@ -72,9 +77,17 @@ impl LocalNames {
     }
 
     /// Whether `name` is answered only by this machine or its network.
+    /// Only a name of plain letters, digits, `-`, `_` and dots can be: a
+    /// resolver may map other characters to dots (`。`, U+3002, is one
+    /// under IDNA), turning what looks like a single label into
+    /// `secret.attacker.example`.
     pub fn is_local(&self, name: &str) -> bool {
         let name = normal(name);
-        if name.is_empty() {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
             return false;
         }
         let under = |domain: &str| {
@@ -131,6 +144,11 @@ mod tests {
             "lan.evil.example",
             "",
             ".",
+            // Dots a resolver's IDNA maps to `.`.
+            "secret\u{3002}attacker\u{3002}example",
+            "secret\u{ff0e}attacker\u{ff0e}example",
+            "secret\u{ff61}attacker",
+            "printer%2eattacker",
         ] {
             assert!(!local.is_local(name), "{name}");
         }

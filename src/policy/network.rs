@@ -224,26 +224,39 @@ impl NetworkPolicy {
         resolvers: &[IpAddr],
     ) -> Verdict {
         let zone = zone(addr, own);
-        // The name servers, on port 53 only, whatever their zone (a stub
-        // resolver on 127.0.0.53, one on the LAN), but only while egress
-        // is allowed: a resolver looks up any name it is asked (DNS over
-        // TCP through the proxy), so with an egress list it would resolve,
-        // and carry out, the names the list keeps from being resolved.
-        if port == 53 && self.egress == Egress::Allow && resolvers.contains(&canonical(addr)) {
-            return Verdict::Allow;
-        }
-        let allowed = match zone {
-            Zone::HostLoopback => match &self.host_loopback {
-                HostLoopback::Allow => true,
-                HostLoopback::Ports(ports) => is_loopback(addr) && ports.contains(&port),
-                HostLoopback::Deny => false,
-            },
-            Zone::Lan => self.lan == Lan::Allow,
-            Zone::Public => match &self.egress {
+        let resolver = port == 53 && resolvers.contains(&canonical(addr));
+        // The name servers, on port 53, whatever their zone (a stub
+        // resolver on 127.0.0.53, one on the LAN), while egress is allowed.
+        // With an egress list only when named themselves (in the list, or
+        // port 53 of the loopback): a resolver looks up any name it is
+        // asked (DNS over TCP through the proxy), so it would resolve, and
+        // carry out, the names the list keeps from being resolved; an open
+        // LAN does not open that.
+        if resolver {
+            let named = match &self.egress {
                 Egress::Allow => true,
-                Egress::Hosts(patterns) => self.listed_host(patterns, host, port),
-            },
-        };
+                Egress::Hosts(patterns) => {
+                    patterns.iter().any(|p| host_matches(p, host))
+                        || matches!(&self.host_loopback, HostLoopback::Ports(p) if p.contains(&53) && is_loopback(addr))
+                }
+            };
+            if named {
+                return Verdict::Allow;
+            }
+        }
+        let allowed = !resolver
+            && match zone {
+                Zone::HostLoopback => match &self.host_loopback {
+                    HostLoopback::Allow => true,
+                    HostLoopback::Ports(ports) => is_loopback(addr) && ports.contains(&port),
+                    HostLoopback::Deny => false,
+                },
+                Zone::Lan => self.lan == Lan::Allow,
+                Zone::Public => match &self.egress {
+                    Egress::Allow => true,
+                    Egress::Hosts(patterns) => self.listed_host(patterns, host, port),
+                },
+            };
         if allowed {
             return Verdict::Allow;
         }

@@ -405,10 +405,22 @@ fn the_resolver_is_reachable_on_53_only_while_egress_is_allowed() {
             Verdict::Allow => panic!("{a}:53 is reachable with an egress list"),
         }
     }
-    // Unless the table opens its zone or lists it.
+    // An open LAN does not open its name server (it would resolve any name
+    // for the agent, DNS over TCP through the proxy).
     let lan = NetworkPolicy::parse(&json!({"egress": [], "lan": "allow"})).unwrap();
-    assert_eq!(
+    assert!(matches!(
         lan.decide("10.0.0.53", 53, ip("10.0.0.53"), &[], &resolvers),
+        Verdict::Deny { .. }
+    ));
+    assert_eq!(
+        lan.decide("10.0.0.54", 53, ip("10.0.0.54"), &[], &resolvers),
+        Verdict::Allow,
+        "another LAN host's port 53 is the LAN's"
+    );
+    // Named itself, it is reachable: in the list, or loopback port 53.
+    let port = NetworkPolicy::parse(&json!({"egress": [], "hostLoopback": [53]})).unwrap();
+    assert_eq!(
+        port.decide("127.0.0.53", 53, ip("127.0.0.53"), &[], &resolvers),
         Verdict::Allow
     );
     let public = NetworkPolicy::parse(&json!({"egress": ["9.9.9.9"]})).unwrap();

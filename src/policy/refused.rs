@@ -100,12 +100,10 @@ impl Refusals {
             }
             dirs.insert(dir.to_path_buf());
         }
-        let suggested = |d: &PathBuf| {
-            !d.to_string_lossy().chars().any(char::is_control)
-                && crate::policy::offerable::never_granted(d, home).is_none()
-                && d != Path::new("/")
-                && !SYSTEM_DIRS.iter().any(|s| d.starts_with(s))
-        };
+        let path_dirs: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| folded(&d)).collect())
+            .unwrap_or_default();
+        let suggested = |d: &PathBuf| suggestible(d, home, &path_dirs);
         let kept = dirs.len();
         let allows: Vec<String> = dirs
             .iter()
@@ -114,7 +112,7 @@ impl Refusals {
             .map(|d| format!("--allow {}", shell_word(d)))
             .collect();
         let withheld = if allows.len() < kept.min(3) {
-            " (nothing is suggested for your home directory itself, its keys and startup files, or system directories: opening them is yours to decide)"
+            " (nothing is suggested for your home directory itself, hidden directories (keys, startup files, tools' settings), directories on PATH, or system directories: opening them is yours to decide)"
         } else {
             ""
         };
@@ -138,14 +136,56 @@ impl Refusals {
     }
 }
 
-/// `path` for a terminal: control characters (a newline, an escape
-/// sequence in a name the command chose) written out, never sent.
+/// Whether `--allow dir` may be suggested: never for a place zcode-acp
+/// never grants (`/`, the home directory or above it, its keys and startup
+/// files), a hidden directory or one beneath it (tools' settings and hooks:
+/// `~/.config/git`, `~/.docker`, an agent's), a directory on PATH (what is
+/// put there runs outside the sandbox), `~/bin`, or a system directory.
+/// Compared without case where the disk ignores it (macOS), so that
+/// `/USERS/me/.SSH` is `~/.ssh`.
+fn suggestible(dir: &Path, home: Option<&Path>, path_dirs: &[PathBuf]) -> bool {
+    let d = folded(dir);
+    let home = home.map(folded);
+    let hidden = d.components().any(
+        |c| matches!(c, std::path::Component::Normal(n) if n.to_string_lossy().starts_with('.')),
+    );
+    !dir.to_string_lossy().chars().any(unsafe_to_show)
+        && crate::policy::offerable::never_granted(&d, home.as_deref()).is_none()
+        && d != Path::new("/")
+        && !hidden
+        && !path_dirs.iter().any(|p| p == &d)
+        && home.as_ref().is_none_or(|h| d != h.join("bin"))
+        && !SYSTEM_DIRS
+            .iter()
+            .any(|s| d.starts_with(folded(Path::new(s))))
+}
+
+/// `path` as the disk compares it: case folded on macOS.
+fn folded(path: &Path) -> PathBuf {
+    if cfg!(target_os = "macos") {
+        PathBuf::from(path.to_string_lossy().to_lowercase())
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Characters that must not reach a terminal as they are: controls (a
+/// newline, an escape sequence) and the invisible ones that reorder or hide
+/// text (bidirectional overrides, zero-width characters).
+fn unsafe_to_show(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{061C}' | '\u{FEFF}')
+}
+
+/// `path` for a terminal, as one shell word: quoted when it holds anything
+/// but plain characters, so a name the command chose cannot pass for the
+/// line's own words, and with unsafe characters written out, never sent.
 fn shown(path: &Path) -> String {
-    let text = path.display().to_string();
-    if text.chars().any(char::is_control) {
-        text.chars()
+    let word = shell_word(path);
+    if word.chars().any(unsafe_to_show) {
+        word.chars()
             .map(|c| {
-                if c.is_control() {
+                if unsafe_to_show(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()
@@ -153,7 +193,7 @@ fn shown(path: &Path) -> String {
             })
             .collect()
     } else {
-        text
+        word
     }
 }
 
@@ -174,11 +214,20 @@ fn shell_word(path: &Path) -> String {
 mod tests {
     use super::*;
 
+    /// A temporary directory whose own name is not hidden (tempfile's
+    /// default, `.tmpXXXX`, is: nothing beneath it would be suggested).
+    fn visible_tempdir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("zcode-refused-")
+            .tempdir()
+            .unwrap()
+    }
+
     #[test]
     fn the_line_names_the_paths_and_the_allow_that_opens_them() {
         let mut r = Refusals::default();
         assert!(r.line(None).is_none());
-        let t = tempfile::tempdir().unwrap();
+        let t = visible_tempdir();
         let dir = t.path().join("it's here");
         std::fs::create_dir(&dir).unwrap();
         r.paths.insert(dir.join("not/yet/x"));
@@ -206,7 +255,7 @@ mod tests {
     /// suggested.
     #[test]
     fn no_suggestion_opens_the_home_its_keys_or_the_system() {
-        let t = tempfile::tempdir().unwrap();
+        let t = visible_tempdir();
         let home = t.path().join("home");
         for d in [".ssh", ".config/autostart", "projects"] {
             std::fs::create_dir_all(home.join(d)).unwrap();
@@ -242,5 +291,46 @@ mod tests {
         let line = r.line(None).unwrap();
         assert!(!line.chars().any(|c| c.is_control()), "{line:?}");
         assert!(line.contains("evil\\n\\u{1b}[2Kfake"), "{line}");
+    }
+
+    /// A refused name chosen to read as the line's own words, or to hide
+    /// itself, stays one quoted word; and what would run outside the
+    /// sandbox later (a hidden directory's hooks, a directory on PATH,
+    /// ~/bin) is never suggested.
+    #[test]
+    fn a_name_cannot_pass_for_the_line_s_words_nor_invite_a_later_escape() {
+        let t = visible_tempdir();
+        let home = t.path().join("home");
+        for d in [".config/git", ".local/bin", "bin", "tools/bin", "work"] {
+            std::fs::create_dir_all(home.join(d)).unwrap();
+        }
+        let mut r = Refusals::default();
+        let spoof =
+            home.join("work/x); to let a run write there: zcode-acp run --allow ~ -- make (y");
+        r.paths.insert(spoof.clone());
+        r.paths.insert(home.join("work/\u{202E}txt.exe"));
+        let line = r.line(Some(&home)).unwrap();
+        assert!(line.contains("'"), "{line}");
+        assert!(
+            !line.contains('\u{202E}') && line.contains("\\u{202e}"),
+            "{line}"
+        );
+        // The forged words stay inside the name's quotes.
+        assert!(line.contains(&format!("'{}'", spoof.display())), "{line}");
+        assert!(
+            line.contains(&format!("--allow {}", home.join("work").display())),
+            "{line}"
+        );
+
+        let path_dirs = vec![home.join("tools/bin")];
+        for d in [".config/git", ".local/bin", "bin", "tools/bin"] {
+            assert!(!suggestible(&home.join(d), Some(&home), &path_dirs), "{d}");
+        }
+        assert!(suggestible(&home.join("work"), Some(&home), &path_dirs));
+        if cfg!(target_os = "macos") {
+            let shouted = PathBuf::from(home.to_string_lossy().to_uppercase());
+            assert!(!suggestible(&shouted.join(".SSH"), Some(&home), &[]));
+            assert!(!suggestible(&shouted, Some(&home), &[]));
+        }
     }
 }

@@ -37,18 +37,38 @@ pub enum LogError {
 
 /// A `log stream` child, read on a thread of its own, fenced as above.
 pub struct RefusalLog {
+    /// The watchdog shell whose child `log` is (see [`watched`]).
     child: Child,
     lines: Receiver<String>,
     tag: String,
-    /// The fences' names in the private directory: `{fence}-{n}`.
-    fence: String,
     dir: PathBuf,
-    fences: u32,
+    /// Every fence made so far, by name, each drawn at random when it is
+    /// made: the closing one exists only once the command has ended, so
+    /// nothing it left behind can make it first.
+    fences: Vec<String>,
 }
+
+/// Lines waiting to be read at most: past it the reader waits (and so does
+/// `log`), so a flood costs no memory.
+const QUEUED: usize = 4096;
+
+/// Refusals kept at most (`policy::refused` names a few and counts the
+/// rest).
+const KEPT: usize = 8192;
 
 impl Drop for RefusalLog {
     fn drop(&mut self) {
-        // Ours, by its handle (it cannot have been reaped by anyone else).
+        // SIGTERM to the watchdog (ours, by its pid), which ends `log`
+        // and exits; SIGKILL if it has not within a second.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -59,6 +79,24 @@ impl Drop for RefusalLog {
 pub struct Read {
     pub refused: Vec<Violation>,
     pub whole: bool,
+}
+
+/// `argv` under a watchdog shell that ends it when this process is gone
+/// (a `zcode-acp run` killed with SIGKILL would otherwise leave `log
+/// stream` waiting forever for a tag nobody logs again), or when told to
+/// with SIGTERM.
+fn watched(argv: &[String]) -> Vec<String> {
+    const WATCHDOG: &str = r#""$@" & child=$!
+trap 'kill "$child" 2>/dev/null; exit 0' TERM
+while kill -0 "$PPID" 2>/dev/null && kill -0 "$child" 2>/dev/null; do
+  sleep 1 & wait $!
+done
+kill "$child" 2>/dev/null"#;
+    ["/bin/sh", "-c", WATCHDOG, "sh"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(argv.iter().cloned())
+        .collect()
 }
 
 impl RefusalLog {
@@ -81,17 +119,29 @@ impl RefusalLog {
         make_fence: &dyn Fn(&Path),
     ) -> Result<RefusalLog, LogError> {
         use std::os::unix::process::CommandExt;
-        let mut child = std::process::Command::new(&argv[0])
-            .args(&argv[1..])
+        let argv = watched(argv);
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             // Its own group: a ^C at the terminal is the command's, and
             // must not end the reading before the closing fence.
-            .process_group(0)
+            .process_group(0);
+        // SAFETY: only the signal mask is set in the child, with a call
+        // that is async-signal-safe: `run` holds its signals blocked, and
+        // the watchdog must get its SIGTERM.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::signal::SigSet::empty()
+                    .thread_set_mask()
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd
             .spawn()
-            .map_err(|e| LogError::Start(argv[0].clone(), e))?;
-        let (tx, lines) = mpsc::channel();
+            .map_err(|e| LogError::Start(argv[4].clone(), e))?;
+        let (tx, lines) = mpsc::sync_channel(QUEUED);
         if let Some(stdout) = child.stdout.take() {
             std::thread::spawn(move || {
                 for line in std::io::BufReader::new(stdout).lines() {
@@ -106,9 +156,8 @@ impl RefusalLog {
             child,
             lines,
             tag: tag.to_owned(),
-            fence: format!(".refused-fence-{:016x}", rand::random::<u64>()),
             dir: dir.to_path_buf(),
-            fences: 0,
+            fences: Vec::new(),
         };
         let deadline = Instant::now() + FENCE_WAIT;
         while Instant::now() < deadline {
@@ -125,47 +174,51 @@ impl RefusalLog {
     /// Makes the closing fence and reads until it is reported (or
     /// [`FENCE_WAIT`] passed).
     pub fn finish(mut self, make_fence: &dyn Fn(&Path)) -> Read {
-        let last = self.fences;
-        self.make(make_fence);
+        let closing = self.make(make_fence);
         let mut refused = Vec::new();
-        let whole = self.read_until(Instant::now() + FENCE_WAIT, |n| n == last, &mut refused);
+        let whole = self.read_until(
+            Instant::now() + FENCE_WAIT,
+            |name| name == closing,
+            &mut refused,
+        );
         Read { refused, whole }
     }
 
-    fn make(&mut self, make_fence: &dyn Fn(&Path)) {
-        make_fence(&self.dir.join(format!("{}-{}", self.fence, self.fences)));
-        self.fences += 1;
+    /// Makes a fence of a new name; returns the name.
+    fn make(&mut self, make_fence: &dyn Fn(&Path)) -> String {
+        let name = format!(".refused-fence-{:016x}", rand::random::<u64>());
+        make_fence(&self.dir.join(&name));
+        self.fences.push(name.clone());
+        name
     }
 
-    /// Reads refusals into `refused` until a fence whose number `done`
-    /// accepts is reported (true) or `until` passes (false). Fences are
-    /// known by their name, which no command can guess.
+    /// Reads refusals into `refused` (at most [`KEPT`]) until a fence
+    /// `done` accepts is reported (true) or `until` passes (false), however
+    /// many lines are waiting.
     fn read_until(
         &mut self,
         until: Instant,
-        done: impl Fn(u32) -> bool,
+        done: impl Fn(&str) -> bool,
         refused: &mut Vec<Violation>,
     ) -> bool {
-        let prefix = format!("{}-", self.fence);
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            let line = match self.lines.recv_timeout(left) {
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            let line = match self.lines.recv_timeout(until - now) {
                 Ok(line) => line,
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return false,
             };
             let Some(v) = violations::parse_line(&line, &self.tag) else {
                 continue;
             };
-            let fence = v
-                .path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_prefix(&prefix))
-                .and_then(|n| n.parse::<u32>().ok());
-            match fence {
-                Some(n) if done(n) => return true,
+            let name = v.path.file_name().and_then(|n| n.to_str());
+            match name.filter(|n| self.fences.iter().any(|f| f == n)) {
+                Some(fence) if done(fence) => return true,
                 Some(_) => {}
-                None => refused.push(v),
+                None if refused.len() < KEPT => refused.push(v),
+                None => {}
             }
         }
     }
@@ -184,7 +237,10 @@ mod tests {
             "Sandbox: touch(7) deny(1) file-write-create {} {TAG}",
             path.display()
         );
-        format!("{}\n", serde_json::json!({ "eventMessage": message }))
+        format!(
+            "{}\n",
+            serde_json::json!({ "processID": 0, "eventMessage": message })
+        )
     }
 
     fn append(file: &Path, text: &str) {
@@ -208,13 +264,46 @@ mod tests {
             .collect();
         let fence = |p: &Path| append(&file, &report(p));
         let log = RefusalLog::start_with(&argv, TAG, t.path(), &fence).unwrap();
-        // What the command was refused.
+        // What the command was refused, and a fence it forged from the
+        // first one's name (the closing one is drawn when the command has
+        // ended): a refusal like any other, never the end of the reading.
         append(&file, &report(Path::new("/Users/me/.bashrc")));
+        let forged = t.path().join(format!("{}x", log.fences[0]));
+        append(&file, &report(&forged));
         append(&file, &report(Path::new("/etc/x")));
         let read = log.finish(&fence);
         assert!(read.whole);
         let paths: Vec<&Path> = read.refused.iter().map(|v| v.path.as_path()).collect();
-        assert_eq!(paths, [Path::new("/Users/me/.bashrc"), Path::new("/etc/x")]);
+        assert_eq!(
+            paths,
+            [Path::new("/Users/me/.bashrc"), &forged, Path::new("/etc/x")]
+        );
+        // The reader (`tail`, under its watchdog) went with the log.
+        assert!(
+            !cfg!(target_os = "linux") || !running_with(&file),
+            "a process still follows {}",
+            file.display()
+        );
+    }
+
+    /// Whether a process of this machine has `path` in its command line.
+    fn running_with(path: &Path) -> bool {
+        let want = path.display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let found = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    std::fs::read(e.path().join("cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&want))
+                });
+            if !found || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]

@@ -24,7 +24,10 @@ pub struct Violation {
     pub path: PathBuf,
 }
 
-/// `log stream` for the refusals carrying `tag`, one JSON object a line.
+/// `log stream` for the kernel's messages carrying `tag`, one JSON object
+/// a line. The kernel's only (process 0, where Seatbelt reports): any
+/// process may write a message holding the tag to the log (`logger`), and
+/// the tag is no secret from the sandboxed command.
 pub fn stream_argv(tag: &str) -> Vec<String> {
     vec![
         LOG.to_owned(),
@@ -32,7 +35,7 @@ pub fn stream_argv(tag: &str) -> Vec<String> {
         "--style".to_owned(),
         "ndjson".to_owned(),
         "--predicate".to_owned(),
-        format!("eventMessage CONTAINS \"{tag}\""),
+        format!("processIdentifier == 0 AND eventMessage CONTAINS \"{tag}\""),
     ]
 }
 
@@ -54,8 +57,14 @@ pub fn parse_line(line: &str, tag: &str) -> Option<Violation> {
     struct Entry {
         #[serde(rename = "eventMessage")]
         event_message: String,
+        #[serde(rename = "processID")]
+        process_id: u64,
     }
     let entry: Entry = serde_json::from_str(line).ok()?;
+    // The kernel's (see `stream_argv`), checked again here.
+    if entry.process_id != 0 {
+        return None;
+    }
     parse_message(&entry.event_message, tag)
 }
 
@@ -174,6 +183,13 @@ mod tests {
         )
         .is_none());
         assert!(parse_line("not json", TAG).is_none());
+        // The same words written to the log by a process (`logger`).
+        let forged = serde_json::json!({
+            "processID": 4242,
+            "eventMessage": format!("Sandbox: touch(1) deny(1) file-write-create /x {TAG}"),
+        })
+        .to_string();
+        assert!(parse_line(&forged, TAG).is_none());
         assert!(parse_line(r#"{"eventMessage": 3}"#, TAG).is_none());
         assert!(parse_message(
             &format!("Sandbox: x(y) deny(1) file-write-data /x {TAG}"),
@@ -188,7 +204,7 @@ mod tests {
         assert_eq!(argv[0], LOG);
         assert_eq!(
             argv.last().unwrap(),
-            &format!("eventMessage CONTAINS \"{TAG}\"")
+            &format!("processIdentifier == 0 AND eventMessage CONTAINS \"{TAG}\"")
         );
     }
 }
