@@ -75,7 +75,7 @@ fn world() -> World {
         false,
         &format!(
             "ip link set lo up
-             while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
+             n=0; while ! ip link show vb >/dev/null 2>&1; do n=$((n+1)); [ $n -lt 500 ] || exit 98; sleep 0.02; done
              ip addr add 10.77.0.2/24 dev vb
              ip addr add {RESOLVER}/24 dev vb
              ip addr add 192.0.2.2/24 dev vb
@@ -89,6 +89,8 @@ fn world() -> World {
         // Every address, both families.
         &format!("python3 {SERVICE} :: 8080 {}", internet_record.display()),
     );
+    // The link's far end is moved into it: only once it is its own.
+    internet.wait_unshared();
     // Mounts only in the mount namespace just made and checked, made
     // private first so nothing reaches this machine's.
     let mut host = Netns::spawn(

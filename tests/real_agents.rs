@@ -57,15 +57,11 @@ struct Model {
 }
 
 impl Model {
-    /// On this machine's loopback, or on a host beyond a router (in the
-    /// network namespace of the test's process `beyond`, see `netns`).
-    fn start_at(dir: &Path, beyond: Option<u32>) -> Model {
+    /// In the network namespace of the test's process `ns` (see
+    /// `netns`), on its loopback, or on the host beyond a router.
+    fn start_at(dir: &Path, ns: u32, beyond: bool) -> Model {
         let log = dir.join("model-requests.jsonl");
-        let address = if beyond.is_some() {
-            BEYOND_A_ROUTER
-        } else {
-            "127.0.0.1"
-        };
+        let address = if beyond { BEYOND_A_ROUTER } else { "127.0.0.1" };
         let mut cmd = Command::new("python3");
         cmd.arg(MOCK)
             .arg(&log)
@@ -73,7 +69,7 @@ impl Model {
             .arg(address)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        let _entered = beyond.map(|pid| common::netns::enter(pid, &mut cmd, None));
+        let _entered = common::netns::enter(ns, &mut cmd, None);
         let mut child = cmd.spawn().expect("start the mock model");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
@@ -114,6 +110,10 @@ impl Drop for Model {
 /// A user's machine for one test: the home under /home, a project in it,
 /// a second project, and a folder outside every project.
 struct World {
+    /// Where the bridge and the model run when the test names no other
+    /// network: a namespace with only a loopback, so that nothing an
+    /// agent tries (telemetry, an update check) leaves this machine.
+    net: Option<common::netns::Netns>,
     _dir: tempfile::TempDir,
     home: PathBuf,
     ws: PathBuf,
@@ -167,7 +167,12 @@ impl World {
         for d in [&ws, &other, &outside] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let model = Model::start_at(&home, beyond.map(|(pid, _)| pid));
+        let net = beyond.is_none().then(common::netns::only_a_loopback);
+        let model = match (&net, beyond) {
+            (Some(net), _) => Model::start_at(&home, net.pid(), false),
+            (None, Some((internet, _))) => Model::start_at(&home, internet, true),
+            (None, None) => unreachable!("a world has a network"),
+        };
         // The mock model listens on the host's loopback, which the sandbox
         // closes by default: allowed the way a user allows a local model
         // server, with one line of the user config.
@@ -186,6 +191,7 @@ impl World {
             .unwrap();
         }
         World {
+            net,
             _dir: dir,
             home,
             ws,
@@ -276,8 +282,11 @@ impl Run {
             opts = opts.arg(a);
         }
         opts.run_as = self.run_as.clone();
-        if let Some(pid) = self.host_ns {
-            opts.prepare = Some(Box::new(move |cmd| common::netns::enter(pid, cmd, None)));
+        let ns = self.host_ns.or(w.net.as_ref().map(|n| n.pid()));
+        let ids = self.run_as.as_ref().map(|u| (u.0, u.1));
+        if let Some(pid) = ns {
+            // With a user, the switch to them comes after entering.
+            opts.prepare = Some(Box::new(move |cmd| common::netns::enter(pid, cmd, ids)));
         }
         let mut ed = Editor::start_with(opts);
         ed.drop_grace = Duration::from_secs(20);
@@ -329,7 +338,17 @@ fn turn(ed: &mut Editor, sid: &str, steps: Value, bridge_answer: &str) -> Turn {
             .is_some_and(|t| t.starts_with("zcode-acp-"))
         {
             bridge_prompts.push(call["title"].as_str().unwrap_or("").to_owned());
-            bridge_answer.to_owned()
+            // A connection is never allowed here, whatever the turn's
+            // answer: nothing may leave this machine (and the question
+            // itself fails the scenario).
+            if call["toolCallId"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("zcode-acp-network-"))
+            {
+                "reject-once".to_owned()
+            } else {
+                bridge_answer.to_owned()
+            }
         } else {
             v["params"]["options"]
                 .as_array()
@@ -459,6 +478,13 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
     // kernel, waits for the next prompt).
     let edit_out = json!(writes.edit_out).to_string();
     let edited_by_editor = through_editor.contains(&edit_out);
+    assert_eq!(
+        w.model.requests_mentioning("no-such-tool"),
+        0,
+        "{:?}/{:?} {tag}: the mock asked for a tool the agent does not offer",
+        run.agent,
+        run.launch
+    );
     if let Err(e) = writes.inside_only(edited_by_editor) {
         panic!(
             "{:?}/{:?} {tag}: {e}\nagent said: {}\nthe bridge asked: {:?}",
@@ -518,6 +544,20 @@ fn armed_scenario(w: &World, run: &Run, tag: &str) {
 /// First run (no state directory of the agent yet), then a later run on
 /// the same home, one per launch form, the editor advertising its own
 /// writes on one and not on the other.
+/// The agent saved its state during its first run: something of its own
+/// is in its state directory (the bridge makes the directory itself, empty,
+/// so that it can be writable). Returns what is there.
+fn assert_state_saved(w: &World, agent: Agent, state_dir: &str) -> Vec<PathBuf> {
+    let saved: Vec<PathBuf> = std::fs::read_dir(w.home.join(state_dir))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        !saved.is_empty(),
+        "{agent:?}: nothing of its own in {state_dir} after its first run"
+    );
+    saved
+}
+
 fn first_and_later_runs(agent: Agent, state_dir: &str) {
     for (first, later) in [
         (Launch::BinName, Launch::NodeScript),
@@ -527,10 +567,7 @@ fn first_and_later_runs(agent: Agent, state_dir: &str) {
         assert!(!w.home.join(state_dir).exists());
         let run = Run::new(agent, first);
         armed_scenario(&w, &run, "first");
-        assert!(
-            w.home.join(state_dir).is_dir(),
-            "{agent:?}: {state_dir} was made for the first run"
-        );
+        assert_state_saved(&w, agent, state_dir);
         let mut run = Run::new(agent, later);
         run.editor_writes = false;
         armed_scenario(&w, &run, "later");
@@ -598,10 +635,23 @@ fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
         let mut run = Run::new(agent, Launch::BinName);
         run.host_ns = Some(host.pid());
         armed_scenario(&w, &run, "proxy");
-        assert!(
-            w.model.requests_mentioning("proxy") > 0,
-            "{agent:?}: the model beyond the router was never asked"
+        // The proxy was the way: straight to the model's host, around it,
+        // nothing arrives.
+        let mut ed = run.start(&w);
+        let sid = ed.new_session(&w.ws);
+        let direct = format!(
+            "curl -s -m 5 --noproxy '*' http://{BEYOND_A_ROUTER}:{}/direct-probe; echo direct=$?",
+            w.model.port
         );
+        let t = turn(&mut ed, &sid, json!([shell(direct)]), "reject-once");
+        assert_eq!(t.response["result"]["stopReason"], "end_turn");
+        drop(ed);
+        assert_eq!(
+            w.model.requests_mentioning("\"path\": \"/direct-probe\""),
+            0,
+            "{agent:?}: the agent reached its model's host around the proxy"
+        );
+        assert!(t.text.contains("direct="), "{agent:?}: {}", t.text);
     }
 }
 
@@ -619,7 +669,8 @@ fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
         if agent == Agent::Vibe {
             let python = std::fs::canonicalize(Path::new(VIBE).join("bin/python3"));
             if !vibe_ready() || python.as_ref().map_or(true, |p| p.starts_with("/root")) {
-                println!("not as an unprivileged user: Mistral Vibe's Python ({python:?}) is out of its reach");
+                // Said, not skipped: the other six ran.
+                eprintln!("not as an unprivileged user: Mistral Vibe's Python ({python:?}) is out of their reach");
                 continue;
             }
         }
@@ -628,11 +679,20 @@ fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
         let mut run = Run::new(agent, Launch::BinName);
         run.run_as = Some((user.uid, user.gid, user.base.join("bin/zcode-acp")));
         armed_scenario(&w, &run, "first");
-        assert!(
-            w.home.join(agent.state_dir()).is_dir(),
-            "{agent:?}: {} was made for the first run",
-            agent.state_dir()
-        );
+        // Theirs: the agent ran as them.
+        use std::os::unix::fs::MetadataExt;
+        for made in assert_state_saved(&w, agent, agent.state_dir())
+            .iter()
+            .chain([&Writes::new(&w, "first").shell_in])
+        {
+            let owner = std::fs::symlink_metadata(made).unwrap().uid();
+            assert_eq!(
+                owner,
+                user.uid,
+                "{agent:?}: {} is not theirs",
+                made.display()
+            );
+        }
     }
 }
 
@@ -657,7 +717,12 @@ fn can_make_a_network_world() -> bool {
 
 /// Whether scripts/test could install Mistral Vibe (it needs Python 3.12).
 fn vibe_ready() -> bool {
-    Path::new(VIBE).join("bin/vibe-acp").exists()
+    let runs = Command::new(Path::new(VIBE).join("bin/python3"))
+        .args(["-c", "import vibe"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    (runs && Path::new(VIBE).join("bin/vibe-acp").exists())
         || common::skip("Mistral Vibe is not installed (scripts/test installs it when a Python 3.12 or later is on PATH or in pyenv)")
 }
 
@@ -936,6 +1001,13 @@ fn client(agent: Agent, w: &World) -> Command {
     cmd
 }
 
+/// Runs `cmd` to its end in the world's network.
+fn output_in(w: &World, mut cmd: Command) -> std::process::Output {
+    let net = w.net.as_ref().expect("the world's own network");
+    let _entered = net.enter(&mut cmd, None);
+    cmd.output().unwrap()
+}
+
 #[test]
 fn acpx_as_the_client_in_front_of_the_armed_bridge() {
     if !ready() {
@@ -959,8 +1031,8 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
             })
             .collect::<Vec<_>>()
             .join(" ");
-        let out = client(agent, &w)
-            .current_dir(&w.ws)
+        let mut cmd = client(agent, &w);
+        cmd.current_dir(&w.ws)
             .arg(format!("{AGENTS}/acpx/dist/cli.js"))
             .args(["--agent", &agent_line, "--cwd"])
             .arg(&w.ws)
@@ -973,9 +1045,8 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
                 "120",
                 "exec",
             ])
-            .arg(format!("zcode-mock: {}", writes.steps()))
-            .output()
-            .unwrap();
+            .arg(format!("zcode-mock: {}", writes.steps()));
+        let out = output_in(&w, cmd);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -1001,6 +1072,11 @@ fn acpx_as_the_client_in_front_of_the_armed_bridge() {
             })
             .collect();
         assert_eq!(asked.len(), 1, "{agent:?}: {stdout:.3000}");
+        // No connection was put to it (its --approve-all would allow it).
+        assert!(
+            !stdout.contains("zcode-acp-network-"),
+            "{agent:?}: a connection was asked: {stdout:.3000}"
+        );
         let answer = frames
             .iter()
             .find(|f| {
@@ -1031,13 +1107,12 @@ fn the_official_typescript_sdk_as_the_client_of_armed_claude() {
     let writes = Writes::new(&w, "sdk");
     let mut argv = vec![BIN.to_owned(), "--".to_owned()];
     argv.extend(backend(Agent::Claude, Launch::NodeScript, &w.model.url()));
-    let out = client(Agent::Claude, &w)
-        .arg(sdk.join("real_agent.mjs"))
+    let mut cmd = client(Agent::Claude, &w);
+    cmd.arg(sdk.join("real_agent.mjs"))
         .arg(&w.ws)
         .arg(format!("zcode-mock: {}", writes.steps()))
-        .args(&argv)
-        .output()
-        .unwrap();
+        .args(&argv);
+    let out = output_in(&w, cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

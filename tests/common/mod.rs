@@ -106,7 +106,8 @@ pub struct Options {
     pub run_as: Option<(u32, u32, PathBuf)>,
     /// Prepares the bridge's command before it starts (such as entering a
     /// network namespace of the test's, see `netns`); what it returns is
-    /// kept open until the bridge has started.
+    /// kept open until the bridge has started. With `run_as`, it must
+    /// switch to that user itself.
     pub prepare: Option<Prepare>,
 }
 
@@ -153,9 +154,11 @@ impl Editor {
         };
         let mut cmd = Command::new(opts.run_as.as_ref().map_or(Path::new(BIN), |u| &u.2));
         cmd.args(&opts.args).arg("--").args(&opts.backend);
-        if let Some((uid, gid, _)) = opts.run_as {
-            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        // With `prepare`, the switch to the user is its own (it may need
+        // root first: entering a namespace).
+        if let (Some((uid, gid, _)), None) = (&opts.run_as, &opts.prepare) {
+            std::os::unix::process::CommandExt::uid(&mut cmd, *uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, *gid);
         }
         if opts.clear_env {
             cmd.env_clear();

@@ -40,7 +40,7 @@ impl Netns {
             .arg("--net")
             .args(mount.then_some("--mount"))
             .args(["--", "sh", "-euc"])
-            .arg(format!("{check}\n{setup}\nexec {last}"))
+            .arg(format!("{check}\necho unshared\n{setup}\nexec {last}"))
             .env("ZC_OUTER_NET", ns_of("self", "net").to_string())
             .env("ZC_OUTER_MNT", outer_mnt)
             .stdin(Stdio::null())
@@ -55,13 +55,27 @@ impl Netns {
         self.holder.id()
     }
 
+    /// Until the holder has said `word` (it says "unshared" once its
+    /// namespaces are its own and checked, then "ready").
+    fn wait_for(&mut self, word: &str) {
+        loop {
+            let mut line = String::new();
+            let n = self.out.read_line(&mut line).unwrap();
+            assert!(n > 0, "a namespace of the test's world did not start");
+            if line.starts_with(word) {
+                return;
+            }
+        }
+    }
+
+    /// Until the namespace is the holder's own: before that, a link moved
+    /// "into" it would land in this machine's namespace.
+    pub fn wait_unshared(&mut self) {
+        self.wait_for("unshared");
+    }
+
     pub fn wait_ready(&mut self) {
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        assert!(
-            line.starts_with("ready"),
-            "a namespace of the test's world did not start"
-        );
+        self.wait_for("ready");
     }
 
     /// `cmd` runs in this namespace, and in its mount namespace if it made
@@ -145,13 +159,14 @@ pub fn a_host_beyond_a_router() -> (Netns, Netns) {
     let mut internet = Netns::spawn(
         false,
         "ip link set lo up
-         while ! ip link show vb >/dev/null 2>&1; do sleep 0.02; done
+         n=0; while ! ip link show vb >/dev/null 2>&1; do n=$((n+1)); [ $n -lt 500 ] || exit 98; sleep 0.02; done
          ip addr add 10.77.0.2/24 dev vb
          ip addr add 198.51.100.2/24 dev vb
          ip link set vb up
          echo ready",
         "sleep 100000",
     );
+    internet.wait_unshared();
     let mut host = Netns::spawn(
         false,
         &format!(
@@ -168,4 +183,12 @@ pub fn a_host_beyond_a_router() -> (Netns, Netns) {
     host.wait_ready();
     internet.wait_ready();
     (host, internet)
+}
+
+/// A network namespace with nothing but its loopback: what a test runs in
+/// when nothing it starts may reach beyond this machine.
+pub fn only_a_loopback() -> Netns {
+    let mut ns = Netns::spawn(false, "ip link set lo up\necho ready", "sleep 100000");
+    ns.wait_ready();
+    ns
 }

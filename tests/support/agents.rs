@@ -122,10 +122,15 @@ pub fn agent_env(agent: Agent, home: &Path, model_url: &str) -> Vec<(String, Str
     let mut env = vec![(
         "PATH".to_owned(),
         format!(
-            "{AGENTS}/.bin:{VIBE}/bin:{}:/usr/local/bin:/usr/bin:/bin",
+            "{AGENTS}/.bin:{}:/usr/local/bin:/usr/bin:/bin",
             node_dir.display()
         ),
     )];
+    if agent == Agent::Vibe {
+        // Where `uv tool install` would put `vibe-acp`; for Vibe only (its
+        // `python3` must not become the others').
+        env[0].1 = format!("{VIBE}/bin:{}", env[0].1);
+    }
     match agent {
         Agent::Codex => {
             env.push((
@@ -169,6 +174,8 @@ pub fn agent_env(agent: Agent, home: &Path, model_url: &str) -> Vec<(String, Str
             env.push(("OPENCODE_CONFIG_CONTENT".into(), config.to_string()));
             env.push(("OPENCODE_DISABLE_MODELS_FETCH".into(), "1".into()));
             env.push(("OPENCODE_DISABLE_AUTOUPDATE".into(), "1".into()));
+            env.push(("OPENCODE_DISABLE_DEFAULT_PLUGINS".into(), "1".into()));
+            env.push(("OPENCODE_DISABLE_LSP_DOWNLOAD".into(), "1".into()));
             // It installs its plugin package with npm at start: from the
             // cache only, and from no registry, so nothing leaves here.
             env.push(("npm_config_offline".into(), "true".into()));
