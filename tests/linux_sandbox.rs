@@ -198,9 +198,11 @@ fn places() -> Places {
 fn places_in(parent: &Path) -> Places {
     // A name of its own, not hidden as tempfile's `.tmpXXXX` is: a user's
     // projects are not (and `run` suggests no --allow beneath a hidden
-    // directory).
+    // directory). No longer than that one: the tests bind Unix sockets
+    // beneath it, whose paths hold 107 bytes at most (the mutation suite's
+    // copy of the tree is deeper than the checkout).
     let dir = tempfile::Builder::new()
-        .prefix("zcode-places-")
+        .prefix("zc")
         .tempdir_in(parent)
         .unwrap();
     let base = std::fs::canonicalize(dir.path()).unwrap();
