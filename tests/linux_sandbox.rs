@@ -164,16 +164,11 @@ fn run_with_home(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if let Some((uid, gid)) = ids {
+            match ids {
                 // Become the test user only now: the outer namespace needed root.
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+                Some((uid, gid)) => common::become_user(uid, gid),
+                None => Ok(()),
             }
-            Ok(())
         });
     }
     let out = cmd.output().unwrap();

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use common::netns::Netns;
-use common::{require_kernel_features, scratch_base, skip, TestUser, BIN};
+use common::{require_kernel_features, scratch_base, TestUser, BIN};
 
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
 /// The world's name server (UDP), which records the names it is asked.
@@ -284,21 +284,7 @@ fn can_make_the_world() -> bool {
     if !require_kernel_features() {
         return false;
     }
-    let missing: Vec<&str> = ["ip", "curl", "unshare"]
-        .into_iter()
-        .filter(|tool| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .collect();
-    missing.is_empty()
-        || skip(&format!(
-            "the test's network world needs {}",
-            missing.join(", ")
-        ))
+    common::netns::have_tools(&["ip", "curl", "unshare"])
 }
 
 const REFUSED: &str = "zcode-acp: the sandbox's network policy refuses this connection";

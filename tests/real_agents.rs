@@ -623,7 +623,7 @@ fn vibe_works_armed_on_its_first_run_and_later() {
 /// refused write, on its first run.
 #[test]
 fn every_agent_reaches_its_model_through_the_sandboxs_proxy() {
-    if !ready() || !can_make_a_network_world() {
+    if !ready() || !common::netns::have_tools(&["ip", "unshare"]) {
         return;
     }
     for agent in Agent::ALL
@@ -694,25 +694,6 @@ fn every_agent_works_armed_on_its_first_run_as_an_unprivileged_user() {
             );
         }
     }
-}
-
-/// `ip` and `unshare`, which the network world is made with.
-fn can_make_a_network_world() -> bool {
-    let missing: Vec<&str> = ["ip", "unshare"]
-        .into_iter()
-        .filter(|tool| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .collect();
-    missing.is_empty()
-        || common::skip(&format!(
-            "the test's network world needs {}",
-            missing.join(", ")
-        ))
 }
 
 /// Whether scripts/test could install Mistral Vibe (it needs Python 3.12).

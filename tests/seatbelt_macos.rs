@@ -322,9 +322,10 @@ fn reads_and_process_execution_stay_open() {
     assert!(Path::new(&s.outside).join("victim").exists());
 }
 
-#[test]
-fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
-    // A home of its own (not under $TMPDIR, which is writable by design).
+/// A home of its own for a `zcode-acp run` test (not under $TMPDIR, which
+/// is writable by design), beneath the user's: (its guard, the home, a
+/// workspace in it, a folder outside the workspace).
+fn run_home() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let real_home = resolve_real(&dirs::home_dir().unwrap()).unwrap();
     let base = tempfile::Builder::new()
         .prefix("zcode-acp-run-")
@@ -335,6 +336,12 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
     let outside = home.join("outside");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
+    (base, home, ws, outside)
+}
+
+#[test]
+fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
+    let (_base, home, ws, outside) = run_home();
     let out = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
         .args(["run", "--workspace"])
         .arg(&ws)
@@ -370,16 +377,7 @@ fn zcode_acp_run_confines_a_command_and_keeps_its_exit_status() {
 /// would open them; a write inside the workspace is not among them.
 #[test]
 fn zcode_acp_run_names_the_writes_the_log_says_were_refused() {
-    let real_home = resolve_real(&dirs::home_dir().unwrap()).unwrap();
-    let base = tempfile::Builder::new()
-        .prefix("zcode-acp-run-")
-        .tempdir_in(&real_home)
-        .unwrap();
-    let home = resolve_real(base.path()).unwrap();
-    let ws = home.join("ws");
-    let outside = home.join("outside");
-    std::fs::create_dir_all(&ws).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
+    let (_base, home, ws, outside) = run_home();
     let out = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
         .args(["run", "--refusals-line", "--workspace"])
         .arg(&ws)

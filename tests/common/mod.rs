@@ -885,6 +885,22 @@ pub fn terminal_joins_its_generation(ed: &mut Editor, sid: &str) {
     );
 }
 
+/// Switches this process to the user `uid`, `gid` with no supplementary
+/// groups. Only system calls: for a `pre_exec` hook, after what needs root.
+#[cfg(target_os = "linux")]
+pub fn become_user(uid: u32, gid: u32) -> std::io::Result<()> {
+    // SAFETY: plain system calls on integers and a null list.
+    let failed = unsafe {
+        libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setgid(gid) != 0
+            || libc::setuid(uid) != 0
+    };
+    if failed {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A user the test creates, and removes when dropped, with a directory of
 /// its own (outside /tmp) holding a home, a workspace, an outside folder it
 /// may normally write, and copies of the binary and the ops script.

@@ -128,15 +128,10 @@ pub fn enter(pid: u32, cmd: &mut Command, ids: Option<(u32, u32)>) -> Vec<std::f
             if !is(c"/proc/self/ns/net", want_net) {
                 return Err(std::io::Error::other("not in the test's network namespace"));
             }
-            if let Some((uid, gid)) = ids {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+            match ids {
+                Some((uid, gid)) => super::become_user(uid, gid),
+                None => Ok(()),
             }
-            Ok(())
         });
     }
     // Kept open by the caller until the command is spawned.
@@ -148,6 +143,27 @@ impl Drop for Netns {
         let _ = self.holder.kill();
         let _ = self.holder.wait();
     }
+}
+
+/// Whether `tools` (what a test's network world is made with) are all on
+/// PATH; else a printed skip naming those missing.
+pub fn have_tools(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|tool| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    missing.is_empty()
+        || super::skip(&format!(
+            "the test's network world needs {}",
+            missing.join(", ")
+        ))
 }
 
 /// The least world in which a sandbox reaches a host as it reaches the
