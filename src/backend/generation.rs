@@ -25,6 +25,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
 const TAIL_LINES: usize = 12;
 /// Each kept line is cut at this many bytes.
 const TAIL_LINE_BYTES: usize = 300;
+// The sandbox's announcements of refused writes fit a kept line whole.
+const _: () = assert!(TAIL_LINE_BYTES >= crate::policy::refused::MAX_ANNOUNCEMENT_BYTES);
 
 /// The backend's last lines on stderr, for the messages that say why it
 /// stopped.

@@ -30,6 +30,13 @@ impl Bridge {
         let Confinement::Armed(armed) = &self.confinement else {
             return;
         };
+        // The sandbox's own word, for an agent whose shell shows nothing.
+        if let Some(path) = crate::policy::refused::announced(line) {
+            if armed.quiet_shell {
+                self.on_refused_by_sandbox(&path);
+            }
+            return;
+        }
         let Some(agent) = armed.unprofiled_agent.clone() else {
             return debug!("a refusal on the agent's stderr; its profile chooses its state");
         };

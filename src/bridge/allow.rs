@@ -254,18 +254,19 @@ impl Bridge {
         }
     }
 
-    /// A write the sandbox refused, read from the system log: offered on
-    /// the session whose turn is running (the latest, when several are).
-    pub(super) fn on_refused_in_log(&mut self, v: crate::seatbelt::violations::Violation) {
+    /// A write the sandbox says it refused (macOS: in the system log;
+    /// Linux: its supervisor, on the agent's stderr): offered on the
+    /// session whose turn is running (the latest, when several are).
+    pub(super) fn on_refused_by_sandbox(&mut self, path: &Path) {
         if !self.armed() {
             return;
         }
         let Some(session) = self.routes.latest_turn().map(str::to_owned) else {
-            debug!(path = %v.path.display(), process = v.process, "the sandbox refused a write outside any turn; not offered");
+            debug!(path = %path.display(), "the sandbox refused a write outside any turn; not offered");
             return;
         };
         let home = real_home();
-        self.offer_direct_grant(&session, &v.path, home.as_deref());
+        self.offer_direct_grant(&session, path, home.as_deref());
     }
 
     /// Offers a grant for a refused direct write at `candidate` when the

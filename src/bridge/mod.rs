@@ -432,7 +432,10 @@ impl Bridge {
                     debug!(reaped, "reaped processes a backend left behind");
                 }
             }
-            Event::Refused(v) => self.on_refused_in_log(v),
+            Event::Refused(v) => {
+                debug!(process = v.process, "a refusal in the system log");
+                self.on_refused_by_sandbox(&v.path)
+            }
             Event::NetworkAsk(question) => self.on_network_ask(question),
             Event::Ledger => self.on_ledger(),
             Event::CodeTool(call) => self.on_code_tool(call),

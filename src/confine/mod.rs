@@ -183,6 +183,9 @@ pub struct Armed {
     /// where it keeps its own state is asked of the user (see
     /// `policy::agents::own_state_location`).
     pub unprofiled_agent: Option<String>,
+    /// The agent's shell shows the editor nothing (`Agent::quiet_shell`):
+    /// where the platform can, the sandbox says each refused write itself.
+    pub quiet_shell: bool,
     /// How many workspace roots are writable.
     pub roots: usize,
     /// The running process of this arming whose namespaces the commands
@@ -308,6 +311,7 @@ impl Sandbox {
                 dir,
                 backend_profile,
                 unprofiled_agent: None,
+                quiet_shell: false,
                 holder: None,
                 network_asks: (starter == Starter::Spawned).then(network_asks_name),
                 enforcer,
@@ -452,10 +456,16 @@ impl Sandbox {
                     .is_empty()
                     .then(|| gathered.backend.agent.clone())
                     .flatten();
+                let quiet_shell = gathered
+                    .backend
+                    .profiles
+                    .iter()
+                    .any(|p| p.agent().quiet_shell);
                 let mut armed =
                     self.arm(gathered.input, request.managed, profile, Starter::Spawned);
                 if let Confinement::Armed(a) = &mut armed {
                     a.unprofiled_agent = unprofiled;
+                    a.quiet_shell = quiet_shell;
                 }
                 armed
             }

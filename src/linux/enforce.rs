@@ -193,6 +193,16 @@ impl Enforce for LinuxEnforcer {
                 .as_deref()
                 .map(crate::confine::network_ledger_name);
         }
+        // An agent whose shell shows nothing: its refused writes are said
+        // by the supervisor instead (where this kernel has one), at one
+        // round trip per call that makes a name.
+        if launch == Launch::Backend && armed.quiet_shell {
+            spec = spec.noting_refusals(&armed.policy);
+            spec.announce_refusals = spec.note_refusals;
+            if !spec.announce_refusals {
+                tracing::warn!("the agent's shell shows the editor nothing, and this kernel cannot watch its writes (no seccomp user notification): a write the sandbox refuses in its shell is refused without a question in the editor");
+            }
+        }
         if launch == Launch::Terminal {
             spec.join = joinable(armed, &spec);
             spec.hold_lock = armed

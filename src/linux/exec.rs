@@ -393,7 +393,12 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             if reaper {
                 end_leftovers();
             }
-            if let Some(line) = supervisor.as_ref().and_then(|s| s.refusals_line()) {
+            // `run`'s last line (an agent's refusals were said as they came).
+            if let Some(line) = supervisor
+                .as_ref()
+                .filter(|_| !spec.announce_refusals)
+                .and_then(|s| s.refusals_line())
+            {
                 eprintln!("{line}");
             }
             Ok(code)
@@ -432,7 +437,12 @@ fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor>
         return None;
     }
     let policy = spec.policy.clone()?;
-    match super::supervise::Supervisor::prepare(&spec.plan.supervised, policy, spec.note_refusals) {
+    match super::supervise::Supervisor::prepare(
+        &spec.plan.supervised,
+        policy,
+        spec.note_refusals,
+        spec.announce_refusals,
+    ) {
         Err(e) if spec.plan.supervised.is_empty() => {
             // Only the refused writes' line is lost.
             tracing::debug!("cannot watch for refused writes ({e})");

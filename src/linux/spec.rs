@@ -66,6 +66,11 @@ pub struct LaunchSpec {
     /// sandbox refused (see `supervise::refusals`).
     #[serde(default)]
     pub note_refusals: bool,
+    /// An agent whose shell shows the editor nothing (`Agent::quiet_shell`):
+    /// the supervisor says each refused write on stderr as it happens
+    /// (`policy::refused::announcement`), for the bridge to offer.
+    #[serde(default)]
+    pub announce_refusals: bool,
 }
 
 impl LaunchSpec {
@@ -95,6 +100,7 @@ impl LaunchSpec {
             report: None,
             hold_lock: None,
             note_refusals: false,
+            announce_refusals: false,
         }
     }
 

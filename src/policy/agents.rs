@@ -55,6 +55,12 @@ pub struct Agent {
     pub base_url_env: &'static [&'static str],
     /// What the state is, in words for the log and `doctor`.
     pub described: &'static str,
+    /// Its shell tool shows the editor nothing of what a command printed,
+    /// so a write the sandbox refused cannot be read from the tool call:
+    /// on Linux the sandbox's supervisor says each one as it happens
+    /// instead (`policy::refused::announced`), at one round trip per call
+    /// that makes a name.
+    pub quiet_shell: bool,
 }
 
 const fn dir(home: &'static str, env: Option<&'static str>, under_env: &'static str) -> StateDir {
@@ -84,6 +90,7 @@ pub const AGENTS: &[Agent] = &[
         sign_in_hosts: &["claude.ai", "console.anthropic.com", "platform.claude.com"],
         base_url_env: &["ANTHROPIC_BASE_URL"],
         described: "Claude's own state ($CLAUDE_CONFIG_DIR or ~/.claude, and ~/.claude.json)",
+        quiet_shell: false,
     },
     Agent {
         profile: Profile::Codex,
@@ -95,6 +102,7 @@ pub const AGENTS: &[Agent] = &[
         sign_in_hosts: &["auth.openai.com"],
         base_url_env: &["OPENAI_BASE_URL"],
         described: "codex's own state ($CODEX_HOME or ~/.codex)",
+        quiet_shell: false,
     },
     Agent {
         profile: Profile::Gemini,
@@ -113,6 +121,8 @@ pub const AGENTS: &[Agent] = &[
         ],
         base_url_env: &["GOOGLE_GEMINI_BASE_URL"],
         described: "gemini's own state (~/.gemini, or $GEMINI_CLI_HOME/.gemini)",
+        // Gemini CLI 0.61's shell tool call carries no output.
+        quiet_shell: true,
     },
     Agent {
         profile: Profile::Qwen,
@@ -124,6 +134,7 @@ pub const AGENTS: &[Agent] = &[
         sign_in_hosts: &["chat.qwen.ai"],
         base_url_env: &["OPENAI_BASE_URL"],
         described: "qwen's own state ($QWEN_HOME or ~/.qwen)",
+        quiet_shell: false,
     },
     Agent {
         profile: Profile::Opencode,
@@ -140,6 +151,7 @@ pub const AGENTS: &[Agent] = &[
         sign_in_hosts: &[],
         base_url_env: &[],
         described: "opencode's own state (its XDG config, data, state and cache directories)",
+        quiet_shell: false,
     },
     Agent {
         profile: Profile::Vibe,
@@ -153,6 +165,7 @@ pub const AGENTS: &[Agent] = &[
         sign_in_hosts: &["console.mistral.ai", "chat.mistral.ai"],
         base_url_env: &[],
         described: "Mistral Vibe's own state ($VIBE_HOME or ~/.vibe)",
+        quiet_shell: false,
     },
     Agent {
         profile: Profile::Zcode,
@@ -173,6 +186,7 @@ pub const AGENTS: &[Agent] = &[
         base_url_env: &[],
         described:
             "the shell agent's transcripts ($ZCODE_SHELL_AGENT_HOME or ~/.zcode-shell-agent)",
+        quiet_shell: false,
     },
 ];
 

@@ -42,6 +42,36 @@ const SYSTEM_DIRS: &[&str] = &[
     "/private",
 ];
 
+/// How the sandbox's helper says a refused write as it happens, on the
+/// agent's stderr, for an agent whose shell shows the editor nothing
+/// (`Agent::quiet_shell`): the bridge offers it as it offers one read from
+/// a tool call. The words a tool would print are in it, so the log reads
+/// as any refusal does; the path is verbatim between it and [`END`], so a
+/// line cut short names nothing.
+const ANNOUNCED: &str =
+    "zcode-acp sandbox: Read-only file system (the sandbox refused this write): ";
+const END: &str = " <end>";
+
+/// The longest announcement line, its line break included: a longer path
+/// is refused all the same, but not offered (the bridge keeps lines of
+/// the agent's stderr up to this length).
+pub const MAX_ANNOUNCEMENT_BYTES: usize = 300;
+
+/// The line that says `path` was refused; none for a path a line cannot
+/// carry whole (too long, with a line break, or not UTF-8).
+pub fn announcement(path: &Path) -> Option<String> {
+    let text = path.to_str()?;
+    let line = format!("{ANNOUNCED}{text}{END}\n");
+    (!text.contains(['\n', '\r']) && line.len() <= MAX_ANNOUNCEMENT_BYTES).then_some(line)
+}
+
+/// The path an announcement line names.
+pub fn announced(line: &str) -> Option<PathBuf> {
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let path = line.strip_prefix(ANNOUNCED)?.strip_suffix(END)?;
+    path.starts_with('/').then(|| PathBuf::from(path))
+}
+
 /// The refused paths noted so far.
 #[derive(Debug, Default)]
 pub struct Refusals {
@@ -54,10 +84,11 @@ impl Refusals {
     /// Notes `path` if the policy lets nothing write it: judged on the
     /// name first (cheap, and what nearly every write in a workspace
     /// passes), then on the real path, links followed, for a message that
-    /// names where the write would have gone.
-    pub fn note(&mut self, policy: &Policy, path: PathBuf) {
+    /// names where the write would have gone. Returns the real path when
+    /// it is newly noted.
+    pub fn note(&mut self, policy: &Policy, path: PathBuf) -> Option<&Path> {
         if policy.evaluate_resolved(&path, Op::Write).allowed {
-            return;
+            return None;
         }
         let (real, decision) = match policy.evaluate(&path, Op::Write) {
             Ok(d) => d,
@@ -65,15 +96,16 @@ impl Refusals {
             Err(_) => (path.clone(), policy.evaluate_resolved(&path, Op::Write)),
         };
         if decision.allowed || decision.kind != Band::Outside || self.paths.contains(&real) {
-            return;
+            return None;
         }
         if self.paths.len() >= MAX_NOTED {
             if self.beyond.len() < MAX_COUNTED {
                 self.beyond.insert(real);
             }
-            return;
+            return None;
         }
-        self.paths.insert(real);
+        self.paths.insert(real.clone());
+        self.paths.get(&real).map(PathBuf::as_path)
     }
 
     /// The line `run` ends with, if anything was refused: the paths, and
@@ -212,6 +244,20 @@ fn shell_word(path: &Path) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_announced_path_is_read_back_whole_or_not_at_all() {
+        for path in ["/home/u/out/a b.txt", "/o/x <end>", "/o/ends with space "] {
+            let line = super::announcement(std::path::Path::new(path)).unwrap();
+            assert_eq!(super::announced(&line).unwrap(), std::path::Path::new(path));
+            // Cut short (as a long line is, where it is read), it names nothing.
+            assert_eq!(super::announced(&line[..line.len() - 3]), None);
+        }
+        assert_eq!(super::announcement(std::path::Path::new("/o/a\nb")), None);
+        let long = format!("/o/{}", "x".repeat(super::MAX_ANNOUNCEMENT_BYTES));
+        assert_eq!(super::announcement(std::path::Path::new(&long)), None);
+        assert_eq!(super::announced("Read-only file system: /o/x"), None);
+    }
+
     use super::*;
 
     /// A temporary directory whose own name is not hidden (tempfile's

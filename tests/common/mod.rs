@@ -109,6 +109,9 @@ pub struct Options {
     /// kept open until the bridge has started. With `run_as`, it must
     /// switch to that user itself.
     pub prepare: Option<Prepare>,
+    /// Where the bridge starts (Zed starts an agent in the project's
+    /// root); by default, the test's own directory.
+    pub cwd: Option<PathBuf>,
 }
 
 /// See [`Options::prepare`].
@@ -129,6 +132,7 @@ impl Options {
             masked_proc: None,
             run_as: None,
             prepare: None,
+            cwd: None,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -172,6 +176,9 @@ impl Editor {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(dir) = &opts.cwd {
+            cmd.current_dir(dir);
+        }
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }

@@ -11,6 +11,9 @@ use serde_json::json;
 pub const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/node_modules");
 /// Mistral Vibe's virtual environment (scripts/test makes it).
 pub const VIBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/vibe");
+/// The copy of its Python scripts/test makes when the original is out of
+/// other users' reach (pyenv's under /root).
+const VIBE_PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/vibe-python");
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Agent {
@@ -141,6 +144,12 @@ pub fn agent_env(agent: Agent, home: &Path, model_url: &str) -> Vec<(String, Str
         }
         Agent::Vibe => {
             env.push(("MISTRAL_API_KEY".into(), "dummy".into()));
+            // The copied Python's run path names the original's library,
+            // which another user cannot reach.
+            let lib = Path::new(VIBE_PYTHON).join("lib");
+            if lib.is_dir() {
+                env.push(("LD_LIBRARY_PATH".into(), lib.display().to_string()));
+            }
             // Its Mistral provider pointed at the mock, by its settings'
             // environment layer, so that its first run has no config file.
             let providers = json!([{
@@ -274,11 +283,20 @@ impl Agent {
         )
     }
 
-    /// Whether the agent shows its shell tool's output to the editor, where
-    /// the bridge reads a refused write and offers it. Gemini CLI 0.61
-    /// does not (its shell's `tool_call_update` carries no content), so
-    /// its refused writes are refused on disk but not offered.
-    pub fn shows_shell_output(self) -> bool {
+    /// Whether the agent restores every session it saved (`session/load`),
+    /// as a re-arm needs. Gemini CLI 0.61 does not when the load comes in
+    /// the same clock minute as the session began: it names a session's
+    /// file by that minute and the session's id, and on load records the
+    /// session anew (into that very file) before it reads it back, so the
+    /// conversation it reads is empty ("No previous sessions found").
+    pub fn reloads_its_sessions(self) -> bool {
+        self != Agent::Gemini
+    }
+
+    /// Whether the agent's own edit tool writes outside its workspace when
+    /// the sandbox lets it. Gemini CLI 0.61 never does ("Path not in
+    /// workspace"), sandbox or not.
+    pub fn edits_outside_the_workspace(self) -> bool {
         self != Agent::Gemini
     }
 

@@ -128,6 +128,9 @@ pub struct Supervisor {
     listener: Option<OwnedFd>,
     /// `zcode-acp run`: the refused writes seen go by, for its last line.
     refusals: Option<std::cell::RefCell<crate::policy::refused::Refusals>>,
+    /// Each refused write is also said on stderr as it is first seen (an
+    /// agent whose shell shows the editor nothing).
+    announce: bool,
 }
 
 /// Why the supervisor could not be prepared.
@@ -143,11 +146,13 @@ impl Supervisor {
     /// Opens what the supervisor needs. Must run before the mount
     /// namespace is unshared: descriptors opened now keep the host's
     /// (writable) mounts. With `note_refusals`, it also notes the writes
-    /// the sandbox refuses (see [`refusals`]).
+    /// the sandbox refuses (see [`refusals`]), and with `announce` says
+    /// each on stderr as it is first seen.
     pub fn prepare(
         dirs: &[Supervised],
         policy: Policy,
         note_refusals: bool,
+        announce: bool,
     ) -> Result<Supervisor, PrepareError> {
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
         let failed = |what: &'static str, path: &std::path::Path| {
@@ -174,6 +179,7 @@ impl Supervisor {
             policy,
             listener: None,
             refusals: note_refusals.then(Default::default),
+            announce,
         })
     }
 
@@ -217,7 +223,17 @@ impl Supervisor {
                 refusals::When::Present => exists(),
             };
             if counts {
-                cell.borrow_mut().note(&self.policy, path);
+                let mut refusals = cell.borrow_mut();
+                let noted = refusals.note(&self.policy, path);
+                if let Some(line) = noted
+                    .filter(|_| self.announce)
+                    .and_then(crate::policy::refused::announcement)
+                {
+                    // One write of one line (shorter than a pipe's atomic
+                    // size), so it never interleaves with the agent's own.
+                    use std::io::Write;
+                    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                }
             }
         }
     }
