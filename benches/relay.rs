@@ -947,7 +947,7 @@ fn main() {
     if wants("writes") {
         rows.push(judged_writes(if full { 200 } else { 2 }));
     }
-    if wants("files") {
+    if wants("files") || wants("supervised") {
         rows.extend(supervised_file_work(
             if full { 9 } else { 1 },
             if full { 3000 } else { 100 },

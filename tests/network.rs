@@ -37,6 +37,14 @@ use common::{require_kernel_features, scratch_base, TestUser, BIN};
 const SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/net_service.py");
 /// The world's name server (UDP), which records the names it is asked.
 const DNS_SERVICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/dns_service.py");
+/// Every package registry and source host at once, on the "internet": it
+/// records the server name each TLS connection asks for.
+const REGISTRY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/tls_sni_recorder.py"
+);
+/// Where the world's name server says the registries are.
+const REGISTRY_ADDRESS: &str = "198.51.100.4";
 /// The host's services: one on its loopback (recording), one on every
 /// address, one on its IPv6 loopback only (as Node's `localhost` and
 /// Vite's default bind).
@@ -56,6 +64,8 @@ struct World {
     internet_record: PathBuf,
     /// The names the name server was asked about, one per line.
     dns_record: PathBuf,
+    /// The server names the registries' host was asked for, one per line.
+    registry_record: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -81,6 +91,7 @@ fn world() -> World {
              ip addr add 192.0.2.2/24 dev vb
              ip addr add 198.51.100.2/24 dev vb
              ip addr add 198.51.100.3/24 dev vb
+             ip addr add {REGISTRY_ADDRESS}/24 dev vb
              ip addr add fd77::2/64 dev vb nodad
              ip addr add 2001:db8:1::2/64 dev vb nodad
              ip addr add 2001:db8::2/64 dev vb nodad
@@ -121,7 +132,16 @@ fn world() -> World {
     let dns = [DNS_SERVICE, RESOLVER, "53"]
         .map(PathBuf::from)
         .into_iter()
-        .chain([dns_record.clone(), "10.77.0.2".into()]);
+        .chain([
+            dns_record.clone(),
+            "10.77.0.2".into(),
+            REGISTRY_ADDRESS.into(),
+        ]);
+    let registry_record = dir.path().join("registry-record");
+    let registry = [REGISTRY, REGISTRY_ADDRESS, "443"]
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([registry_record.clone()]);
     for (ns, argv) in [
         (
             &host,
@@ -131,6 +151,7 @@ fn world() -> World {
         (&host, service_argv("::1", V6_ONLY_PORT, None)),
         (&internet, service_argv(RESOLVER, 53, None)),
         (&internet, dns.collect()),
+        (&internet, registry.collect()),
     ] {
         let mut cmd = Command::new("python3");
         cmd.args(argv).stdin(Stdio::null()).stdout(Stdio::piped());
@@ -148,6 +169,7 @@ fn world() -> World {
         record,
         internet_record,
         dns_record,
+        registry_record,
         _dir: dir,
     }
 }
@@ -781,4 +803,154 @@ fn run_says_what_the_command_sent_where() {
     );
     // The refused host carried nothing, and is not in the ledger.
     assert!(!stderr.contains("198.51.100.3:8080 ("), "{stderr}");
+}
+
+/// The tools a session runs most reach their registries and source hosts
+/// with no question: `npm ci`, `pip download`, `cargo fetch` and `git
+/// clone` of a GitHub repository, each as it is, through the sandbox's
+/// proxy (which they find in the environment), from a fresh home. The
+/// world's name server sends every registry to one host of the test's,
+/// which records the server name each TLS connection asks for and hangs
+/// up; the tools fail there, past the point a question would have come.
+#[test]
+fn package_managers_reach_their_registries_with_no_question() {
+    if !can_make_the_world() {
+        return;
+    }
+    let tools = PackageTools::find();
+    let world = world();
+    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
+    let home = scratch.path().join("home");
+    let ws = scratch.path().join("ws");
+    std::fs::create_dir_all(ws.join("crate/src")).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        ws.join("package.json"),
+        r#"{"name": "p", "version": "1.0.0", "dependencies": {"is-number": "7.0.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("package-lock.json"),
+        r#"{"name": "p", "version": "1.0.0", "lockfileVersion": 3, "requires": true, "packages": {
+            "": {"name": "p", "version": "1.0.0", "dependencies": {"is-number": "7.0.0"}},
+            "node_modules/is-number": {"version": "7.0.0",
+              "resolved": "https://registry.npmjs.org/is-number/-/is-number-7.0.0.tgz",
+              "integrity": "sha512-41Cifkg6e8TylSpdtTpeLVMqvSBEVzTttHvERD741+pnZ8ANv0004MRL43QKPDlK9cGvNp6NZWZUBlbGXYxxng=="}}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("crate/Cargo.toml"),
+        "[package]\nname = \"p\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nitoa = \"1\"\n",
+    )
+    .unwrap();
+    std::fs::write(ws.join("crate/src/lib.rs"), "").unwrap();
+    // Each tool once, with its retries off (a refused or failed
+    // connection is not tried again for minutes).
+    let mut script = String::new();
+    let mut wanted = Vec::new();
+    if let Some(npm) = &tools.npm {
+        script +=
+            &format!("{npm} ci --fetch-retries=0 --fetch-timeout=10000 --no-audit --no-fund; ");
+        wanted.push("registry.npmjs.org");
+    }
+    if let Some(python) = &tools.python {
+        script += &format!(
+            "{python} -m pip download --no-deps --no-cache-dir --retries 0 --timeout 10 -d dl six==1.16.0; "
+        );
+        wanted.push("pypi.org");
+    }
+    if let Some(cargo) = &tools.cargo {
+        script += &format!("(cd crate && {cargo} fetch); ");
+        wanted.push("index.crates.io");
+    }
+    if let Some(git) = &tools.git {
+        script += &format!("{git} clone -q https://github.com/rust-lang/itoa; ");
+        wanted.push("github.com");
+    }
+    script += "echo done";
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--", "sh", "-c", &script])
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", &tools.path)
+        .env("ZCODE_ACP_LOG", "warn")
+        .env("CARGO_HOME", home.join(".cargo"))
+        .env("CARGO_NET_RETRY", "0")
+        .env("CARGO_HTTP_TIMEOUT", "10")
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("npm_config_update_notifier", "false")
+        .current_dir(&ws)
+        .stdin(Stdio::null());
+    let _ns = world.host.enter(&mut cmd, None);
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout}{stderr}");
+    assert!(
+        !stderr.contains("the sandbox refused a connection"),
+        "a package manager's connection was refused (with an editor, it would have been a question):\n{stderr}"
+    );
+    let reached = std::fs::read_to_string(&world.registry_record).unwrap_or_default();
+    for host in wanted {
+        assert!(
+            reached.lines().any(|l| l == host),
+            "{host} was never reached (reached: {reached:?})\n{stdout}{stderr}"
+        );
+    }
+}
+
+/// The package tools on this machine, by the paths a sandboxed run with
+/// a fresh home can start them at (a rustup or pyenv shim needs the
+/// developer's home); a missing one is a printed skip of its part.
+struct PackageTools {
+    npm: Option<String>,
+    python: Option<String>,
+    cargo: Option<String>,
+    git: Option<String>,
+    path: String,
+}
+
+impl PackageTools {
+    fn find() -> PackageTools {
+        let output = |program: &str, args: &[&str]| -> Option<String> {
+            let out = Command::new(program).args(args).output().ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            (out.status.success() && text.starts_with('/')).then_some(text)
+        };
+        let which = |program: &str| output("sh", &["-c", &format!("command -v {program}")]);
+        let tool = |name: &str, found: Option<String>| {
+            found.or_else(|| {
+                common::skip(&format!(
+                    "no {name} here: its part of the package managers' session is left out"
+                ));
+                None
+            })
+        };
+        let npm = tool("npm", which("npm"));
+        let python = tool(
+            "Python with pip",
+            output("python3", &["-c", "import pip, sys; print(sys.executable)"]),
+        );
+        let cargo = tool(
+            "cargo",
+            output("rustup", &["which", "cargo"]).or_else(|| which("cargo")),
+        );
+        let git = tool("git", which("git"));
+        // Each tool's own directory first (node beside npm, rustc beside
+        // cargo), then the system's.
+        let mut path: Vec<String> = [&npm, &python, &cargo, &git]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some(std::path::Path::new(p).parent()?.display().to_string()))
+            .collect();
+        path.extend(["/usr/local/bin", "/usr/bin", "/bin"].map(String::from));
+        PackageTools {
+            npm,
+            python,
+            cargo,
+            git,
+            path: path.join(":"),
+        }
+    }
 }

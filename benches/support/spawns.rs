@@ -88,8 +88,90 @@ pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
         );
         took
     };
-    let (b, s) = alternate(n, run);
-    spawn_row(&format!("{what} ({n} each, alternating)"), b, s)
+    let Some(bwrap) = bubblewrap() else {
+        let (b, s) = alternate(n, run);
+        return spawn_row(&format!("{what} ({n} each, alternating)"), b, s);
+    };
+    // Bubblewrap in the same loop, as the peer this row is held to.
+    let (mut bare, mut ours, mut peer) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        bare.push(run(false));
+        ours.push(run(true));
+        let mut cmd = Command::new(&bwrap);
+        cmd.args(bubblewrap_args(&at.ws))
+            .args(argv)
+            .current_dir(&at.ws)
+            .env("HOME", &at.home);
+        let start = Instant::now();
+        let status = cmd.status().unwrap();
+        peer.push(start.elapsed());
+        assert!(status.success(), "bubblewrap failed: {cmd:?}");
+    }
+    let (b, s, p) = (median(bare), median(ours), median(peer));
+    format!(
+        "| {what} ({n} each, alternating; bubblewrap {:.2} ms, so zcode-acp is {:.2}x bubblewrap, goal: 1x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
+        ms(p),
+        s.as_secs_f64() / p.as_secs_f64(),
+        ms(b),
+        ms(s),
+        s.as_secs_f64() / b.as_secs_f64()
+    )
+}
+
+/// Bubblewrap, when installed (scripts/bench installs it as root) and
+/// able to set up its sandbox here.
+fn bubblewrap() -> Option<PathBuf> {
+    let found = ["/usr/bin/bwrap", "/usr/local/bin/bwrap"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    let Some(bwrap) = found else {
+        println!(
+            "bench: no bubblewrap here (scripts/bench installs it as root): its column is left out"
+        );
+        return None;
+    };
+    let works = Command::new(&bwrap)
+        .args(bubblewrap_args(Path::new("/tmp")))
+        .arg("true")
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        println!("bench: bubblewrap cannot set up its sandbox here: its column is left out");
+        return None;
+    }
+    Some(bwrap)
+}
+
+/// Bubblewrap set up as close to `zcode-acp run` as it can say: user,
+/// PID, IPC and network namespaces, `/` read-only, the workspace
+/// writable, a private `/tmp`, its own `/dev` and `/proc`. (It has no
+/// Landlock, seccomp filter, protected paths, proxy or audit.)
+fn bubblewrap_args(ws: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+    ]
+    .map(Into::into)
+    .to_vec();
+    args.push(ws.into());
+    args.push(ws.into());
+    args.push("--".into());
+    args
 }
 
 /// A spawn row: the baseline's and the sandboxed median, and their ratio.

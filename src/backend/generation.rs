@@ -170,14 +170,21 @@ impl Generation {
             let mut ours = tokio::io::stderr();
             let mut buf = vec![0u8; 8192];
             let mut handed = 0;
+            let mut announced = 0;
             loop {
                 match stderr.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         let refusals = kept.lock().map(|mut t| t.feed(&buf[..n]));
                         for line in refusals.unwrap_or_default() {
-                            if handed < MAX_REFUSAL_LINES {
-                                handed += 1;
+                            // The sandbox's own word has a budget of its
+                            // own: the agent's lines do not use it up.
+                            let budget = match crate::policy::refused::announced(&line) {
+                                Some(_) => &mut announced,
+                                None => &mut handed,
+                            };
+                            if *budget < MAX_REFUSAL_LINES {
+                                *budget += 1;
                                 let _ = told.send((id, BackendEvent::RefusedOnStderr(line)));
                             }
                         }

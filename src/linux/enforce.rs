@@ -200,7 +200,7 @@ impl Enforce for LinuxEnforcer {
             spec = spec.noting_refusals(&armed.policy);
             spec.announce_refusals = spec.note_refusals;
             if !spec.announce_refusals {
-                tracing::warn!("the agent's shell shows the editor nothing, and this kernel cannot watch its writes (no seccomp user notification): a write the sandbox refuses in its shell is refused without a question in the editor");
+                tracing::warn!("the agent's shell shows the editor nothing, and its writes cannot be watched here (a kernel before 5.14, or a sandbox or container around zcode-acp that already holds a seccomp listener): a write the sandbox refuses in its shell is refused without a question in the editor; allow a place with `zcode-acp allow PATH`");
             }
         }
         if launch == Launch::Terminal {

@@ -384,6 +384,10 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 Syscall::DropCapabilities,
                 sys::drop_all_capabilities(is_root),
             )?;
+            let noted = supervisor.as_ref().and_then(|s| s.refusals());
+            // From here on (signals blocked, capabilities dropped), a
+            // thread of its own serves the supervisor.
+            let mut supervisor = supervisor.and_then(|s| s.serve_in_background());
             let code = wait_for_init(
                 child,
                 &forwarded,
@@ -394,11 +398,11 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 end_leftovers();
             }
             // `run`'s last line (an agent's refusals were said as they came).
-            if let Some(line) = supervisor
-                .as_ref()
-                .filter(|_| !spec.announce_refusals)
-                .and_then(|s| s.refusals_line())
-            {
+            if let Some(line) = noted.filter(|_| !spec.announce_refusals).and_then(|n| {
+                n.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .line(dirs::home_dir().as_deref())
+            }) {
                 eprintln!("{line}");
             }
             Ok(code)

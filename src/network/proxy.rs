@@ -452,8 +452,9 @@ async fn socks5(judge: &Judge, mut client: TcpStream) {
     match judge.connect(&host, port).await {
         Ok(mut upstream) => {
             if client.write_all(&reply(0)).await.is_ok() {
-                if judge.policy.only_by_default_list(&host, port) {
-                    let Some(first) = own_name_only(&mut client, &host, Vec::new()).await else {
+                if let Some(strict) = checked(judge.policy.tunnel_check(&host, port)) {
+                    let Some(first) = own_name_only(&mut client, &host, Vec::new(), strict).await
+                    else {
                         return;
                     };
                     if let Ok(addr) = upstream.peer_addr() {
@@ -583,8 +584,8 @@ async fn http(judge: &Judge, mut client: TcpStream) {
             {
                 return;
             }
-            if judge.policy.only_by_default_list(&host, port) {
-                match own_name_only(&mut client, &host, rest).await {
+            if let Some(strict) = checked(judge.policy.tunnel_check(&host, port)) {
+                match own_name_only(&mut client, &host, rest, strict).await {
                     Some(first) => rest = first,
                     None => return,
                 }
@@ -637,16 +638,37 @@ async fn http(judge: &Judge, mut client: TcpStream) {
     crate::network::ledger::relay(&mut client, &mut upstream, &judge.ledger, &host, port).await;
 }
 
-/// A tunnel that only the default list opens (`host` on HTTPS): the
-/// client's first bytes must be a TLS ClientHello asking for `host`
-/// itself, or the tunnel is closed (behind a shared front, another name
-/// would reach another site). Returns the bytes read, to be sent on.
-async fn own_name_only(client: &mut TcpStream, host: &str, mut first: Vec<u8>) -> Option<Vec<u8>> {
+/// Whether a tunnel is checked, and how strictly (see [`own_name_only`]).
+fn checked(check: crate::policy::network::TunnelCheck) -> Option<bool> {
+    use crate::policy::network::TunnelCheck;
+    match check {
+        TunnelCheck::Open => None,
+        TunnelCheck::OwnNameOnly => Some(true),
+        TunnelCheck::NoOtherName => Some(false),
+    }
+}
+
+/// Reads a tunnel's first bytes until its TLS ClientHello is whole, and
+/// returns them (to be sent on) when it asks for `host` itself. `strict`
+/// (what the default list alone opens): nothing else passes. Otherwise (a
+/// name someone allowed, on the TLS port): only a ClientHello for another
+/// name is refused; a tunnel that is not TLS, or names no server, passes.
+/// Either way the first bytes must come within 10 s.
+async fn own_name_only(
+    client: &mut TcpStream,
+    host: &str,
+    mut first: Vec<u8>,
+    strict: bool,
+) -> Option<Vec<u8>> {
     use crate::network::sni::{client_hello, Hello, MAX_RECORD};
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let want = host.trim_end_matches('.').to_ascii_lowercase();
     loop {
         let why = match client_hello(&first) {
+            // Not a TLS record, whole or not: nothing to check.
+            Hello::Incomplete(_) if !strict && first.first().is_some_and(|b| *b != 22) => {
+                return Some(first)
+            }
             Hello::Incomplete(need) if need <= MAX_RECORD => {
                 let mut chunk = vec![0u8; need.saturating_sub(first.len()).max(1)];
                 let n = match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
@@ -657,14 +679,18 @@ async fn own_name_only(client: &mut TcpStream, host: &str, mut first: Vec<u8>) -
                 continue;
             }
             Hello::Tls(Some(name)) if name.trim_end_matches('.') == want => return Some(first),
+            Hello::Tls(None) | Hello::NotTls if !strict => return Some(first),
             // The client's bytes: quoted, so no name can write lines.
             Hello::Tls(Some(name)) => format!("its TLS asks for {name:?}"),
             Hello::Tls(None) => "its TLS names no server".to_owned(),
             Hello::Incomplete(_) | Hello::NotTls => "it does not start with TLS".to_owned(),
         };
-        tracing::warn!(
-            "the sandbox closed a tunnel to {host}, which the default list opens for {host} itself only: {why}"
-        );
+        let opened = if strict {
+            "which the default list opens for"
+        } else {
+            "which was allowed for"
+        };
+        tracing::warn!("the sandbox closed a tunnel to {host}, {opened} {host} itself only: {why}");
         return None;
     }
 }
@@ -718,7 +744,7 @@ mod tests {
                 let _ = client.write_all(&b).await;
                 client
             });
-            let got = own_name_only(&mut server, "registry.npmjs.org", Vec::new()).await;
+            let got = own_name_only(&mut server, "registry.npmjs.org", Vec::new(), true).await;
             assert_eq!(
                 got.is_some(),
                 allowed,
@@ -729,6 +755,35 @@ mod tests {
                 assert_eq!(first, sent, "the bytes read are sent on whole");
             }
             drop(writer.await);
+        }
+    }
+
+    /// A tunnel to a name someone allowed carries what it likes but a
+    /// ClientHello for another name (another site behind a shared front).
+    #[tokio::test]
+    async fn an_allowed_names_tunnel_may_not_ask_for_another_name() {
+        use tokio::io::AsyncWriteExt;
+        let hello = |host| crate::network::sni::hello_naming(Some(host));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        for (sent, allowed) in [
+            (hello("git.example.com"), true),
+            (crate::network::sni::hello_naming(None), true),
+            (hello("evil.workers.dev"), false),
+            (b"SSH-2.0-OpenSSH_9.2\r\n".to_vec(), true),
+            (b"\x01".to_vec(), true),
+        ] {
+            let mut client = TcpStream::connect(at).await.unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            client.write_all(&sent).await.unwrap();
+            let got = own_name_only(&mut server, "git.example.com", Vec::new(), false).await;
+            assert_eq!(
+                got.is_some(),
+                allowed,
+                "{:?}",
+                String::from_utf8_lossy(&sent)
+            );
+            drop(client);
         }
     }
 

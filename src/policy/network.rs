@@ -37,6 +37,17 @@ pub use crate::config::network::{
     Egress, HostLoopback, Lan, NetworkTable, MAX_HOSTS, MAX_HOST_LEN, MAX_PORTS, PROXY_PORT,
 };
 
+/// What a tunnel must start with before its bytes are passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelCheck {
+    /// Nothing: an address, another port, or the open internet.
+    Open,
+    /// A TLS ClientHello for this very name (what the default list opens).
+    OwnNameOnly,
+    /// No TLS ClientHello for another name (a name someone allowed).
+    NoOtherName,
+}
+
 /// The table, as the user config and sandbox.json write it:
 /// `"network": {"hostLoopback": "deny" | "allow" | [ports], "lan": "deny"
 /// | "allow", "egress": "allow" | [host patterns]}`.
@@ -161,6 +172,26 @@ impl NetworkPolicy {
             let (pattern, listed_port) = entry_parts(e);
             listed_port == port && host_matches(pattern, host)
         })
+    }
+
+    /// What a tunnel (CONNECT or SOCKS) to `host:port` must start with
+    /// (see `network::sni`).
+    pub fn tunnel_check(&self, host: &str, port: u16) -> TunnelCheck {
+        if self.only_by_default_list(host, port) {
+            return TunnelCheck::OwnNameOnly;
+        }
+        let named = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .is_err();
+        // A name someone allowed (listed, or answered "yes") on the TLS
+        // port: behind a shared front, a ClientHello for another name
+        // would reach another site, one nobody allowed.
+        if named && port == 443 && matches!(self.egress, Egress::Hosts(_)) {
+            return TunnelCheck::NoOtherName;
+        }
+        TunnelCheck::Open
     }
 
     /// Whether a connection to `host:port` is allowed only because the

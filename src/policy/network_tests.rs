@@ -124,6 +124,15 @@ fn the_default_closes_the_host_and_the_lan_and_asks_beyond_its_list() {
         "the user listed it"
     );
     assert!(!p.only_by_default_list("151.101.0.223", 443));
+    use super::TunnelCheck;
+    assert_eq!(p.tunnel_check("pypi.org", 443), TunnelCheck::OwnNameOnly);
+    assert_eq!(mine.tunnel_check("pypi.org", 443), TunnelCheck::NoOtherName);
+    assert_eq!(
+        p.tunnel_check("asked.example", 443),
+        TunnelCheck::NoOtherName
+    );
+    assert_eq!(p.tunnel_check("asked.example", 22), TunnelCheck::Open);
+    assert_eq!(p.tunnel_check("151.101.0.223", 443), TunnelCheck::Open);
     match d("example.com", 443, "93.184.216.34") {
         Verdict::Deny {
             zone: Zone::Public,

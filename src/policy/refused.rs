@@ -65,10 +65,12 @@ pub fn announcement(path: &Path) -> Option<String> {
     (!text.contains(['\n', '\r']) && line.len() <= MAX_ANNOUNCEMENT_BYTES).then_some(line)
 }
 
-/// The path an announcement line names.
+/// The path an announcement line names (it may follow a partial line of
+/// the agent's own, left without its line break).
 pub fn announced(line: &str) -> Option<PathBuf> {
     let line = line.strip_suffix('\n').unwrap_or(line);
-    let path = line.strip_prefix(ANNOUNCED)?.strip_suffix(END)?;
+    let at = line.find(ANNOUNCED)?;
+    let path = line[at + ANNOUNCED.len()..].strip_suffix(END)?;
     path.starts_with('/').then(|| PathBuf::from(path))
 }
 
@@ -256,6 +258,12 @@ mod tests {
         let long = format!("/o/{}", "x".repeat(super::MAX_ANNOUNCEMENT_BYTES));
         assert_eq!(super::announcement(std::path::Path::new(&long)), None);
         assert_eq!(super::announced("Read-only file system: /o/x"), None);
+        // After a partial line of the agent's own.
+        let line = super::announcement(std::path::Path::new("/o/y")).unwrap();
+        assert_eq!(
+            super::announced(&format!("progress 40%{line}")).unwrap(),
+            std::path::Path::new("/o/y")
+        );
     }
 
     use super::*;

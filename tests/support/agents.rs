@@ -283,6 +283,12 @@ impl Agent {
         )
     }
 
+    /// Whether the agent's shell tool shows the editor nothing of what a
+    /// command printed (its profile's `quiet_shell`): Gemini CLI 0.61.
+    pub fn quiet_shell(self) -> bool {
+        self == Agent::Gemini
+    }
+
     /// Whether the agent restores every session it saved (`session/load`),
     /// as a re-arm needs. Gemini CLI 0.61 does not when the load comes in
     /// the same clock minute as the session began: it names a session's

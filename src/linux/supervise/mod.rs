@@ -127,11 +127,18 @@ pub struct Supervisor {
     policy: Policy,
     listener: Option<OwnedFd>,
     /// `zcode-acp run`: the refused writes seen go by, for its last line.
-    refusals: Option<std::cell::RefCell<crate::policy::refused::Refusals>>,
+    refusals: Option<Noted>,
     /// Each refused write is also said on stderr as it is first seen (an
     /// agent whose shell shows the editor nothing).
     announce: bool,
+    /// Where those lines go to be written, by a thread of their own: a
+    /// stderr nobody reads must not hold the calls that wait on us.
+    announcer: Option<std::sync::mpsc::SyncSender<String>>,
 }
+
+/// The refused writes a supervisor noted, shared with the thread that
+/// serves it.
+pub type Noted = std::sync::Arc<std::sync::Mutex<crate::policy::refused::Refusals>>;
 
 /// Why the supervisor could not be prepared.
 #[derive(Debug, thiserror::Error)]
@@ -178,18 +185,55 @@ impl Supervisor {
             proc_fd,
             policy,
             listener: None,
-            refusals: note_refusals.then(Default::default),
+            refusals: note_refusals.then(Noted::default),
             announce,
+            announcer: None,
         })
     }
 
-    /// The line that says which writes the sandbox refused, if it noted
-    /// any.
-    pub fn refusals_line(&self) -> Option<String> {
-        self.refusals
-            .as_ref()?
-            .borrow()
-            .line(dirs::home_dir().as_deref())
+    /// The writes it notes the sandbox refused (`run`'s last line), if it
+    /// notes them.
+    pub fn refusals(&self) -> Option<Noted> {
+        self.refusals.clone()
+    }
+
+    /// Serves every call from a thread of its own, blocked in the kernel's
+    /// receive: with the synchronous wake-up asked for in
+    /// `receive_listener`, a caller's notification then wakes the
+    /// supervisor on the caller's own core, where a `poll` beside other
+    /// descriptors would be woken from anywhere (see BENCHMARKS.md). The
+    /// thread starts with this thread's signal mask and capabilities, so
+    /// it must start after both are set. Gives the supervisor back when no
+    /// thread can be had (the caller's loop then serves it).
+    pub fn serve_in_background(mut self) -> Option<Supervisor> {
+        if self.listener.is_none() {
+            return Some(self);
+        }
+        if self.announce {
+            self.announcer = announcer();
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Supervisor>(1);
+        let spawned = std::thread::Builder::new()
+            .name("supervisor".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let Ok(supervisor) = rx.recv() else {
+                    return;
+                };
+                // Until the process ends: with every supervised process
+                // gone the receive blocks for good, which is harmless.
+                while supervisor.serve_one() {}
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = tx.send(self);
+                None
+            }
+            Err(e) => {
+                tracing::debug!("serving the supervisor from the helper's loop ({e})");
+                Some(self)
+            }
+        }
     }
 
     /// Notes the names `call` writes that the policy refuses, made
@@ -223,16 +267,17 @@ impl Supervisor {
                 refusals::When::Present => exists(),
             };
             if counts {
-                let mut refusals = cell.borrow_mut();
+                let mut refusals = cell.lock().unwrap_or_else(|e| e.into_inner());
                 let noted = refusals.note(&self.policy, path);
                 if let Some(line) = noted
                     .filter(|_| self.announce)
                     .and_then(crate::policy::refused::announcement)
                 {
-                    // One write of one line (shorter than a pipe's atomic
-                    // size), so it never interleaves with the agent's own.
-                    use std::io::Write;
-                    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                    match &self.announcer {
+                        // Dropped when the writer is that far behind.
+                        Some(queue) => drop(queue.try_send(line)),
+                        None => write_line(&line),
+                    }
                 }
             }
         }
@@ -265,13 +310,20 @@ impl Supervisor {
 
     /// Handles one pending call.
     pub fn handle_one(&self) {
+        self.serve_one();
+    }
+
+    /// Waits for one call and handles it; false when no call can come
+    /// any more (no listener, or one the kernel no longer serves).
+    fn serve_one(&self) -> bool {
         let Some(listener) = self.listener() else {
-            return;
+            return false;
         };
         let n = match kernel::receive(listener) {
             Ok(n) => n,
             // The caller went away before we looked, or a signal came.
-            Err(_) => return,
+            Err(Errno::ENOENT | Errno::EINTR) => return true,
+            Err(_) => return false,
         };
         let pid = n.pid;
         let call = decide::decode(n.data.nr as u32, n.data.args, &mut |addr| {
@@ -290,14 +342,15 @@ impl Supervisor {
                 self.note_refusals(pid, call);
             }
             kernel::let_continue(listener, n.id);
-            return;
+            return true;
         };
         // The pid might have been reused since the call was made; act only
         // for a caller still waiting on this very call.
         if !kernel::still_waiting(listener, n.id) {
-            return;
+            return true;
         }
         act::perform(self, &act, n.id, pid);
+        true
     }
 
     /// Whether the caller's directory argument (or its working directory)
@@ -367,6 +420,30 @@ pub fn install_filter(supervisor: Option<BorrowedFd<'_>>) -> Result<(), Errno> {
             sys::install_seccomp(&filters, false).map(drop)
         }
     }
+}
+
+/// The thread that writes the announcements of refused writes, with the
+/// queue it reads (none when no thread can be had: then they are written
+/// where they are noted).
+fn announcer() -> Option<std::sync::mpsc::SyncSender<String>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<String>(crate::policy::refused::MAX_NOTED);
+    std::thread::Builder::new()
+        .name("announcer".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            for line in rx {
+                write_line(&line);
+            }
+        })
+        .ok()
+        .map(|_| tx)
+}
+
+/// One write of one line (shorter than a pipe's atomic size), so it never
+/// interleaves with the agent's own.
+fn write_line(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// A name as a C string (names never hold NUL: they came from one).
