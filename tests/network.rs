@@ -867,6 +867,10 @@ fn package_managers_reach_their_registries_with_no_question() {
         script += &format!("{git} clone -q https://github.com/rust-lang/itoa; ");
         wanted.push("github.com");
     }
+    if wanted.is_empty() {
+        // Each missing tool said it skipped.
+        return;
+    }
     script += "echo done";
     let mut cmd = Command::new(BIN);
     cmd.args(["run", "--", "sh", "-c", &script])

@@ -178,7 +178,9 @@ impl Generation {
                         let refusals = kept.lock().map(|mut t| t.feed(&buf[..n]));
                         for line in refusals.unwrap_or_default() {
                             // The sandbox's own word has a budget of its
-                            // own: the agent's lines do not use it up.
+                            // own: the agent's refusal lines do not use it
+                            // up (a forged announcement does, which only
+                            // hides the agent's own refusals).
                             let budget = match crate::policy::refused::announced(&line) {
                                 Some(_) => &mut announced,
                                 None => &mut handed,

@@ -6,6 +6,7 @@ pub mod asks;
 pub mod ledger;
 pub mod proxy;
 pub mod sni;
+mod tunnel;
 
 /// After a failed accept (out of descriptors, mostly): a pause, so a loop
 /// of accepts does not spin while the connections holding them are open.

@@ -452,8 +452,10 @@ async fn socks5(judge: &Judge, mut client: TcpStream) {
     match judge.connect(&host, port).await {
         Ok(mut upstream) => {
             if client.write_all(&reply(0)).await.is_ok() {
-                if let Some(strict) = checked(judge.policy.tunnel_check(&host, port)) {
-                    let Some(first) = own_name_only(&mut client, &host, Vec::new(), strict).await
+                if let Some(strict) = super::tunnel::checked(judge.policy.tunnel_check(&host, port))
+                {
+                    let Some(first) =
+                        super::tunnel::own_name_only(&mut client, &host, Vec::new(), strict).await
                     else {
                         return;
                     };
@@ -584,8 +586,8 @@ async fn http(judge: &Judge, mut client: TcpStream) {
             {
                 return;
             }
-            if let Some(strict) = checked(judge.policy.tunnel_check(&host, port)) {
-                match own_name_only(&mut client, &host, rest, strict).await {
+            if let Some(strict) = super::tunnel::checked(judge.policy.tunnel_check(&host, port)) {
+                match super::tunnel::own_name_only(&mut client, &host, rest, strict).await {
                     Some(first) => rest = first,
                     None => return,
                 }
@@ -638,63 +640,6 @@ async fn http(judge: &Judge, mut client: TcpStream) {
     crate::network::ledger::relay(&mut client, &mut upstream, &judge.ledger, &host, port).await;
 }
 
-/// Whether a tunnel is checked, and how strictly (see [`own_name_only`]).
-fn checked(check: crate::policy::network::TunnelCheck) -> Option<bool> {
-    use crate::policy::network::TunnelCheck;
-    match check {
-        TunnelCheck::Open => None,
-        TunnelCheck::OwnNameOnly => Some(true),
-        TunnelCheck::NoOtherName => Some(false),
-    }
-}
-
-/// Reads a tunnel's first bytes until its TLS ClientHello is whole, and
-/// returns them (to be sent on) when it asks for `host` itself. `strict`
-/// (what the default list alone opens): nothing else passes. Otherwise (a
-/// name someone allowed, on the TLS port): only a ClientHello for another
-/// name is refused; a tunnel that is not TLS, or names no server, passes.
-/// Either way the first bytes must come within 10 s.
-async fn own_name_only(
-    client: &mut TcpStream,
-    host: &str,
-    mut first: Vec<u8>,
-    strict: bool,
-) -> Option<Vec<u8>> {
-    use crate::network::sni::{client_hello, Hello, MAX_RECORD};
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let want = host.trim_end_matches('.').to_ascii_lowercase();
-    loop {
-        let why = match client_hello(&first) {
-            // Not a TLS record, whole or not: nothing to check.
-            Hello::Incomplete(_) if !strict && first.first().is_some_and(|b| *b != 22) => {
-                return Some(first)
-            }
-            Hello::Incomplete(need) if need <= MAX_RECORD => {
-                let mut chunk = vec![0u8; need.saturating_sub(first.len()).max(1)];
-                let n = match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => n,
-                    _ => return None,
-                };
-                first.extend_from_slice(&chunk[..n]);
-                continue;
-            }
-            Hello::Tls(Some(name)) if name.trim_end_matches('.') == want => return Some(first),
-            Hello::Tls(None) | Hello::NotTls if !strict => return Some(first),
-            // The client's bytes: quoted, so no name can write lines.
-            Hello::Tls(Some(name)) => format!("its TLS asks for {name:?}"),
-            Hello::Tls(None) => "its TLS names no server".to_owned(),
-            Hello::Incomplete(_) | Hello::NotTls => "it does not start with TLS".to_owned(),
-        };
-        let opened = if strict {
-            "which the default list opens for"
-        } else {
-            "which was allowed for"
-        };
-        tracing::warn!("the sandbox closed a tunnel to {host}, {opened} {host} itself only: {why}");
-        return None;
-    }
-}
-
 /// `host:port`, `[v6]:port` or a bare host (with the default port).
 fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
     let authority = authority.rsplit('@').next()?;
@@ -715,77 +660,6 @@ fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
 
 #[cfg(test)]
 mod tests {
-
-    /// A tunnel the default list alone opens carries TLS for that very
-    /// name, or nothing: another name behind the same front is refused,
-    /// as is a tunnel that does not start with TLS.
-    #[tokio::test]
-    async fn a_default_list_tunnel_must_ask_for_its_own_name() {
-        use tokio::io::AsyncWriteExt;
-        let hello = |host| crate::network::sni::hello_naming(Some(host));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let at = listener.local_addr().unwrap();
-        for (sent, allowed) in [
-            (hello("Registry.npmjs.org"), true),
-            (hello("evil.workers.dev"), false),
-            (
-                b"GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n".to_vec(),
-                false,
-            ),
-        ] {
-            let mut client = TcpStream::connect(at).await.unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
-            // Split in two, as TCP may deliver it.
-            let (a, b) = sent.split_at(7);
-            client.write_all(a).await.unwrap();
-            let b = b.to_vec();
-            let writer = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let _ = client.write_all(&b).await;
-                client
-            });
-            let got = own_name_only(&mut server, "registry.npmjs.org", Vec::new(), true).await;
-            assert_eq!(
-                got.is_some(),
-                allowed,
-                "{:?}",
-                String::from_utf8_lossy(&sent)
-            );
-            if let Some(first) = got {
-                assert_eq!(first, sent, "the bytes read are sent on whole");
-            }
-            drop(writer.await);
-        }
-    }
-
-    /// A tunnel to a name someone allowed carries what it likes but a
-    /// ClientHello for another name (another site behind a shared front).
-    #[tokio::test]
-    async fn an_allowed_names_tunnel_may_not_ask_for_another_name() {
-        use tokio::io::AsyncWriteExt;
-        let hello = |host| crate::network::sni::hello_naming(Some(host));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let at = listener.local_addr().unwrap();
-        for (sent, allowed) in [
-            (hello("git.example.com"), true),
-            (crate::network::sni::hello_naming(None), true),
-            (hello("evil.workers.dev"), false),
-            (b"SSH-2.0-OpenSSH_9.2\r\n".to_vec(), true),
-            (b"\x01".to_vec(), true),
-        ] {
-            let mut client = TcpStream::connect(at).await.unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
-            client.write_all(&sent).await.unwrap();
-            let got = own_name_only(&mut server, "git.example.com", Vec::new(), false).await;
-            assert_eq!(
-                got.is_some(),
-                allowed,
-                "{:?}",
-                String::from_utf8_lossy(&sent)
-            );
-            drop(client);
-        }
-    }
 
     use super::*;
 

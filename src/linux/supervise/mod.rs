@@ -223,6 +223,9 @@ impl Supervisor {
                 // Until the process ends: with every supervised process
                 // gone the receive blocks for good, which is harmless.
                 while supervisor.serve_one() {}
+                // The listener failed: closing it (with the supervisor)
+                // fails the calls it would have served, none waits.
+                tracing::error!("the sandbox's supervisor stopped: the names its profile grants (such as ~/.claude.json) cannot be written until the sandbox is started again");
             });
         match spawned {
             Ok(_) => {
