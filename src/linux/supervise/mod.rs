@@ -215,7 +215,6 @@ impl Supervisor {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Supervisor>(1);
         let spawned = std::thread::Builder::new()
             .name("supervisor".into())
-            .stack_size(256 * 1024)
             .spawn(move || {
                 let Ok(supervisor) = rx.recv() else {
                     return;
@@ -432,7 +431,6 @@ fn announcer() -> Option<std::sync::mpsc::SyncSender<String>> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<String>(crate::policy::refused::MAX_NOTED);
     std::thread::Builder::new()
         .name("announcer".into())
-        .stack_size(64 * 1024)
         .spawn(move || {
             for line in rx {
                 write_line(&line);
