@@ -14,6 +14,41 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 /// on stderr directly is not said there twice.
 pub const FILE_ONLY: &str = "zcode_acp::file_only";
 
+/// The log file (`--log-file`), while this process writes to it.
+static LOG_FILE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Writes to the log file, or nowhere once it was let go of.
+struct LogFile;
+
+impl std::io::Write for LogFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match LOG_FILE.lock().as_deref_mut() {
+            Ok(Some(file)) => file.write(buf),
+            _ => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match LOG_FILE.lock().as_deref_mut() {
+            Ok(Some(file)) => file.flush(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Stops writing to the log file, leaving its descriptor to the caller
+/// (not closed here): a forked child that closes or reuses the
+/// descriptors it inherited (the sandbox's network proxy) must not write
+/// its log lines into whatever takes that number next.
+pub fn let_go_of_the_log_file() {
+    use std::os::fd::IntoRawFd;
+    if let Ok(mut slot) = LOG_FILE.lock() {
+        if let Some(file) = slot.take() {
+            let _ = file.into_raw_fd();
+        }
+    }
+}
+
 /// Installs the global subscriber. The level comes from `ZCODE_ACP_LOG`,
 /// else `RUST_LOG`, else `info` (the MCP SDK's own chatter at `warn`).
 pub fn init(log_file: Option<&Path>) -> anyhow::Result<()> {
@@ -35,9 +70,12 @@ pub fn init(log_file: Option<&Path>) -> anyhow::Result<()> {
                 .append(true)
                 .open(path)
                 .map_err(|e| anyhow::anyhow!("cannot open the log file {}: {e}", path.display()))?;
+            if let Ok(mut slot) = LOG_FILE.lock() {
+                *slot = Some(f);
+            }
             Some(
                 fmt::layer()
-                    .with_writer(std::sync::Mutex::new(f))
+                    .with_writer(|| LogFile)
                     .with_ansi(false)
                     .with_filter(filter()),
             )

@@ -136,10 +136,6 @@ enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
-    /// Internal: the sandbox's network proxy, started by the helper.
-    #[cfg(target_os = "linux")]
-    #[command(name = "__netproxy", hide = true)]
-    NetProxy,
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
@@ -257,15 +253,6 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::NetProxy) => {
-            return match zcode_acp::linux::net::proxy_main() {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("zcode-acp network proxy: {e}");
-                    ExitCode::from(1)
-                }
-            };
-        }
         Some(Command::Doctor(args)) => {
             return match zcode_acp::commands::doctor::run(args) {
                 Ok(true) => ExitCode::SUCCESS,
@@ -333,12 +320,7 @@ fn main() -> ExitCode {
                 zcode_acp::commands::profile::run(args).map(|_| ExitCode::SUCCESS)
             }
             #[cfg(target_os = "linux")]
-            Some(
-                Command::Sandbox { .. }
-                | Command::Doctor(_)
-                | Command::Keeper { .. }
-                | Command::NetProxy,
-            ) => {
+            Some(Command::Sandbox { .. } | Command::Doctor(_) | Command::Keeper { .. }) => {
                 unreachable!("handled before the runtime starts")
             }
             #[cfg(any(target_os = "linux", target_os = "macos"))]

@@ -2296,7 +2296,8 @@ fn run_leaves(p: &Places, user: Option<&TestUser>, home: &Path) {
 
 /// `zcode-acp run` is watched as the bridge's agent is: what the command
 /// plants is undone while it still runs (the command itself sees it gone),
-/// not only when it ends.
+/// not only when it ends; what it plants at once, before the watcher
+/// starts (a short command is only looked at when it ends), too.
 #[test]
 fn what_run_plants_is_undone_while_it_runs() {
     if !require_kernel_features() {
@@ -2305,17 +2306,60 @@ fn what_run_plants_is_undone_while_it_runs() {
     let p = places();
     let home = p.ws.parent().unwrap().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let script = "sleep 0.5; mkdir -p sub; echo evil > sub/.envrc; \
+    let script = "mkdir -p early; echo evil > early/.envrc; \
+                  for i in $(seq 50); do [ -e early/.envrc ] || break; sleep 0.1; done; \
+                  [ -e early/.envrc ] && echo early-still-there || echo early-gone; \
+                  mkdir -p sub; echo evil > sub/.envrc; \
                   for i in $(seq 50); do [ -e sub/.envrc ] || break; sleep 0.1; done; \
                   [ -e sub/.envrc ] && echo still-there || echo gone";
     let argv = run_sh(None, "none", &p.ws, script);
     let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stdout.contains("gone"), "{stdout} {stderr}");
+    assert!(stdout.contains("early-gone"), "{stdout} {stderr}");
+    assert!(stdout.lines().any(|l| l == "gone"), "{stdout} {stderr}");
+    assert!(!stdout.contains("still-there"), "{stdout} {stderr}");
+    for planted in ["early/.envrc", "sub/.envrc"] {
+        assert!(
+            stderr.contains(&format!("reverted {}", p.ws.join(planted).display())),
+            "{stderr}"
+        );
+    }
+}
+
+/// A directory the command makes listable but not searchable (mode 644)
+/// hides nothing from the look at its end: it is given back (it is the
+/// user's own) and a repository planted in a build environment inside is
+/// found and its config undone. Run as a user (root searches anything).
+#[test]
+fn what_run_hides_in_an_unsearchable_directory_is_found() {
+    if !require_kernel_features() {
+        return;
+    }
+    let user = TestUser::create();
+    let p = user.places();
+    let script = "mkdir -p d/node_modules && git init -q d/node_modules && \
+                  git -C d/node_modules config core.fsmonitor 'touch /nonexistent/x; false' && \
+                  chmod 644 d && echo planted";
+    let argv = run_sh(Some(&user), "none", &p.ws, script);
+    let (out, _) = run_argv_in_outer_ns_as(&p.ws, &argv, None, Some(&user));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("planted"), "{stdout} {stderr}");
+    let repo = p.ws.join("d/node_modules");
     assert!(
-        stderr.contains(&format!("reverted {}", p.ws.join("sub/.envrc").display())),
-        "{stderr}"
+        stderr.contains(&repo.display().to_string()),
+        "the planted repository was not found: {stderr}"
+    );
+    let fsmonitor = Command::new("git")
+        .args(["config", "--file"])
+        .arg(repo.join(".git/config"))
+        .args(["--get", "core.fsmonitor"])
+        .output()
+        .unwrap();
+    assert!(
+        fsmonitor.stdout.is_empty(),
+        "core.fsmonitor is still set: {stderr}"
     );
 }
 

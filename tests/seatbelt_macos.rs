@@ -464,3 +464,160 @@ fn servers_that_act_for_the_agent_outside_cannot_be_reached() {
     );
     assert!(reached_ours, "the agent's own socket must work");
 }
+
+/// The network under `zcode-acp run` (no editor to ask): out only through
+/// the run's proxy, outside the sandbox, which judges every destination
+/// by the network table; a program that ignores the proxy variables
+/// reaches no address at all, not even the Mac's own services; names are
+/// the proxy's to look up; a listed host loopback port is reached
+/// directly; what left is said at exit. Only this machine's loopback and
+/// a documentation address (never answered) are used.
+#[test]
+fn zcode_acp_run_goes_out_through_its_proxy_only() {
+    use std::io::{Read, Write};
+    let (_base, home, ws, _outside) = run_home();
+    // Two services of this Mac: one the table lists, one it does not.
+    let listed = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let unlisted = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let (listed_port, unlisted_port) = (
+        listed.local_addr().unwrap().port(),
+        unlisted.local_addr().unwrap().port(),
+    );
+    let config = home.join("Library/Application Support/zcode-acp");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        format!(r#"{{"network": {{"hostLoopback": [{listed_port}]}}}}"#),
+    )
+    .unwrap();
+    // The listed one answers each connection with a line.
+    listed.set_nonblocking(false).unwrap();
+    let server = std::thread::spawn(move || {
+        for stream in listed.incoming().take(2) {
+            let mut s = stream.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nyes");
+        }
+    });
+    let python = |code: &str| format!("/usr/bin/python3 -c '{code}'");
+    let script = [
+        // 1. Directly, ignoring the proxy: an address away (EPERM at once,
+        //    not a timeout), the unlisted service, the resolver.
+        python("import socket,errno,sys\ntry:\n  socket.create_connection((\"192.0.2.1\", 80), 5)\nexcept OSError as e:\n  sys.exit(0 if e.errno == errno.EPERM else 1)\nsys.exit(1)"),
+        format!("{} && echo away-refused", python(&format!("import socket,sys\ntry:\n  socket.create_connection((\"127.0.0.1\", {unlisted_port}), 5)\nexcept OSError:\n  sys.exit(0)\nsys.exit(1)"))),
+        python("import socket,sys\ntry:\n  socket.getaddrinfo(\"example.com\", 443)\nexcept OSError:\n  sys.exit(0)\nsys.exit(1)") + " && echo lookup-refused",
+        python("import socket\nsocket.getaddrinfo(\"localhost\", 80)") + " && echo localhost-named",
+        // 2. Through the proxy: the unlisted service refused with the way
+        //    to allow it; the listed one reached, directly and through it.
+        format!("/usr/bin/curl -s --noproxy \"\" -x \"$HTTP_PROXY\" http://127.0.0.1:{unlisted_port}/ ; echo"),
+        format!("/usr/bin/curl -s http://127.0.0.1:{listed_port}/ && echo ' direct'"),
+        format!("/usr/bin/curl -s --noproxy \"\" -x \"$HTTP_PROXY\" http://127.0.0.1:{listed_port}/ && echo ' proxied'"),
+    ];
+    let script: Vec<String> = script
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if i == 0 {
+                format!("{s} && echo address-refused")
+            } else {
+                s.clone()
+            }
+        })
+        .collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
+        .args(["run", "--workspace"])
+        .arg(&ws)
+        .args(["--", "/bin/sh", "-c"])
+        .arg(script.join("\n"))
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in [
+        "address-refused",
+        "away-refused",
+        "lookup-refused",
+        "localhost-named",
+        "yes direct",
+        "yes proxied",
+    ] {
+        assert!(stdout.contains(said), "{said} missing: {stdout}\n{stderr}");
+    }
+    assert!(
+        stdout.contains("hostLoopback"),
+        "the proxy's refusal says how to allow: {stdout}"
+    );
+    // Nothing of the unlisted service was reached.
+    unlisted.set_nonblocking(true).unwrap();
+    assert!(
+        unlisted.accept().is_err(),
+        "the unlisted service was reached"
+    );
+    // What went through the proxy is said at exit.
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{listed_port}")),
+        "no ledger line: {stderr}"
+    );
+    server.join().unwrap();
+}
+
+/// A server the agent starts on every address answers this Mac's loopback
+/// only: a connection that arrives at the Mac's own LAN address (as one
+/// from the LAN would) is refused, so nothing it serves leaves that way.
+#[test]
+fn a_server_the_agent_starts_answers_this_mac_only() {
+    use std::io::Read;
+    let (_base, home, ws, _outside) = run_home();
+    let port = {
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // This Mac's first address away from the loopback, if it has one.
+    let away: Option<std::net::Ipv4Addr> = nix::ifaddrs::getifaddrs().ok().and_then(|mut a| {
+        a.find_map(|i| {
+            let v4 = i.address?.as_sockaddr_in()?.ip();
+            (!v4.is_loopback() && !v4.is_link_local()).then_some(v4)
+        })
+    });
+    let server = format!(
+        "/usr/bin/python3 -c 'import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind((\"0.0.0.0\", {port}))\ns.listen(4)\ns.settimeout(6)\nprint(\"listening\", flush=True)\nwhile True:\n  try:\n    c, a = s.accept()\n  except OSError:\n    break\n  print(\"from\", a[0], flush=True)\n  c.sendall(b\"secret\")\n  c.close()'"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zcode-acp"))
+        .args(["run", "--workspace"])
+        .arg(&ws)
+        .args(["--", "/bin/sh", "-c"])
+        .arg(server)
+        .env("HOME", &home)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Wait for it to listen.
+    let mut first = [0u8; 10];
+    stdout.read_exact(&mut first).unwrap();
+    let fetch = |ip: std::net::IpAddr| -> String {
+        let Ok(mut c) = std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::new(ip, port),
+            std::time::Duration::from_secs(2),
+        ) else {
+            return String::new();
+        };
+        c.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    };
+    assert_eq!(fetch("127.0.0.1".parse().unwrap()), "secret");
+    match away {
+        Some(ip) => assert_eq!(
+            fetch(ip.into()),
+            "",
+            "a connection that arrived at {ip} was served"
+        ),
+        None => println!("skipped: this Mac has no address away from the loopback"),
+    }
+    let _ = child.wait();
+}

@@ -197,11 +197,9 @@ pub struct Seen {
     pub mode: u32,
 }
 
-impl Seen {
-    pub fn of(meta: &std::fs::Metadata) -> Seen {
-        use std::os::unix::fs::MetadataExt;
-        let t = meta.file_type();
-        let kind = if t.is_symlink() {
+impl Kind {
+    pub fn of(t: std::fs::FileType) -> Kind {
+        if t.is_symlink() {
             Kind::Symlink
         } else if t.is_dir() {
             Kind::Dir
@@ -209,9 +207,15 @@ impl Seen {
             Kind::File
         } else {
             Kind::Other
-        };
+        }
+    }
+}
+
+impl Seen {
+    pub fn of(meta: &std::fs::Metadata) -> Seen {
+        use std::os::unix::fs::MetadataExt;
         Seen {
-            kind,
+            kind: Kind::of(meta.file_type()),
             len: meta.len(),
             ctime: (meta.ctime(), meta.ctime_nsec()),
             ino: meta.ino(),
@@ -444,6 +448,20 @@ fn walk_dir(
             return;
         }
     };
+    // Listed but not searchable (no `x`): what is listed could not be
+    // looked at (the kinds come from the listing, which needs no `x`, but
+    // a repository inside, a link's target or a judged entry do), so it is
+    // given back once here, or said.
+    if !given_back
+        && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK)
+            == Err(nix::errno::Errno::EACCES)
+    {
+        given_back = give_back(dir);
+        if !given_back {
+            out.unreadable.push(dir.to_path_buf());
+            return;
+        }
+    }
     let mut subdirs = Vec::new();
     let (mut head, mut objects, mut refs) = (false, false, false);
     for entry in entries.flatten() {
@@ -453,14 +471,17 @@ fn walk_dir(
         *budget -= 1;
         let name = entry.file_name();
         let path = entry.path();
-        let meta = match entry.metadata() {
-            Ok(m) => m,
+        // The kind from the listing (no call where the file system gives
+        // it); the rest of what an entry is, only for one that is judged:
+        // a workspace's thousands of source files cost no `statx` each.
+        let kind = match entry.file_type() {
+            Ok(t) => Kind::of(t),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 // Listed but not searchable: given back once, or said.
                 match (!given_back && give_back(dir)).then(|| std::fs::symlink_metadata(&path)) {
                     Some(Ok(m)) => {
                         given_back = true;
-                        m
+                        Kind::of(m.file_type())
                     }
                     _ => {
                         out.unreadable.push(dir.to_path_buf());
@@ -473,26 +494,45 @@ fn walk_dir(
         if ctx.skip.contains(&path) {
             continue;
         }
-        let seen = Seen::of(&meta);
         // Git takes a directory for a bare repository when its `HEAD` is a
         // file or symlink and `objects` and `refs` are there at all.
         match name.as_encoded_bytes() {
-            b"HEAD" => head = matches!(seen.kind, Kind::File | Kind::Symlink),
+            b"HEAD" => head = matches!(kind, Kind::File | Kind::Symlink),
             b"objects" => objects = true,
             b"refs" => refs = true,
             _ => {}
         }
         let rel = path.strip_prefix(ctx.root).unwrap_or(&path);
-        if seen.kind == Kind::Dir && is_inert_dir(rel) {
+        if kind == Kind::Dir && is_inert_dir(rel) {
             continue;
         }
         // An environment (`.venv`, `.next`) is neither walked nor judged:
         // a build makes and removes it.
-        let environment = seen.kind == Kind::Dir && !enters(&name);
+        let environment = kind == Kind::Dir && !enters(&name);
         if let Some(why) = watched_name(&name, in_hidden).filter(|_| !environment) {
-            out.entries.insert(path.clone(), (seen, why));
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    // Listed but not searchable: given back once, or said.
+                    match (!given_back && give_back(dir)).then(|| std::fs::symlink_metadata(&path))
+                    {
+                        Some(Ok(m)) => {
+                            given_back = true;
+                            m
+                        }
+                        _ => {
+                            out.unreadable.push(dir.to_path_buf());
+                            return;
+                        }
+                    }
+                }
+                Err(_) => continue, // removed meanwhile
+            };
+            // Judged as it is now (its kind too, if it was replaced since
+            // it was listed).
+            out.entries.insert(path.clone(), (Seen::of(&meta), why));
         }
-        if seen.kind == Kind::Symlink && std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+        if kind == Kind::Symlink && std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             if let Ok(target) = crate::policy::resolve_real(&path) {
                 out.dir_links.push((path.clone(), target.clone()));
                 // One of the user's, walked where it leads, as hidden.
@@ -501,7 +541,7 @@ fn walk_dir(
                 }
             }
         }
-        if seen.kind == Kind::Dir {
+        if kind == Kind::Dir {
             if enters(&name) {
                 subdirs.push((path, name, false));
             } else if name != ".git" {

@@ -19,8 +19,14 @@ impl TurnLedger {
     /// Listens where a new generation's proxy counts (what the last one
     /// counted is kept for the turn).
     pub fn listen(&mut self, name: &str) {
+        self.count(Source::bind(name));
+    }
+
+    /// Reads `source` from now on (what the last one counted is kept for
+    /// the turn).
+    pub fn count(&mut self, source: std::io::Result<Source>) {
         self.take_in();
-        let registered = Source::bind(name).and_then(|source| {
+        let registered = source.and_then(|source| {
             // SAFETY: the descriptor registered is the socket the Source
             // owns, which the AsyncFd holds for as long as it is
             // registered (its drop deregisters before the Source closes it).

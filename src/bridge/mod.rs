@@ -570,6 +570,8 @@ impl Bridge {
             .into_iter()
             .collect();
         let survivors = generation.stop(self.cfg.stop_grace, &spare).await;
+        // Its proxy (macOS) ends with it, as a sandbox's own does on Linux.
+        self.confinement.stop_outside();
         if survivors.is_empty() {
             debug!(
                 generation = id,

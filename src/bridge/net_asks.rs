@@ -269,6 +269,20 @@ impl NetAsks {
         }
     }
 
+    /// Takes the questions of a proxy running in this process
+    /// (`network::outside`) until [`NetAsks::stop`].
+    pub fn take(&mut self, mut questions: mpsc::UnboundedReceiver<Question>) {
+        self.stop();
+        let tx = self.tx.clone();
+        self.serving = Some(tokio::spawn(async move {
+            while let Some(question) = questions.recv().await {
+                if tx.send(question).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+
     pub fn stop(&mut self) {
         if let Some(task) = self.serving.take() {
             task.abort();

@@ -283,6 +283,14 @@ impl Bridge {
             .filter(|_| linux && armed.own_network())
     }
 
+    /// The proxy this process runs for the generation (macOS).
+    fn outside_proxy(&self) -> Option<&crate::network::outside::OutsideProxy> {
+        let Confinement::Armed(armed) = &self.confinement else {
+            return None;
+        };
+        armed.outside.as_ref()?.as_any().downcast_ref()
+    }
+
     fn start_generation(
         &mut self,
         confinement: Confinement,
@@ -299,6 +307,18 @@ impl Bridge {
                 .ledger
                 .listen(&crate::confine::network_ledger_name(&socket));
             self.asks.net_asks.listen(socket);
+        }
+        // Or, where the proxy runs in this process (macOS), taking its
+        // questions and counts.
+        if let Some((ledger, questions)) = self
+            .outside_proxy()
+            .map(|proxy| (proxy.ledger(), proxy.questions()))
+        {
+            self.asks.ledger.count(ledger);
+            match questions {
+                Some(questions) => self.asks.net_asks.take(questions),
+                None => warn!("the proxy's questions were taken already: refused connections are not put to the user"),
+            }
         }
         let backend = crate::confine::Command {
             argv: self.cfg.backend.clone(),

@@ -41,13 +41,67 @@ pub fn run(env: &[String], argv: &[String]) -> String {
             Err(e) => return e,
         }
     }
+    keep_only_stdio();
     let e = command.exec();
     format!("cannot run {program}: {e}")
+}
+
+/// Marks every descriptor above stderr close-on-exec: the command gets its
+/// standard streams only. On macOS a socket is made close-on-exec only
+/// after it is made, so one the proxy's thread opened (a connection out of
+/// the sandbox, in the bridge) just as the bridge forked this stage would
+/// otherwise reach the command, past Seatbelt's connect check.
+fn keep_only_stdio() {
+    let listed: Option<Vec<i32>> = std::fs::read_dir("/dev/fd").ok().map(|dir| {
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    });
+    // Where the list cannot be read: every number a process here is
+    // likely to have open.
+    close_on_exec(listed.unwrap_or_else(|| (0..4096).collect()));
+}
+
+/// Marks each of `fds` above stderr close-on-exec.
+fn close_on_exec(fds: Vec<i32>) {
+    for fd in fds.into_iter().filter(|&fd| fd > 2) {
+        // SAFETY: F_GETFD and F_SETFD only read and set the flag of a
+        // descriptor number (one not open fails, and is skipped).
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_gets_its_standard_streams_only() {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open("/dev/null").unwrap();
+        // A copy that is not close-on-exec, as a socket made on another
+        // thread can be for a moment.
+        // SAFETY: F_DUPFD makes a new descriptor, closed below.
+        let leaked = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD, 700) };
+        assert!(leaked >= 700);
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::fcntl(leaked, libc::F_GETFD) } & libc::FD_CLOEXEC,
+            0
+        );
+        // Only this test's own descriptor: the others are the harness's.
+        close_on_exec(vec![1, leaked]);
+        // SAFETY: reads the flag, then closes the copy made above.
+        unsafe {
+            assert_ne!(libc::fcntl(leaked, libc::F_GETFD) & libc::FD_CLOEXEC, 0);
+            libc::close(leaked);
+        }
+    }
 
     #[test]
     fn assignments_split_at_the_first_equals_sign() {

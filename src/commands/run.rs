@@ -133,11 +133,37 @@ impl Audit {
         Audit { baseline, stash }
     }
 
-    /// Watches while the command runs: what it leaves is undone as it is
-    /// made (within the watcher's bound), as the bridge does between turns.
-    /// The looks run on a thread of their own, so a long one never keeps
-    /// the watcher from reading its events.
+    /// Watches while the command runs, once it has run for
+    /// [`WATCH_AFTER`]: what it leaves is undone as it is made (within the
+    /// watcher's bound), as the bridge does between turns. A shorter
+    /// command is covered by the look when it ends alone: a watcher costs
+    /// more to stop (closing an inotify instance waits for the kernel's
+    /// grace period, about 15 ms) than most commands take. The watcher's
+    /// first look covers what came before it.
     fn watch(audit: &std::sync::Arc<std::sync::Mutex<Audit>>) -> Watching {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let audit = audit.clone();
+        let thread = std::thread::spawn(move || {
+            if stopped.recv_timeout(WATCH_AFTER) != Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                return;
+            }
+            // Its first look covers what came before it.
+            let watching = Audit::watch_now(&audit);
+            // Until the command ends (the sender is dropped).
+            let _ = stopped.recv();
+            let WatchingNow { watcher, looker } = watching;
+            // Dropping the watcher drops its sender, so the looker's loop ends.
+            drop(watcher);
+            let _ = looker.join();
+        });
+        Watching { stop, thread }
+    }
+
+    /// The watcher, and the thread that looks when it reports a change
+    /// (on a thread of its own, so a long look never keeps the watcher
+    /// from reading its events).
+    fn watch_now(audit: &std::sync::Arc<std::sync::Mutex<Audit>>) -> WatchingNow {
         let targets = match audit.lock() {
             Ok(a) => a.baseline.watch_targets(),
             Err(_) => Default::default(),
@@ -163,7 +189,7 @@ impl Audit {
                 crate::audit::watch::POLL.as_secs()
             );
         }
-        Watching { watcher, looker }
+        WatchingNow { watcher, looker }
     }
 
     /// Looks, and undoes what it finds: nobody is there to ask, so each is
@@ -222,18 +248,30 @@ impl Audit {
     /// the watcher stops, the looker finishes what it was sent, and one
     /// full look covers whatever came after.
     fn after(audit: std::sync::Arc<std::sync::Mutex<Audit>>, watching: Watching) {
-        let Watching { watcher, looker } = watching;
-        // Dropping the watcher drops its sender, so the looker's loop ends.
-        drop(watcher);
-        let _ = looker.join();
-        if let Ok(mut a) = audit.lock() {
-            a.look(&[]);
-        }
+        let Watching { stop, thread } = watching;
+        drop(stop);
+        let _ = thread.join();
+        // A look that panicked is no reason to skip the last one.
+        audit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .look(&[]);
     }
 }
 
-/// The watcher and the thread that looks when it reports a change.
+/// How long a command runs before the audit watches it (see
+/// `Audit::watch`): well within the second the audit promises.
+const WATCH_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// The thread that starts watching once the command has run a while, and
+/// stops when told (its sender dropped).
 struct Watching {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The watcher and the thread that looks when it reports a change.
+struct WatchingNow {
     watcher: crate::audit::watch::Watcher,
     looker: std::thread::JoinHandle<()>,
 }
@@ -326,7 +364,7 @@ fn wants_refusals_line(args: &RunArgs) -> bool {
 
 /// What the command sent through the sandbox's proxy, beyond the agent's
 /// own API: one line, and one per destination.
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 fn say_what_left(ledger: crate::network::ledger::Ledger, listed: &[String]) {
     let own = crate::policy::egress::own_hosts(listed);
     if let Some((title, lines)) = ledger.summary(&own, "this run") {
@@ -343,6 +381,11 @@ fn say_what_left(ledger: crate::network::ledger::Ledger, listed: &[String]) {
 #[cfg(target_os = "macos")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use std::os::unix::process::CommandExt;
+    // Raised first, before any thread exists (the proxy's, the audit's,
+    // the ledger's): they inherit the mask, so a ^C or SIGTERM is held for
+    // the command wherever it lands, and never ends `run` before its last
+    // look (or leaves `log stream` behind).
+    let shield = super::shield::Shield::raise()?;
     let enforcer = Arc::new(crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?);
     let (confinement, managed) = arm(&args, enforcer.clone(), Starter::Spawned)?;
     let Confinement::Armed(armed) = &confinement else {
@@ -351,11 +394,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let argv = confinement
         .wrap(&command(&args), Launch::Backend)
         .map_err(cannot_arm)?;
+    // What the command sends through the proxy (nobody is asked here: a
+    // refusal is final, and says how to allow the destination).
+    let proxy = armed.outside.as_ref().and_then(|o| {
+        o.as_any()
+            .downcast_ref::<crate::network::outside::OutsideProxy>()
+    });
+    let counting = proxy.and_then(|proxy| match proxy.ledger() {
+        Ok(source) => Some(crate::network::ledger::Collector::start(source)),
+        Err(e) => {
+            eprintln!("zcode-acp: what the command sends over the network is not counted: {e}");
+            None
+        }
+    });
     let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
     let watcher = Audit::watch(&audit);
-    // Raised first: a ^C or SIGTERM while the log starts is held for the
-    // command, and never leaves `log stream` behind.
-    let shield = super::shield::Shield::raise()?;
     // The command's refused writes are named when it ends, from the
     // system log (read from before the command starts).
     let fence = |path: &std::path::Path| make_fence(&confinement, path);
@@ -403,6 +456,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         } else if !read.whole {
             eprintln!("zcode-acp: the system log had not reported every write the sandbox refused when the command ended: none is named");
         }
+    }
+    if let Some(counting) = counting {
+        // What the command's connections had under way is counted as
+        // they end (they end with the command, or are cut off here).
+        if let Some(proxy) = proxy {
+            proxy.settle(std::time::Duration::from_secs(1));
+        }
+        say_what_left(counting.finish(), &armed.policy.network.listed);
     }
     drop(confinement);
     Audit::after(audit, watcher);

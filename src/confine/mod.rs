@@ -101,6 +101,19 @@ pub enum ArmError {
     Refused(String),
 }
 
+/// A proxy this process runs for an arming whose commands may reach out
+/// through one port only (macOS: `network::outside`), kept for as long as
+/// the arming is.
+pub trait Outside: Send + Sync {
+    /// The port of the host's loopback it listens on.
+    fn port(&self) -> u16;
+    /// The environment that points a command at it (its credentials in
+    /// the URL: it serves its own sandbox's commands only).
+    fn env(&self) -> Vec<(String, String)>;
+    /// For the layer that knows its type (the bridge takes its questions).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// The platform's half of confinement.
 pub trait Enforce: Send + Sync {
     fn platform(&self) -> Platform;
@@ -131,9 +144,14 @@ pub trait Enforce: Send + Sync {
         false
     }
     /// Writes what every command confined by `policy` shares into its
-    /// private directory (Seatbelt's profile). Called once per arming.
-    fn prepare(&self, _policy: &Policy, _dir: Option<&GenerationDir>) -> Result<(), ArmError> {
-        Ok(())
+    /// private directory (Seatbelt's profile), and starts what it needs
+    /// running beside it (Seatbelt's proxy). Called once per arming.
+    fn prepare(
+        &self,
+        _policy: &Policy,
+        _dir: Option<&GenerationDir>,
+    ) -> Result<Option<Box<dyn Outside>>, ArmError> {
+        Ok(None)
     }
     /// The argv that runs `command` confined by `armed`.
     fn wrap(
@@ -195,6 +213,9 @@ pub struct Armed {
     /// The abstract socket the bridge hears the proxy's questions on
     /// (`network::asks`), when commands are started by others.
     pub network_asks: Option<String>,
+    /// The proxy this process runs for the arming's commands, where the
+    /// platform needs one outside the sandbox (macOS).
+    pub outside: Option<Box<dyn Outside>>,
     enforcer: Arc<dyn Enforce>,
 }
 
@@ -295,7 +316,7 @@ impl Sandbox {
                 crate::policy::resolve_real(&managed.path).unwrap_or_else(|_| managed.path.clone());
             let policy =
                 Policy::build_resolving_links(&mut input, crate::policy::build::link_chain);
-            enforcer.prepare(&policy, dir.as_ref())?;
+            let outside = enforcer.prepare(&policy, dir.as_ref())?;
             Ok::<_, ArmError>(Armed {
                 roots: input.roots.len(),
                 // Caches are layered with no root too (a generation armed
@@ -314,6 +335,7 @@ impl Sandbox {
                 quiet_shell: false,
                 holder: None,
                 network_asks: (starter == Starter::Spawned).then(network_asks_name),
+                outside,
                 enforcer,
             })
         })();
@@ -331,6 +353,14 @@ impl Confinement {
         match self {
             Confinement::Armed(a) => Some(a.enforcer.confined_by()),
             _ => None,
+        }
+    }
+
+    /// Stops the proxy this process runs for the arming (its commands
+    /// ended): nothing reaches out through it any more.
+    pub fn stop_outside(&mut self) {
+        if let Confinement::Armed(armed) = self {
+            armed.outside = None;
         }
     }
 

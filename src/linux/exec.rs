@@ -309,7 +309,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     // A command that gets a cleared environment keeps the proxy variables
     // (see `command`) only where they are this sandbox's own.
     if spec.clear_env && proxy.is_none() && !(joined && spec.network.is_some()) {
-        for name in super::net::PROXY_VARS {
+        for name in crate::network::PROXY_VARS {
             // Single-threaded: remove_var is safe.
             std::env::remove_var(name);
         }
@@ -541,7 +541,7 @@ fn wait_for_init(
         };
         if call {
             if let Some(s) = &supervisor {
-                s.handle_one();
+                s.serve_one();
             }
         } else if hung_up {
             // Every supervised process is gone.

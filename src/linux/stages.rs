@@ -275,7 +275,7 @@ pub(super) fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
             .map(|(k, _)| k)
             // What the helper itself set: what confines the command, and
             // the way out of its network (`net::arm`).
-            .filter(|k| k != CONFINED_ENV && !super::net::PROXY_VARS.iter().any(|p| k == p))
+            .filter(|k| k != CONFINED_ENV && !crate::network::PROXY_VARS.iter().any(|p| k == p))
             .collect();
         for k in names {
             std::env::remove_var(k);

@@ -11,7 +11,9 @@
 //! a process outside the sandbox's network may ask: the bridge takes
 //! questions from its own user in its own network namespace (the proxy),
 //! never from anyone else, who could otherwise fill the editor with
-//! prompts of their choosing.
+//! prompts of their choosing. On macOS the proxy runs in the bridge's own
+//! process and hands its questions over in it ([`Questions`]); only
+//! clients that give the proxy's credentials get that far.
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -142,6 +144,55 @@ pub enum Question {
     /// its answer's way is closed, and prompts nobody waits on any more
     /// can be withdrawn.
     GaveUp,
+}
+
+/// Where the questions of a proxy running in the bridge's own process
+/// (`network::outside`) go, once the bridge takes them: handed over in
+/// the process, with no socket.
+#[derive(Clone, Default)]
+pub struct Questions(std::sync::Arc<std::sync::OnceLock<mpsc::UnboundedSender<Question>>>);
+
+impl Questions {
+    /// From now on, questions go to `tx`; false when someone took them
+    /// already.
+    pub fn take_from(&self, tx: mpsc::UnboundedSender<Question>) -> bool {
+        self.0.set(tx).is_ok()
+    }
+
+    /// Puts `ask` to whoever took the questions and waits for the answer:
+    /// "no" when nobody took them, nobody answers in time, or the taker
+    /// is gone.
+    pub async fn ask(&self, ask: Ask) -> Reply {
+        let Some(tx) = self.0.get() else {
+            return Reply::NO;
+        };
+        let (answer_tx, answer_rx) = oneshot::channel();
+        if tx.send(Question::Asked(ask, answer_tx)).is_err() {
+            return Reply::NO;
+        }
+        // Said when the wait ends without an answer (timed out, or the
+        // connection that waits was dropped with the proxy), so the
+        // prompt nobody waits on any more is withdrawn.
+        let mut gave_up = GiveUpOnDrop(Some(tx.clone()));
+        match tokio::time::timeout(ANSWER_WITHIN, answer_rx).await {
+            Ok(Ok(reply)) => {
+                gave_up.0 = None;
+                reply
+            }
+            _ => Reply::NO,
+        }
+    }
+}
+
+/// Says [`Question::GaveUp`] when dropped.
+struct GiveUpOnDrop(Option<mpsc::UnboundedSender<Question>>);
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Question::GaveUp);
+        }
+    }
 }
 
 /// The bridge's side: takes questions on `listener` from processes of

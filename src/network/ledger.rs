@@ -7,7 +7,8 @@
 //! The proxy sends one datagram per chunk it carries, before it passes
 //! the chunk on, to an abstract Unix datagram socket drawn for the
 //! arming (a network namespace's own: nothing inside the sandbox can
-//! reach it). So by the time a sandboxed program has had its answer, and
+//! reach it; Linux), or to one end of a pair whose other end the
+//! process it runs in holds (macOS, `network::outside`). So by the time a sandboxed program has had its answer, and
 //! the agent could end its turn, the counts are queued for the bridge,
 //! which reads what is queued when the turn ends: the ledger of a turn
 //! holds everything its commands waited for. Where the queue is full (a
@@ -38,7 +39,6 @@ pub struct Record {
 }
 
 /// A datagram's largest size (a host name is at most 253 bytes).
-#[cfg(target_os = "linux")]
 const MAX_DATAGRAM: usize = 1024;
 /// Destinations one ledger keeps apart; past it they are summed as one.
 pub const MAX_DESTINATIONS: usize = 256;
@@ -204,9 +204,23 @@ const ROOM_WITHIN: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The proxy's side: counts merged until a datagram carries them.
 pub struct Sink {
-    /// Connected, so a full queue at the other end reads as "wait".
-    socket: Option<tokio::net::UnixDatagram>,
+    socket: SinkSocket,
     pending: std::sync::Mutex<BTreeMap<(String, u16, IpAddr), Record>>,
+}
+
+/// Where the counts go: connected, so a full queue at the other end
+/// reads as "wait".
+enum SinkSocket {
+    /// Nowhere: nothing is counted.
+    None,
+    Connected(tokio::net::UnixDatagram),
+    /// One end of a pair, once whoever armed the sandbox takes the other
+    /// ([`Sink::later`]); until then nothing is counted. Made the proxy
+    /// runtime's own at its first use.
+    Later {
+        slot: std::sync::Arc<std::sync::OnceLock<std::os::unix::net::UnixDatagram>>,
+        ours: std::sync::OnceLock<tokio::net::UnixDatagram>,
+    },
 }
 
 impl Sink {
@@ -227,14 +241,64 @@ impl Sink {
             None
         };
         Sink {
-            socket,
+            socket: socket.map_or(SinkSocket::None, SinkSocket::Connected),
             pending: Default::default(),
         }
     }
 
-    /// Whether anything is counted at all.
+    /// Counts into the socket put into `slot` once there is one (see
+    /// [`Source::pair`]).
+    pub fn later(
+        slot: std::sync::Arc<std::sync::OnceLock<std::os::unix::net::UnixDatagram>>,
+    ) -> Sink {
+        Sink {
+            socket: SinkSocket::Later {
+                slot,
+                ours: std::sync::OnceLock::new(),
+            },
+            pending: Default::default(),
+        }
+    }
+
+    /// The socket counts go to now, if any. Must run inside the proxy's
+    /// runtime.
+    fn socket(&self) -> Option<&tokio::net::UnixDatagram> {
+        match &self.socket {
+            SinkSocket::None => None,
+            SinkSocket::Connected(socket) => Some(socket),
+            SinkSocket::Later { slot, ours } => {
+                if ours.get().is_none() {
+                    let socket = slot
+                        .get()?
+                        .try_clone()
+                        .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                        .and_then(tokio::net::UnixDatagram::from_std);
+                    match socket {
+                        Ok(socket) => {
+                            let _ = ours.set(socket);
+                        }
+                        Err(e) => {
+                            // Tried again at the next connection.
+                            tracing::warn!(
+                                "a connection through the sandbox's proxy is not counted: {e}"
+                            );
+                            return None;
+                        }
+                    }
+                }
+                ours.get()
+            }
+        }
+    }
+
+    /// Whether anything is counted now.
     pub fn counts(&self) -> bool {
-        self.socket.is_some()
+        self.socket().is_some()
+    }
+
+    /// Whether anything may be counted during the proxy's life.
+    pub fn may_count(&self) -> bool {
+        !matches!(self.socket, SinkSocket::None)
     }
 
     /// Counts `sent` and `received` bytes (and `opened` connections) for a
@@ -264,7 +328,7 @@ impl Sink {
     /// the bridge's queue, else only what fits now. What finds no room
     /// stays for the next flush; whether everything went.
     pub async fn flush(&self, patient: bool) -> bool {
-        let Some(socket) = &self.socket else {
+        let Some(socket) = self.socket() else {
             return true;
         };
         loop {
@@ -319,7 +383,7 @@ pub struct Source {
 
 impl Source {
     /// Listens on the abstract name `name` (Linux: the only platform whose
-    /// sandbox has a proxy).
+    /// proxy is a process of its own; macOS uses [`Source::pair`]).
     pub fn bind(name: &str) -> std::io::Result<Source> {
         #[cfg(target_os = "linux")]
         {
@@ -341,10 +405,45 @@ impl Source {
         }
     }
 
-    /// Every record queued now (none where there is no proxy).
+    /// A pair: the proxy's end (for [`Sink::later`]) and this side's.
+    /// Nothing but the proxy holding the other end can send here.
+    pub fn pair() -> std::io::Result<(std::os::unix::net::UnixDatagram, Source)> {
+        let (proxy, socket) = std::os::unix::net::UnixDatagram::pair()?;
+        socket.set_nonblocking(true)?;
+        // The same reading as a named socket's: with the sender's
+        // credentials (always this process's here).
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsFd;
+            nix::sys::socket::setsockopt(
+                &socket.as_fd(),
+                nix::sys::socket::sockopt::PassCred,
+                &true,
+            )
+            .map_err(std::io::Error::from)?;
+        }
+        Ok((proxy, Source { socket }))
+    }
+
+    /// Every record queued now (a pair's only, off Linux: nothing else
+    /// can send to it).
     #[cfg(not(target_os = "linux"))]
     pub fn drain(&self) -> Vec<Record> {
-        Vec::new()
+        let mut out = Vec::new();
+        let mut buf = [0u8; MAX_DATAGRAM];
+        // A bound on one read: a flood waits for the next.
+        for _ in 0..4096 {
+            match self.socket.recv(&mut buf) {
+                Ok(len) => {
+                    if let Ok(r) = serde_json::from_slice::<Record>(&buf[..len]) {
+                        out.push(r);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        out
     }
 
     /// Every record queued now, from processes of this user.

@@ -4,9 +4,13 @@
 //! the host's network. Also the mirrors of allowed host loopback ports:
 //! a connection to `127.0.0.1:PORT` inside is carried to the host's.
 //!
-//! It runs outside the sandbox's network namespace, on listening sockets
-//! made inside it (a socket stays in the namespace it was made in), so
-//! nothing inside can reach the host's network but through here.
+//! On Linux it runs outside the sandbox's network namespace, on listening
+//! sockets made inside it (a socket stays in the namespace it was made
+//! in), so nothing inside can reach the host's network but through here.
+//! On macOS it runs in the process that armed the sandbox, on a port of
+//! the host's loopback that Seatbelt leaves the sandbox alone
+//! (`network::outside`), and serves only clients that give its
+//! credentials ([`Judge::token`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use super::credentials::{authorized, same_secret, CLIENT};
 use crate::policy::network::{authority, NetworkPolicy, OwnAddress, Verdict, Zone};
 
 /// The largest request head read (a CONNECT line and its headers).
@@ -30,9 +35,17 @@ pub struct Judge {
     /// The names only this machine or its network answer for, read at
     /// start: the only ones resolved before they are judged.
     pub local: crate::policy::network::LocalNames,
-    /// Where refused connections are put to the user (the bridge's
-    /// socket); without it a refusal is final.
-    pub asks: Option<String>,
+    /// Where refused connections are put to the user; with nobody to
+    /// ask a refusal is final.
+    pub asks: Asker,
+    /// Connections carried at once (see `connection_slots`).
+    pub slots: usize,
+    /// Connections open now (each counted until its counts are sent).
+    pub open: Arc<std::sync::atomic::AtomicUsize>,
+    /// The credentials a client must give (user [`CLIENT`]), where the
+    /// port is one any local process can reach (macOS: the host's
+    /// loopback); none where only the sandbox can (Linux: its own).
+    pub token: Option<String>,
     /// The user's answers that hold for this proxy's lifetime, by
     /// destination as named and the zone it was in.
     answers: std::sync::Mutex<std::collections::HashMap<AnswerKey, bool>>,
@@ -52,8 +65,37 @@ enum Refusal {
     Failed(String),
 }
 
+/// Who the proxy puts a refused connection to.
+pub enum Asker {
+    /// Nobody (`zcode-acp run`, a tool call): the refusal is final, and
+    /// says how to allow the destination.
+    Nobody,
+    /// The bridge, on its socket of that name (`network::asks`): the proxy
+    /// is another process (Linux).
+    Socket(String),
+    /// The bridge this proxy runs in, once it takes the questions
+    /// (`network::outside`); until then nobody.
+    InProcess(crate::network::asks::Questions),
+}
+
 impl Judge {
+    /// The judge of a proxy process of its own (Linux), asking on the
+    /// socket `asks` and counting on `ledger`.
     pub fn new(policy: NetworkPolicy, asks: Option<String>, ledger: Option<&str>) -> Judge {
+        Judge::with(
+            policy,
+            asks.map_or(Asker::Nobody, Asker::Socket),
+            crate::network::ledger::Sink::new(ledger),
+            connection_slots(),
+        )
+    }
+
+    pub fn with(
+        policy: NetworkPolicy,
+        asks: Asker,
+        ledger: crate::network::ledger::Sink,
+        slots: usize,
+    ) -> Judge {
         let resolvers = std::fs::read_to_string("/etc/resolv.conf")
             .map(|t| crate::policy::network::resolvers_of(&t))
             .unwrap_or_default();
@@ -62,8 +104,11 @@ impl Judge {
             resolvers,
             local: crate::policy::network::LocalNames::read(),
             asks,
+            slots,
+            open: Default::default(),
+            token: None,
             answers: Default::default(),
-            ledger: crate::network::ledger::Sink::new(ledger),
+            ledger,
         }
     }
 
@@ -86,23 +131,24 @@ impl Judge {
             zone,
             (zone != Zone::Public).then_some(addr),
         );
-        let Some(socket) = &self.asks else {
+        if matches!(self.asks, Asker::Nobody) {
             return false;
-        };
+        }
         if let Some(answer) = self.answers.lock().ok().and_then(|a| a.get(&key).copied()) {
             return answer;
         }
-        let reply = crate::network::asks::ask(
-            socket,
-            &crate::network::asks::Ask {
-                host: host.to_owned(),
-                port,
-                addr,
-                zone,
-                why: why.to_owned(),
-            },
-        )
-        .await;
+        let question = crate::network::asks::Ask {
+            host: host.to_owned(),
+            port,
+            addr,
+            zone,
+            why: why.to_owned(),
+        };
+        let reply = match &self.asks {
+            Asker::Nobody => return false,
+            Asker::Socket(socket) => crate::network::asks::ask(socket, &question).await,
+            Asker::InProcess(questions) => questions.ask(question).await,
+        };
         if reply.remember {
             if let Ok(mut a) = self.answers.lock() {
                 a.insert(key, reply.allow);
@@ -273,10 +319,12 @@ fn own_addresses() -> Option<Vec<OwnAddress>> {
     None
 }
 
-/// Serves the proxy port and the mirrors until the process ends.
-pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListener)>) {
+/// Serves the proxy port (on each of `proxies`: one per address family)
+/// and the mirrors until the proxy is stopped (its process ends, or its
+/// runtime is dropped).
+pub async fn serve(judge: Judge, proxies: Vec<TcpListener>, mirrors: Vec<(u16, TcpListener)>) {
     let judge = Arc::new(judge);
-    if judge.ledger.counts() {
+    if judge.ledger.may_count() {
         // Counts a full queue held back go a little later.
         let judge = judge.clone();
         tokio::spawn(async move {
@@ -291,7 +339,7 @@ pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListe
     // Connections at once, at most: each holds two descriptors, and the
     // proxy must keep some to judge with (see `own_addresses`). Beyond
     // it, new ones wait in the listeners' queues.
-    let slots = Arc::new(Semaphore::new(connection_slots()));
+    let slots = Arc::new(Semaphore::new(judge.slots));
     for (port, listener) in mirrors {
         tokio::spawn(take_connections(
             listener,
@@ -300,7 +348,19 @@ pub async fn serve(judge: Judge, proxy: TcpListener, mirrors: Vec<(u16, TcpListe
             slots.clone(),
         ));
     }
-    take_connections(proxy, None, judge, slots).await
+    let mut proxies = proxies.into_iter();
+    let Some(first) = proxies.next() else {
+        return;
+    };
+    for listener in proxies {
+        tokio::spawn(take_connections(
+            listener,
+            None,
+            judge.clone(),
+            slots.clone(),
+        ));
+    }
+    take_connections(first, None, judge, slots).await
 }
 
 /// Takes `listener`'s connections, each while it holds a slot: the
@@ -319,11 +379,13 @@ async fn take_connections(
             continue;
         };
         let judge = judge.clone();
+        judge.open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::spawn(async move {
             match mirrored {
                 Some(port) => mirror(&judge, client, port).await,
                 None => handle(&judge, client).await,
             }
+            judge.open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             drop(slot);
         });
     }
@@ -332,7 +394,7 @@ async fn take_connections(
 /// How many connections may be open at once: what the descriptor limit
 /// leaves after a reserve, two descriptors each (the proxy raises its
 /// limit to the hard one first, on Linux).
-fn connection_slots() -> usize {
+pub fn connection_slots() -> usize {
     let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map(|(soft, _)| soft)
         .unwrap_or(1024);
@@ -397,12 +459,38 @@ async fn socks5(judge: &Judge, mut client: TcpStream) {
     if client.read_exact(&mut methods).await.is_err() {
         return;
     }
-    if !methods.contains(&0) {
+    // With credentials to check, only user name and password (RFC 1929).
+    let method = if judge.token.is_some() { 2 } else { 0 };
+    if !methods.contains(&method) {
         let _ = client.write_all(&[5, 0xff]).await;
         return;
     }
-    if client.write_all(&[5, 0]).await.is_err() {
+    if client.write_all(&[5, method]).await.is_err() {
         return;
+    }
+    if let Some(token) = &judge.token {
+        let mut ver_len = [0u8; 2];
+        if client.read_exact(&mut ver_len).await.is_err() {
+            return;
+        }
+        let mut user = vec![0u8; ver_len[1] as usize];
+        let mut pass_len = [0u8; 1];
+        if client.read_exact(&mut user).await.is_err()
+            || client.read_exact(&mut pass_len).await.is_err()
+        {
+            return;
+        }
+        let mut pass = vec![0u8; pass_len[0] as usize];
+        if client.read_exact(&mut pass).await.is_err() {
+            return;
+        }
+        let good =
+            ver_len[0] == 1 && user == CLIENT.as_bytes() && same_secret(&pass, token.as_bytes());
+        let _ = client.write_all(&[1, if good { 0 } else { 1 }]).await;
+        if !good {
+            tracing::warn!("a SOCKS client without this sandbox's credentials was refused");
+            return;
+        }
     }
     let mut req = [0u8; 4];
     if client.read_exact(&mut req).await.is_err() {
@@ -530,6 +618,23 @@ async fn http(judge: &Judge, mut client: TcpStream) {
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or("HTTP/1.1"),
     );
+    if let Some(token) = &judge.token {
+        if !authorized(text.split("\r\n").skip(1), token) {
+            // Never judged, asked or counted: it is not the sandbox's.
+            tracing::warn!("a client without this sandbox's proxy credentials was refused");
+            let body = "zcode-acp: this proxy serves its own sandbox only; the proxy URL in HTTP_PROXY carries its credentials\n";
+            let _ = client
+                .write_all(
+                    format!(
+                        "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"zcode-acp\"\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+            return;
+        }
+    }
     let (host, port, path) = if method.eq_ignore_ascii_case("CONNECT") {
         match split_host_port(target, 443) {
             Some((h, p)) => (h, p, None),

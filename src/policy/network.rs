@@ -125,6 +125,14 @@ pub enum Verdict {
     Deny { zone: Zone, why: String },
 }
 
+/// Whether `host` is an address (IPv6 in brackets or not), not a name.
+fn is_address(host: &str) -> bool {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok()
+}
+
 impl NetworkPolicy {
     /// Reads the user's table (what it names replaces the default);
     /// `Err` says what is wrong in the user's terms.
@@ -180,11 +188,7 @@ impl NetworkPolicy {
         if self.only_by_default_list(host, port) {
             return TunnelCheck::OwnNameOnly;
         }
-        let named = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .is_err();
+        let named = !is_address(host);
         // A name someone allowed (listed, or answered "yes") on the TLS
         // port: behind a shared front, a ClientHello for another name
         // would reach another site, one nobody allowed.
@@ -197,12 +201,7 @@ impl NetworkPolicy {
     /// Whether a connection to `host:port` is allowed only because the
     /// policy's own list has it.
     pub fn only_by_default_list(&self, host: &str, port: u16) -> bool {
-        if host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .is_ok()
-        {
+        if is_address(host) {
             // An address (a base-URL variable's): TLS names no server for
             // it, and it is the one place the connection goes.
             return false;
@@ -323,7 +322,7 @@ impl NetworkPolicy {
         let Egress::Hosts(patterns) = &self.egress else {
             return false;
         };
-        if host.parse::<IpAddr>().is_ok() || self.listed_host(patterns, host, port) {
+        if is_address(host) || self.listed_host(patterns, host, port) {
             return false;
         }
         let loopback_open = match &self.host_loopback {

@@ -365,20 +365,22 @@ impl Runner {
                 env.push((name.to_owned(), v));
             }
         }
-        // Inside a sandbox, the way out is its proxy (Linux), which the
-        // sandbox named in this server's environment; a run that arms a
-        // network of its own is pointed at its own proxy by its helper.
-        #[cfg(target_os = "linux")]
+        // Inside a sandbox, the way out is its proxy, which the sandbox
+        // named in this server's environment; a run that arms a network
+        // of its own is pointed at its own proxy by its helper.
         if self.confiner.inherits_a_sandbox() {
-            let before = env.len();
-            for name in crate::linux::net::PROXY_VARS {
-                if let Ok(v) = std::env::var(name) {
-                    env.push((name.to_owned(), v));
-                }
-            }
-            if env.len() == before && crate::linux::net::in_a_sandbox_network() {
+            let inherited: Vec<(String, String)> = crate::network::PROXY_VARS
+                .iter()
+                .filter_map(|name| Some((name.to_string(), std::env::var(name).ok()?)))
+                .collect();
+            // An agent that filtered them out (codex does, for its MCP
+            // servers): on Linux the proxy's port is fixed; on macOS it
+            // is the arming's, and code that cannot name it reaches nothing.
+            #[cfg(target_os = "linux")]
+            if inherited.is_empty() && crate::linux::net::in_a_sandbox_network() {
                 env.extend(crate::linux::net::proxy_env());
             }
+            env.extend(inherited);
         }
         if !language.takes_address_space_limit() {
             // Node's heap: its own ceiling, below the tree's.

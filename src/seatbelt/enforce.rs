@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::generation::GenerationDir;
-use crate::confine::{ArmError, Armed, Command, Enforce, Launch};
+use crate::confine::{ArmError, Armed, Command, Enforce, Launch, Outside};
 use crate::policy::{Platform, Policy};
 
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
@@ -54,31 +54,12 @@ impl Enforce for SeatbeltEnforcer {
     }
 
     fn network(&self, table: &crate::policy::network::NetworkPolicy) -> String {
-        use crate::policy::network::{Egress, HostLoopback, Lan};
-        let loopback = match &table.host_loopback {
-            HostLoopback::Allow => return table.describe(),
-            HostLoopback::Deny => {
-                "the host's loopback closed (the agent's own servers too)".to_owned()
-            }
-            HostLoopback::Ports(p) => format!(
-                "the host's loopback closed but ports {}",
-                p.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
-            ),
-        };
-        // What the table asks and Seatbelt cannot say is named, never
-        // implied.
-        // Seatbelt names the loopback only: the Mac's other addresses (a
-        // service bound to 0.0.0.0 answers there) stay open.
-        let mut unenforced = vec!["this machine's other addresses"];
-        if table.lan == Lan::Deny {
-            unenforced.push("the LAN");
-        }
-        if let Egress::Hosts(_) = table.egress {
-            unenforced.push("the egress list");
+        if !table.confines() {
+            return table.describe();
         }
         format!(
-            "{loopback}; NOT enforced on macOS: {} (Seatbelt cannot filter by address)",
-            unenforced.join(", ")
+            "out only through the sandbox's proxy (outside the sandbox, on a port of the host's loopback): {}",
+            table.describe()
         )
     }
 
@@ -90,16 +71,32 @@ impl Enforce for SeatbeltEnforcer {
         Some(&self.tag)
     }
 
-    fn prepare(&self, policy: &Policy, dir: Option<&GenerationDir>) -> Result<(), ArmError> {
+    /// Writes the profile; where the network table confines, starts the
+    /// proxy first (the profile names its port), and refuses to arm if it
+    /// cannot: the profile would leave the agent no way out at all.
+    fn prepare(
+        &self,
+        policy: &Policy,
+        dir: Option<&GenerationDir>,
+    ) -> Result<Option<Box<dyn Outside>>, ArmError> {
         let dir = dir.ok_or(ArmError::NoDir)?;
-        let text = super::build_profile_tagged(policy, Some(&self.tag))
-            .map_err(|e| ArmError::Profile(e.to_string()))?;
+        let proxy = if policy.network.confines() {
+            let proxy = crate::network::outside::OutsideProxy::start(&policy.network)
+                .map_err(|e| ArmError::Refused(e.to_string()))?;
+            Some(proxy)
+        } else {
+            None
+        };
+        let text =
+            super::build_profile_with(policy, Some(&self.tag), proxy.as_ref().map(|p| p.port()))
+                .map_err(|e| ArmError::Profile(e.to_string()))?;
         dir.write_file(PROFILE, &text)?;
-        Ok(())
+        Ok(proxy.map(|p| Box::new(p) as Box<dyn Outside>))
     }
 
-    /// `sandbox-exec -f PROFILE -- CMD` for a backend; a terminal's
-    /// environment is applied by a confined last stage
+    /// `sandbox-exec -f PROFILE -- CMD` for a backend with nothing to set
+    /// (the network left open); otherwise the environment (the proxy's
+    /// variables, a terminal's own) is applied by a confined last stage
     /// (`zcode-acp __exec-env --env=... -- CMD`). The command replaces each
     /// stage in turn, so the editor's kill reaches it directly.
     fn wrap(
@@ -115,13 +112,20 @@ impl Enforce for SeatbeltEnforcer {
             dir.path.join(PROFILE).to_string_lossy().into_owned(),
             "--".to_owned(),
         ];
-        if launch == Launch::Backend && command.env.is_empty() {
+        // The proxy's variables first: what the command sets itself (an
+        // editor's terminal) comes after, and wins.
+        let mut env = match &armed.outside {
+            Some(proxy) => proxy.env(),
+            None => Vec::new(),
+        };
+        env.extend(command.env.iter().cloned());
+        if launch == Launch::Backend && env.is_empty() {
             argv.extend(command.argv.iter().cloned());
         } else {
             let exe = std::env::current_exe().map_err(ArmError::OwnPath)?;
             argv.extend(super::exec_env_argv(
                 &exe.to_string_lossy(),
-                &command.env,
+                &env,
                 &command.argv,
             ));
         }
@@ -226,8 +230,38 @@ mod tests {
         };
         let argv = c.wrap(&backend, Launch::Backend).unwrap();
         assert_eq!(argv[1], "-f");
-        assert_eq!(&argv[3..], &["--", "codex-acp", "-x"]);
+        // Pointed at the arming's proxy, whose port alone the profile
+        // lets it reach out to.
+        let port = armed(&c).outside.as_ref().expect("a proxy").port();
+        // With its credentials: any local program reaches the port.
+        let http = argv
+            .iter()
+            .find(|a| a.starts_with("--env=HTTPS_PROXY="))
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            http.starts_with("--env=HTTPS_PROXY=http://zcode:")
+                && http.ends_with(&format!("@127.0.0.1:{port}")),
+            "{argv:?}"
+        );
+        assert_eq!(
+            &argv[3..5],
+            &[
+                "--".to_owned(),
+                std::env::current_exe()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            ]
+        );
+        assert_eq!(argv[5], "__exec-env");
+        assert!(argv.contains(&http), "{argv:?}");
+        assert!(argv.ends_with(&["--".into(), "codex-acp".into(), "-x".into()]));
         let profile = PathBuf::from(&argv[2]);
+        let proxy_rule = format!("(allow network-outbound (remote tcp \"localhost:{port}\"))");
+        assert!(std::fs::read_to_string(&profile)
+            .unwrap()
+            .contains(&proxy_rule));
         assert!(profile.starts_with(&managed.path) && profile.is_file());
         let ws_rule = format!("(subpath \"{}\")", home.join("ws").display());
         let text = std::fs::read_to_string(&profile).unwrap();
@@ -245,16 +279,14 @@ mod tests {
         let wrapped = c.wrap(&terminal, Launch::Terminal).unwrap();
         assert_eq!(&wrapped[..4], &argv[..4]);
         assert_eq!(wrapped[5], "__exec-env");
-        assert_eq!(
-            &wrapped[6..],
-            &[
-                "--env=DYLD_INSERT_LIBRARIES=/evil.dylib",
-                "--",
-                "/bin/sh",
-                "-c",
-                "make"
-            ]
-        );
+        assert!(wrapped.contains(&http), "{wrapped:?}");
+        assert!(wrapped.ends_with(&[
+            "--env=DYLD_INSERT_LIBRARIES=/evil.dylib".into(),
+            "--".into(),
+            "/bin/sh".into(),
+            "-c".into(),
+            "make".into()
+        ]));
 
         // The next arming gets a fresh profile; the old one goes with it.
         let next = sandbox.arm(input(&home), &managed, "none".into(), Starter::Spawned);

@@ -129,11 +129,24 @@ pub fn build_profile(policy: &Policy) -> Result<String, QuoteError> {
     build_profile_tagged(policy, None)
 }
 
+/// The profile with no proxy to go out through: a table that confines
+/// the network leaves the agent its listed loopback ports and nothing
+/// else ([`build_profile_with`]).
+pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String, QuoteError> {
+    build_profile_with(policy, tag, None)
+}
+
 /// Builds the profile with every write denial carrying `tag` as its
 /// message: Seatbelt logs each refused operation with the message of the
 /// rule that refused it, so the bridge can tell its own agent's denials
-/// from every other sandboxed process's in the system log.
-pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String, QuoteError> {
+/// from every other sandboxed process's in the system log. `proxy`: the
+/// port of the host's loopback where this arming's proxy listens, the
+/// one way out when the network table confines.
+pub fn build_profile_with(
+    policy: &Policy,
+    tag: Option<&str>,
+    proxy: Option<u16>,
+) -> Result<String, QuoteError> {
     let with = match tag {
         Some(tag) => format!(" (with message {})", quote::string(Path::new(tag))?),
         None => String::new(),
@@ -192,28 +205,76 @@ pub fn build_profile_tagged(policy: &Policy, tag: Option<&str>) -> Result<String
         }
     }
     emit_sockets(&mut out, policy)?;
-    emit_network(&mut out, &policy.network);
+    emit_network(&mut out, &policy.network, proxy);
     Ok(out)
 }
 
-/// The network table, as far as Seatbelt can say it: its `remote ip`
-/// filter knows only `*` and `localhost`, so the host's loopback is
-/// closed (but the ports the table lists), while the LAN and host
-/// patterns need a proxy this profile does not have.
-fn emit_network(out: &mut String, table: &crate::policy::network::NetworkPolicy) {
+/// The network table, as Seatbelt can say it: its `remote ip` filter
+/// knows only `*` and `localhost`, so every address is closed (the LAN,
+/// the internet, the Mac's other addresses, its loopback, TCP and UDP)
+/// but TCP to the proxy's port and to the loopback ports the table lists.
+/// The proxy, outside the sandbox, judges every destination by the whole
+/// table and asks about the rest. Name lookups are its to make: the
+/// system's resolver (its socket, and the services that reach it) is
+/// closed to the sandbox, since a lookup carries the name it asks for out
+/// to whoever serves the domain, and so is the system's download service.
+/// What arrives from elsewhere than the loopback is refused too: a server
+/// the agent starts on all addresses answers this Mac only, as on Linux.
+fn emit_network(
+    out: &mut String,
+    table: &crate::policy::network::NetworkPolicy,
+    proxy: Option<u16>,
+) {
     if !table.confines() {
         return;
     }
-    out.push_str("\n;; ---- the network: the host's own services (a notebook, a database, an\n");
-    out.push_str(";; editor server) would act for the agent, so its loopback is closed. The\n");
-    out.push_str(";; agent's own servers listen there too: reachable on the listed ports only.\n");
-    out.push_str("(deny network-outbound (remote ip \"localhost:*\"))\n");
-    for port in table.mirrored_ports() {
+    out.push_str("\n;; ---- the network: out through zcode-acp's proxy only, which judges every\n");
+    out.push_str(";; destination by the network table and asks about the rest. The host's own\n");
+    out.push_str(";; services (a notebook, a database, an editor server) would act for the\n");
+    out.push_str(";; agent, so its loopback is closed too but for the listed ports.\n");
+    out.push_str("(deny network-outbound (remote ip \"*:*\"))\n");
+    match proxy {
+        Some(port) => {
+            comment(out, "the sandbox's proxy (outside the sandbox)");
+            let _ = writeln!(
+                out,
+                "(allow network-outbound (remote tcp \"localhost:{port}\"))"
+            );
+        }
+        None => comment(
+            out,
+            "no proxy runs for this profile: nothing is reached out there",
+        ),
+    }
+    let listed = table.mirrored_ports();
+    if !listed.is_empty() {
+        comment(out, "the host loopback ports the network table lists");
+    }
+    for port in listed {
         let _ = writeln!(
             out,
-            "(allow network-outbound (remote ip \"localhost:{port}\"))"
+            "(allow network-outbound (remote tcp \"localhost:{port}\"))"
         );
     }
+    comment(
+        out,
+        "connections from elsewhere than this Mac's loopback (the LAN, the internet) are refused",
+    );
+    out.push_str("(deny network-inbound (local ip \"*:*\"))\n");
+    out.push_str("(allow network-inbound (local ip \"localhost:*\"))\n");
+    comment(
+        out,
+        "name lookups are the proxy's: the system's resolver would carry any name out",
+    );
+    out.push_str(
+        "(deny network-outbound (remote unix-socket (path-literal \"/private/var/run/mDNSResponder\")))\n",
+    );
+    out.push_str("(deny mach-lookup (global-name \"com.apple.dnssd.service\") (global-name \"com.apple.mDNSResponder\") (global-name \"com.apple.mDNSResponderHelper\"))\n");
+    comment(
+        out,
+        "the system's download service fetches what it is asked, outside the sandbox",
+    );
+    out.push_str("(deny mach-lookup (global-name-prefix \"com.apple.nsurlsessiond\"))\n");
 }
 
 /// Unix sockets, default-deny (see `policy::sockets`): a server outside runs
@@ -361,6 +422,10 @@ mod tests {
             layered: false,
         }];
         rich.once_allows = vec!["/Users/dev/Downloads/report.pdf".into()];
+        rich.network = crate::policy::network::NetworkPolicy::parse(
+            &serde_json::json!({"hostLoopback": [5432, 11434]}),
+        )
+        .unwrap();
         vec![("minimal", base), ("rich", rich)]
     }
 
@@ -369,7 +434,8 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
         let bless = std::env::var_os("ZCODE_ACP_BLESS").is_some();
         for (name, input) in golden_inputs() {
-            let text = build_profile(&Policy::build(&input)).unwrap();
+            // As armed: with the proxy's port.
+            let text = build_profile_with(&Policy::build(&input), None, Some(49152)).unwrap();
             let file = dir.join(format!("{name}.sb"));
             if bless {
                 std::fs::create_dir_all(&dir).unwrap();
@@ -389,25 +455,39 @@ mod tests {
     }
 
     #[test]
-    fn the_hosts_loopback_is_closed_but_the_listed_ports() {
+    fn every_address_is_closed_but_the_proxy_and_the_listed_ports() {
         let (_, input) = golden_inputs().remove(0);
         let mut policy = Policy::build(&input);
+        let deny = "(deny network-outbound (remote ip \"*:*\"))";
+        let proxy = "(allow network-outbound (remote tcp \"localhost:49152\"))";
+        let resolver = "(deny network-outbound (remote unix-socket (path-literal \"/private/var/run/mDNSResponder\")))";
+        let text = build_profile_with(&policy, None, Some(49152)).unwrap();
+        // Seatbelt's last matching rule decides: each allow after the deny,
+        // the resolver closed after the sockets' allows.
+        assert!(text.find(proxy).unwrap() > text.find(deny).unwrap());
+        assert!(
+            text.rfind(resolver).unwrap()
+                > text
+                    .rfind("(allow network-outbound (remote unix-socket")
+                    .unwrap()
+        );
+        // Without a proxy, nothing goes out but the listed ports.
         let text = build_profile(&policy).unwrap();
-        let deny = "(deny network-outbound (remote ip \"localhost:*\"))";
-        assert!(text.contains(deny));
+        assert!(text.contains(deny) && !text.contains(proxy));
         policy.network = crate::policy::network::NetworkPolicy::parse(
             &serde_json::json!({"hostLoopback": [11434]}),
         )
         .unwrap();
-        let text = build_profile(&policy).unwrap();
-        let allow = "(allow network-outbound (remote ip \"localhost:11434\"))";
-        // Seatbelt's last matching rule decides: the port after the deny.
+        let text = build_profile_with(&policy, None, Some(49152)).unwrap();
+        let allow = "(allow network-outbound (remote tcp \"localhost:11434\"))";
         assert!(text.find(allow).unwrap() > text.find(deny).unwrap());
         policy.network = crate::policy::network::NetworkPolicy::parse(
             &serde_json::json!({"hostLoopback": "allow"}),
         )
         .unwrap();
-        assert!(!build_profile(&policy).unwrap().contains("remote ip"));
+        let text = build_profile_with(&policy, None, Some(49152)).unwrap();
+        assert!(!text.contains("remote ip") && !text.contains(resolver));
+        assert!(!text.contains("dnssd") && !text.contains("network-inbound"));
     }
 
     #[test]

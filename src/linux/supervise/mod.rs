@@ -310,14 +310,9 @@ impl Supervisor {
         self.listener = None;
     }
 
-    /// Handles one pending call.
-    pub fn handle_one(&self) {
-        self.serve_one();
-    }
-
     /// Waits for one call and handles it; false when no call can come
     /// any more (no listener, or one the kernel no longer serves).
-    fn serve_one(&self) -> bool {
+    pub fn serve_one(&self) -> bool {
         let Some(listener) = self.listener() else {
             return false;
         };
