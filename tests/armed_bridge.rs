@@ -1039,22 +1039,58 @@ fn a_terminals_directory_swapped_for_a_symlink_is_refused_not_followed() {
     if !require_kernel_features() {
         return;
     }
+    let (text, code) = terminal_after_its_directory_changed(|sub, outside| {
+        std::fs::rename(sub, sub.with_file_name("sub.real")).unwrap();
+        std::os::unix::fs::symlink(outside, sub).unwrap();
+    });
+    assert!(
+        text.contains("not the directory that was judged"),
+        "the terminal ran where the link leads: {text}"
+    );
+    assert!(!text.contains("ran in"), "{text}");
+    assert_ne!(code, Some(0));
+}
+
+/// One the agent moves away meanwhile is refused too: a command meant for
+/// a subdirectory never runs in its parent instead.
+#[test]
+fn a_terminals_directory_moved_away_is_refused_not_replaced_by_its_parent() {
+    if !require_kernel_features() {
+        return;
+    }
+    let (text, code) = terminal_after_its_directory_changed(|sub, _| {
+        std::fs::rename(sub, sub.with_file_name("sub.moved")).unwrap();
+    });
+    assert!(text.contains("does not exist any more"), "{text}");
+    assert!(!text.contains("ran in"), "{text}");
+    assert_ne!(code, Some(0));
+}
+
+/// Has the armed agent ask for a terminal in the workspace's `sub`, calls
+/// `change(sub, outside)` before the editor starts it, starts it as the
+/// editor would, and returns what it printed and its exit code. The
+/// session is in the workspace's root: a link on the way to a session's
+/// own root would be reverted by the audit's watcher too, at a moment of
+/// its own (it acts whatever the agent is doing), and the test is of the
+/// terminal.
+fn terminal_after_its_directory_changed(
+    change: impl Fn(&std::path::Path, &std::path::Path),
+) -> (String, Option<i32>) {
     let mut ed = start_shell_agent(true);
     ed.initialize();
     let ws = workspace(&ed, "w");
     let sub = ws.join("sub");
     std::fs::create_dir_all(&sub).unwrap();
-    let sid = ed.new_session(&sub);
+    let sid = ed.new_session(&ws);
     let outside = std::fs::canonicalize(ed.home()).unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     ed.manual.push("terminal/create");
-    let id = ed.prompt_request(&sid, "/terminal echo ran in $(pwd)");
+    let id = ed.prompt_request(&sid, "/terminal-in sub echo ran in $(pwd)");
     let req = ed
         .wait_for("terminal/create", |v| v["method"] == "terminal/create")
         .value;
-    // The agent wins the race: the directory is now a link to outside.
-    std::fs::rename(&sub, ws.join("sub.real")).unwrap();
-    std::os::unix::fs::symlink(&outside, &sub).unwrap();
+    // The agent wins the race.
+    change(&sub, &outside);
     let p = &req["params"];
     let out = std::process::Command::new(p["command"].as_str().unwrap())
         .args(
@@ -1064,7 +1100,14 @@ fn a_terminals_directory_swapped_for_a_symlink_is_refused_not_followed() {
                 .iter()
                 .map(|a| a.as_str().unwrap()),
         )
-        .current_dir(p["cwd"].as_str().unwrap())
+        // Where the directory is gone, as an editor that started the
+        // terminal just before the agent moved it: the sandbox enters the
+        // judged directory itself in any case.
+        .current_dir(
+            Some(std::path::Path::new(p["cwd"].as_str().unwrap()))
+                .filter(|d| d.exists())
+                .unwrap_or(&ws),
+        )
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
@@ -1074,12 +1117,7 @@ fn a_terminals_directory_swapped_for_a_symlink_is_refused_not_followed() {
     let n = ed.terminals.len() - 1;
     ed.send(&serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": {"terminalId": format!("term-{n}")}}));
     ed.response(&id);
-    assert!(
-        text.contains("not the directory that was judged"),
-        "the terminal ran where the link leads: {text}"
-    );
-    assert!(!text.contains("ran in"), "{text}");
-    assert_ne!(out.status.code(), Some(0));
+    (text, out.status.code())
 }
 
 /// No window after the turn (see `common::plants_after_the_turn_are_reverted`).

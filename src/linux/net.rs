@@ -114,18 +114,12 @@ pub fn start() -> Result<Started, LaunchError> {
     )
     .map_err(|e| refused("socketpair", e))?;
     let helper = nix::unistd::getpid();
-    // Read before the fork, as a spawn would.
-    let open = if close_range_works() {
-        None
-    } else {
-        Some(open_descriptors().map_err(|e| refused("list the open descriptors", e))?)
-    };
     // SAFETY: the helper is single-threaded, so the child inherits no
     // lock another thread held; it leaves by `_exit` only.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(ours);
-            let code = match forked_proxy(theirs, helper, open.as_deref()) {
+            let code = match forked_proxy(theirs, helper) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("zcode-acp network proxy: {e}");
@@ -151,11 +145,7 @@ pub fn start() -> Result<Started, LaunchError> {
 /// The forked proxy's first steps: it dies with the helper, keeps only
 /// its channel and stderr (stdout may be the agent's protocol pipe, never
 /// written here), then serves.
-fn forked_proxy(
-    channel: OwnedFd,
-    helper: nix::unistd::Pid,
-    open: Option<&[RawFd]>,
-) -> Result<(), String> {
+fn forked_proxy(channel: OwnedFd, helper: nix::unistd::Pid) -> Result<(), String> {
     // SAFETY: prctl with an integer argument.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
         return Err(format!(
@@ -223,7 +213,7 @@ fn forked_proxy(
     // Nothing else the helper held goes with it (the generation's files,
     // the spec, the agent's pipes), /dev/null's own number included.
     std::mem::forget(null);
-    close_from(4, open).map_err(|e| format!("cannot close the helper's descriptors: {e}"))?;
+    super::sys::close_from(4).map_err(|e| format!("cannot close the helper's descriptors: {e}"))?;
     // SAFETY: fd 3 is the channel, owned here alone now.
     serve(unsafe { OwnedFd::from_raw_fd(3) })
 }
@@ -266,42 +256,6 @@ fn read_table(fd: OwnedFd) -> Result<Handover, String> {
         return Err("the network table handed over is too large".into());
     }
     serde_json::from_slice(&bytes).map_err(|e| format!("cannot read the handover: {e}"))
-}
-
-/// Whether `close_range` works here (Linux 5.9): tried on a range no
-/// descriptor is in.
-fn close_range_works() -> bool {
-    // SAFETY: no descriptor is numbered u32::MAX: the call changes nothing.
-    unsafe { libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, 0) == 0 }
-}
-
-/// This process's open descriptors (`/proc/self/fd`).
-fn open_descriptors() -> std::io::Result<Vec<RawFd>> {
-    let mut fds = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd")? {
-        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
-            fds.push(fd);
-        }
-    }
-    Ok(fds)
-}
-
-/// Closes every descriptor from `first` up, in a forked child (no
-/// allocation): with `close_range`, or where the kernel lacks it (`open`:
-/// the descriptors read before the fork), each one.
-fn close_from(first: RawFd, open: Option<&[RawFd]>) -> std::io::Result<()> {
-    let Some(open) = open else {
-        // SAFETY: closes descriptors this process owns and no longer uses.
-        if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        return Ok(());
-    };
-    for &fd in open.iter().filter(|&&fd| fd >= first) {
-        // SAFETY: as above; one closed since fails, and is skipped.
-        unsafe { libc::close(fd) };
-    }
-    Ok(())
 }
 
 /// Brings the loopback up (the one interface of a new namespace).
@@ -557,51 +511,4 @@ fn confine_self() -> Result<(), String> {
         tracing::debug!("Landlock is not available: the proxy runs without it");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
-
-    /// The descriptors a command whose child closed all from 4 (as the
-    /// forked proxy does) is left, as it lists them.
-    fn left_open(mark: Option<Option<Vec<RawFd>>>) -> Vec<RawFd> {
-        let mut cmd = Command::new("ls");
-        cmd.arg("/proc/self/fd").stderr(Stdio::null());
-        if let Some(open) = mark {
-            // SAFETY: runs in the forked child before exec: close or
-            // close_range only.
-            unsafe {
-                cmd.pre_exec(move || close_from(4, open.as_deref()));
-            }
-        }
-        let out = cmd.output().unwrap();
-        assert!(out.status.success());
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    }
-
-    #[test]
-    fn the_proxy_keeps_none_of_the_helpers_descriptors_with_close_range_or_without() {
-        let null = std::fs::File::open("/dev/null").unwrap();
-        // A copy that is not close-on-exec, numbered where nothing the
-        // listing opens would be.
-        // SAFETY: F_DUPFD makes a new descriptor, owned at once.
-        let leaked = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD, 900) };
-        assert!(leaked >= 900, "{}", std::io::Error::last_os_error());
-        // SAFETY: `leaked` is new and owned by nothing else.
-        let _leaked = unsafe { OwnedFd::from_raw_fd(leaked) };
-        assert!(left_open(None).contains(&leaked), "the test cannot fail");
-        // Without close_range (before Linux 5.9): each one listed.
-        let listed = open_descriptors().unwrap();
-        assert!(listed.contains(&leaked));
-        assert!(!left_open(Some(Some(listed))).contains(&leaked));
-        if close_range_works() {
-            assert!(!left_open(Some(None)).contains(&leaked));
-        }
-    }
 }

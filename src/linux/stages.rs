@@ -290,7 +290,15 @@ pub(super) fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
         // bridge), and a directory on it swapped for a symlink since is
         // refused, not followed. The directory may not exist in the
         // sandbox's view (it was in the host's /tmp, which is private
-        // here): then the nearest one that does.
+        // here): then the nearest one that does. Anywhere else, one that
+        // is gone (removed, or moved away since it was judged) is refused
+        // too: a command meant for a subdirectory never runs in its parent.
+        let privately = |dir: &Path| {
+            super::plan::PRIVATE_TMP
+                .iter()
+                .chain(&["/dev/shm"])
+                .any(|t| dir.starts_with(t) && dir != Path::new(t))
+        };
         let mut entered = None;
         for dir in cwd.ancestors() {
             match enter_without_symlinks(dir) {
@@ -298,9 +306,17 @@ pub(super) fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
                     entered = Some(dir);
                     break;
                 }
-                // Not there at all (a host directory the sandbox's private
-                // /tmp hides): the nearest one that is.
-                Err(Errno::ENOENT) => continue,
+                // Not there at all, where the sandbox's private /tmp (or
+                // /var/tmp, /dev/shm) hides a host directory: the nearest
+                // one that is.
+                Err(Errno::ENOENT) if privately(dir) => continue,
+                Err(Errno::ENOENT) => die(
+                    &format!("cd {}", cwd.display()),
+                    format!(
+                        "{} does not exist any more (removed or moved since it was judged); not run",
+                        dir.display()
+                    ),
+                ),
                 // There, but not reached without a symlink (a dangling one
                 // included): refused.
                 Err(Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV) => die(
@@ -318,7 +334,7 @@ pub(super) fn command(spec: &LaunchSpec, forwarded: SigSet) -> ! {
         }
         match entered {
             Some(dir) if dir != cwd.as_path() => eprintln!(
-                "zcode-acp sandbox: {} is not visible inside the sandbox (the sandbox's /tmp is private); running in {}",
+                "zcode-acp sandbox: {} is not visible inside the sandbox (its temp directories are private); running in {}",
                 cwd.display(),
                 dir.display()
             ),

@@ -166,22 +166,36 @@ impl Questions {
         let Some(tx) = self.0.get() else {
             return Reply::NO;
         };
-        let (answer_tx, answer_rx) = oneshot::channel();
-        if tx.send(Question::Asked(ask, answer_tx)).is_err() {
-            return Reply::NO;
-        }
-        // Said when the wait ends without an answer (timed out, or the
-        // connection that waits was dropped with the proxy), so the
-        // prompt nobody waits on any more is withdrawn.
-        let mut gave_up = GiveUpOnDrop(Some(tx.clone()));
-        match tokio::time::timeout(ANSWER_WITHIN, answer_rx).await {
-            Ok(Ok(reply)) => {
-                gave_up.0 = None;
-                reply
-            }
-            _ => Reply::NO,
-        }
+        put(tx, ask, std::future::pending())
+            .await
+            .unwrap_or(Reply::NO)
     }
+}
+
+/// Hands `ask` to the bridge's loop on `tx` and waits for the answer: at
+/// most [`ANSWER_WITHIN`], and only until `left` (the asker leaving). A
+/// wait that ends without one (timed out, left, or dropped with the
+/// proxy) tells the loop [`Question::GaveUp`], so the prompt nobody waits
+/// on any more is withdrawn; None then, or when nobody takes questions.
+async fn put(
+    tx: &mpsc::UnboundedSender<Question>,
+    ask: Ask,
+    left: impl std::future::Future<Output = ()>,
+) -> Option<Reply> {
+    let (answer_tx, answer_rx) = oneshot::channel();
+    tx.send(Question::Asked(ask, answer_tx)).ok()?;
+    let mut gave_up = GiveUpOnDrop(Some(tx.clone()));
+    // The answer's way is closed (`answer_rx` dropped with the select)
+    // before the loop is told, so it finds it closed.
+    let reply = tokio::select! {
+        answer = answer_rx => Some(answer.unwrap_or(Reply::NO)),
+        _ = left => None,
+        _ = tokio::time::sleep(ANSWER_WITHIN) => None,
+    };
+    if reply.is_some() {
+        gave_up.0 = None;
+    }
+    reply
 }
 
 /// Says [`Question::GaveUp`] when dropped.
@@ -223,23 +237,14 @@ pub async fn serve(listener: UnixListener, tx: mpsc::UnboundedSender<Question>) 
             let Ok(question) = serde_json::from_str::<Ask>(&line) else {
                 return;
             };
-            let (answer_tx, mut answer_rx) = oneshot::channel();
-            if tx.send(Question::Asked(question, answer_tx)).is_err() {
-                return;
-            }
-            // Held until the answer, the asker's leaving, or the time it
-            // waits at most: never longer than anyone listens.
+            // Held until the answer, the asker's leaving (anything more it
+            // sends, or its end), or the time it waits at most: never
+            // longer than anyone listens.
             let mut rest = reader.into_inner();
-            let mut byte = [0u8; 1];
-            let reply = tokio::select! {
-                answer = &mut answer_rx => Some(answer.unwrap_or(Reply::NO)),
-                _ = rest.read(&mut byte) => None,
-                _ = tokio::time::sleep(ANSWER_WITHIN) => None,
+            let left = async move {
+                let _ = rest.read(&mut [0u8; 1]).await;
             };
-            let Some(reply) = reply else {
-                // Closed first, so the bridge finds it closed.
-                drop(answer_rx);
-                let _ = tx.send(Question::GaveUp);
+            let Some(reply) = put(&tx, question, left).await else {
                 return;
             };
             if let Ok(mut bytes) = serde_json::to_vec(&reply) {

@@ -48,6 +48,10 @@ pub(super) async fn prompt(
     if let Some(command) = text.strip_prefix("/terminal ") {
         return terminal_through_editor(agent, sid, cwd, command).await;
     }
+    if let Some(rest) = text.strip_prefix("/terminal-in ") {
+        let (dir, command) = rest.split_once(' ').unwrap_or((rest, ""));
+        return terminal_through_editor(agent, sid, &cwd.join(dir), command).await;
+    }
     run_shell(agent, sid, cwd, text, cancel).await
 }
 

@@ -6,7 +6,9 @@
 //!   streams back as `agent_message_chunk`s inside a `tool_call`;
 //! - `/write PATH CONTENT` asks the editor to write a file
 //!   (`fs/write_text_file`), `/terminal COMMAND` asks it to run a command
-//!   (`terminal/create`), so the bridge's policing of those can be tested;
+//!   (`terminal/create`), `/terminal-in DIR COMMAND` the same in DIR
+//!   (relative to the session's cwd), so the bridge's policing of those can
+//!   be tested;
 //! - `session/cancel` kills the running command's process group;
 //! - transcripts are kept on disk so `session/load` (which replays history)
 //!   and `session/resume` (which does not) work across restarts.
