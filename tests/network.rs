@@ -553,6 +553,20 @@ fn defaults_and_allows(user: Option<&TestUser>) {
     );
     assert_eq!(r["host-direct"], "hello from 127.0.0.1");
     assert!(log.contains("the network is NOT confined"), "{log}");
+    // The same found by `run`'s launcher, which arms without a probe.
+    let (r, log) = probe_with(
+        &world,
+        user,
+        None,
+        &[("ZCODE_ACP_TEST_HELPER_NO_NETWORK_NAMESPACE", "1")],
+        &[],
+    );
+    assert_eq!(r["host-direct"], "hello from 127.0.0.1");
+    assert!(
+        log.contains("a limit on them is reached (EPERM")
+            && log.contains("the network is NOT confined"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -803,6 +817,71 @@ fn run_says_what_the_command_sent_where() {
     );
     // The refused host carried nothing, and is not in the ledger.
     assert!(!stderr.contains("198.51.100.3:8080 ("), "{stderr}");
+}
+
+/// A `run` whose launcher finds no network namespace for it (a machine
+/// that refuses one, or all namespaces) says nothing of what the command
+/// sent: the command shares the network namespace of the proxy's count
+/// socket, and could send it any count. Here it does, on a Landlock
+/// without the scoping of abstract sockets (before Linux 6.12), which
+/// would otherwise stop it.
+#[test]
+fn run_says_no_counts_a_command_in_the_hosts_network_could_forge() {
+    if !can_make_the_world() {
+        return;
+    }
+    // In the world's "host", whose count sockets are this test's alone.
+    let world = world();
+    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
+    let home = scratch.path().join("home");
+    let ws = scratch.path().join("ws");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    let forge = r#"
+import json, socket
+names = [l.split()[-1] for l in open('/proc/net/unix') if l.rstrip().endswith('.ledger')]
+forged = 0
+for n in names:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.sendto(json.dumps(dict(host='forged.example', port=443, addr='192.0.2.9', opened=1, sent=5000000, received=0)).encode(), '\0' + n[1:])
+        forged += 1
+    except OSError as e:
+        print('refused:', e)
+print('forged', forged)
+"#;
+    for (knob, said) in [
+        (
+            "ZCODE_ACP_TEST_HELPER_NO_NETWORK_NAMESPACE",
+            "the network is NOT confined, and what the command sends is not counted",
+        ),
+        ("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES", "landlock-only"),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--", "python3", "-c", forge])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("ZCODE_ACP_LOG", "warn")
+            .env(knob, "1")
+            .env("ZCODE_ACP_TEST_LANDLOCK_ABI", "5")
+            .current_dir(&ws)
+            .stdin(Stdio::null());
+        let _ns = world.host.enter(&mut cmd, None);
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{knob}: {stdout}{stderr}");
+        assert!(stderr.contains(said), "{knob}: {stderr}");
+        assert!(
+            stdout.lines().any(|l| l == "forged 1"),
+            "{knob}: the count socket was not reached, so the test cannot fail: {stdout}{stderr}"
+        );
+        assert!(
+            !stderr.contains("forged.example"),
+            "{knob}: a count the command forged was said: {stderr}"
+        );
+    }
 }
 
 /// The tools a session runs most reach their registries and source hosts

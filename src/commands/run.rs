@@ -291,14 +291,23 @@ fn command(args: &RunArgs) -> Command {
 /// before any thread is started: the launcher unshares namespaces.
 #[cfg(target_os = "linux")]
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    use crate::linux::enforce::LinuxEnforcer;
     use nix::unistd::{fork, ForkResult};
-    let enforcer = crate::linux::enforce::LinuxEnforcer::probe().map_err(cannot_arm)?;
+    // Not probed: the launcher arms what this machine allows, and says
+    // what it could not (see `LinuxEnforcer::unprobed`).
+    let (enforcer, probed) = match LinuxEnforcer::unprobed() {
+        Some(enforcer) => (enforcer, false),
+        None => (LinuxEnforcer::probe().map_err(cannot_arm)?, true),
+    };
     let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
     let Confinement::Armed(armed) = &confinement else {
         return Err(cannot_arm("the sandbox did not arm"));
     };
-    // The command's refused writes are named when it ends.
     let mut spec = enforcer.spec(armed, &command(&args));
+    if !probed {
+        spec = spec.level_left_to_the_launcher();
+    }
+    // The command's refused writes are named when it ends.
     if wants_refusals_line(&args) {
         spec = spec.noting_refusals(&armed.policy);
     }
@@ -322,6 +331,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             "zcode-acp run has more than one thread, so it cannot fork the sandbox's launcher (a bug in zcode-acp: please report it)",
         ));
     }
+    // Where the launcher says whether the command got a network of its
+    // own: only then are the counts said (see `says_its_network`).
+    let (its_network, says_its_network) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
     let shield = super::shield::Shield::raise()?;
     // The launcher enters the sandbox's namespaces itself, so it runs in a
     // child: this process stays outside, to audit what the command left.
@@ -329,6 +342,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let child = match unsafe { fork() }? {
         ForkResult::Child => {
             let _ = shield.old.thread_set_mask();
+            drop(its_network);
+            spec.says_its_network = Some(std::os::fd::AsRawFd::as_raw_fd(&says_its_network));
             let code = match crate::linux::exec::run(&spec) {
                 Ok(code) => code,
                 Err(e) => {
@@ -340,14 +355,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         ForkResult::Parent { child } => child,
     };
+    drop(says_its_network);
     // The watcher's thread starts only now: the launcher forked above had
     // to be single-threaded.
     let watcher = Audit::watch(&audit);
     let counting = ledger.map(crate::network::ledger::Collector::start);
     let code = shield.wait(child)?;
     Audit::after(audit, watcher);
+    // Written before the command started, by a launcher that has ended.
+    let mut said = [0u8; 1];
+    let own_network = nix::unistd::read(&its_network, &mut said) == Ok(1)
+        && said[0] == crate::linux::exec::OWN_NETWORK;
     if let Some(counting) = counting {
-        say_what_left(counting.finish(), &armed.policy.network.listed);
+        let counted = counting.finish();
+        if own_network {
+            say_what_left(counted, &armed.policy.network.listed);
+        }
     }
     drop(shield);
     Ok(code)

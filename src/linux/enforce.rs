@@ -14,7 +14,8 @@ use crate::policy::Platform;
 
 /// What this machine lets us arm, probed once: every launch carries the
 /// level and Landlock ABI decided here, so what is announced is what is
-/// armed (the helper refuses anything less).
+/// armed (the helper refuses anything less). `zcode-acp run`, which
+/// announces nothing, takes one [`LinuxEnforcer::unprobed`] instead.
 #[derive(Debug, Clone, Copy)]
 pub struct LinuxEnforcer {
     pub level: Level,
@@ -49,6 +50,40 @@ impl LinuxEnforcer {
             level,
             landlock_abi: abi,
             network_namespace,
+        })
+    }
+
+    /// For a launch that decides its own level (`zcode-acp run`): nothing
+    /// forked to probe. A namespace made and thrown away costs about what
+    /// the launch's own does (its network namespace's teardown most), so
+    /// the launcher tries the full sandbox and arms what the machine
+    /// allows, saying what it could not (see [`LaunchSpec::level_left_to_the_launcher`]).
+    /// None under the test knobs that take namespaces away: those probe.
+    pub fn unprobed() -> Option<LinuxEnforcer> {
+        const KNOBS: [&str; 3] = [
+            "ZCODE_ACP_TEST_NO_LANDLOCK",
+            "ZCODE_ACP_TEST_NO_NAMESPACES",
+            "ZCODE_ACP_TEST_NO_NETWORK_NAMESPACE",
+        ];
+        if KNOBS.iter().any(|k| std::env::var_os(k).is_some()) {
+            return None;
+        }
+        // The test knob stands for an older kernel's Landlock (one without
+        // the scoping of signals and abstract sockets): it only lowers.
+        let abi = std::env::var("ZCODE_ACP_TEST_LANDLOCK_ABI")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(super::landlock_abi(), |cap: i32| {
+                cap.min(super::landlock_abi())
+            });
+        Some(LinuxEnforcer {
+            level: if abi >= 1 {
+                Level::Full
+            } else {
+                Level::MountsOnly
+            },
+            landlock_abi: abi,
+            network_namespace: true,
         })
     }
 

@@ -10,7 +10,12 @@
 //! 2. start the network proxy in the host's network (`net::start`), then
 //!    unshare the user, mount, PID, IPC and (unless the table shares the
 //!    host's network) network namespaces; a non-root user's user
-//!    namespace maps the uid and gid to themselves, never to 0;
+//!    namespace maps the uid and gid to themselves, never to 0. With no
+//!    level announced (`zcode-acp run`, which does not probe), a machine
+//!    that refuses the network namespace gets the others and a warning,
+//!    and one that refuses them all gets Landlock alone; either way the
+//!    caller is told on its pipe that the command shares the host's
+//!    network (`LaunchSpec::says_its_network`);
 //! 3. check the mount namespace really is new before touching any mount:
 //!    a mount in the host namespace would change the machine;
 //! 4. the plan's mount operations, in the order the pure planner gives
@@ -58,7 +63,7 @@ use super::error::sys;
 pub use super::error::{LaunchError, Syscall};
 pub use super::level::{choose_level, namespaces_available, Available, Level, NothingToArm};
 use super::mounts::{arm_mounts, check_island_links, needed_visible};
-pub use super::spec::LaunchSpec;
+pub use super::spec::{LaunchSpec, OWN_NETWORK};
 pub(crate) use super::stages::degraded;
 use super::stages::{command, confine, die, init, open_report};
 use super::sys;
@@ -249,7 +254,20 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         if spec.network.is_some() {
             network = Some(super::net::start()?);
         }
-        arm_mounts(&spec.plan, &visible, layer.as_ref(), network.is_some())
+        let own_network = network.is_some();
+        arm_mounts(
+            &spec.plan,
+            &visible,
+            layer.as_ref(),
+            own_network,
+            spec.level.is_none(),
+        )
+        .map(|networked| {
+            if !networked {
+                // Its channel closed: the proxy ends, having served nothing.
+                network = None;
+            }
+        })
     };
     let namespaces = match mounts {
         Ok(()) => true,
@@ -259,11 +277,7 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             step: Syscall::Unshare,
             errno,
             ..
-        }) if matches!(
-            errno,
-            Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES
-        ) =>
-        {
+        }) if super::mounts::refused_by_the_machine(errno) => {
             tracing::warn!("cannot create namespaces here ({errno})");
             false
         }
@@ -298,7 +312,9 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
             }
             None
         }
-        (_, Some(_)) => {
+        // (With the namespaces but none for the network, `arm_mounts`
+        // said so.)
+        (_, Some(_)) if !namespaces => {
             tracing::warn!(
                 "the network is not confined at this level: the command reaches the host's loopback and network directly"
             );
@@ -306,6 +322,17 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         }
         _ => None,
     };
+    // `run` says what the command sent only where the command cannot
+    // reach the count socket itself.
+    if let Some(fd) = spec.says_its_network {
+        let said = if proxy.is_some() {
+            super::spec::OWN_NETWORK
+        } else {
+            b'h'
+        };
+        // SAFETY: writes one byte of ours to the pipe `run` handed over.
+        unsafe { libc::write(fd, [said].as_ptr().cast(), 1) };
+    }
     // A command that gets a cleared environment keeps the proxy variables
     // (see `command`) only where they are this sandbox's own.
     if spec.clear_env && proxy.is_none() && !(joined && spec.network.is_some()) {

@@ -181,13 +181,17 @@ pub(super) fn outermost_node_modules(p: &Path) -> Option<PathBuf> {
 }
 
 /// Steps 2-4: namespaces, then the plan's mount operations in the order
-/// the planner gave them. Runs in the helper process.
+/// the planner gave them. Runs in the helper process. Whether the
+/// namespaces include a network of the sandbox's own: always when
+/// `own_network`, unless `may_lower` (no level was announced) and the
+/// machine refuses only that one.
 pub(super) fn arm_mounts(
     plan: &Plan,
     visible: &[PathBuf],
     layer: Option<&super::layers::Slot>,
     own_network: bool,
-) -> Result<(), LaunchError> {
+    may_lower: bool,
+) -> Result<bool, LaunchError> {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
     let host_readonly = readonly_mounts();
@@ -197,17 +201,38 @@ pub(super) fn arm_mounts(
     // Root's full-range map must be written by a process that keeps its
     // privilege in the parent namespace: a helper of ours, forked now.
     let mapper = if is_root { Some(Mapper::fork()?) } else { None };
-    if own_network {
+    // The test knob stands for a machine that refuses only the network
+    // namespace, found by the launcher: it only ever takes away.
+    let refuse_network = std::env::var_os("ZCODE_ACP_TEST_HELPER_NO_NETWORK_NAMESPACE").is_some();
+    let networked = match own_network.then(|| {
+        if refuse_network {
+            Err(nix::errno::Errno::EPERM)
+        } else {
+            unshare(NAMESPACES | CloneFlags::CLONE_NEWNET)
+        }
+    }) {
+        Some(Ok(())) => true,
+        // Not probed (`run`): the namespaces without a network of their
+        // own, as the probe would have decided (and said) on a machine
+        // that refuses only that; one that refuses them all is said by
+        // the caller (`Syscall::Unshare`).
+        Some(Err(e)) if may_lower && refused_by_the_machine(e) => {
+            sys(Syscall::Unshare, unshare(NAMESPACES))?;
+            tracing::warn!("this machine refuses the sandbox a network namespace of its own, or a limit on them is reached ({e}): the network is NOT confined, and what the command sends is not counted");
+            false
+        }
         // Probed when the sandbox was announced: failing now (too many
         // network namespaces) refuses, never arms less than announced.
-        unshare(NAMESPACES | CloneFlags::CLONE_NEWNET).map_err(|e| {
-            LaunchError::Refused(format!(
+        Some(Err(e)) => {
+            return Err(LaunchError::Refused(format!(
                 "cannot create the sandbox's namespaces, its network namespace included ({e}); `zcode-acp doctor` says what this machine allows"
-            ))
-        })?;
-    } else {
-        sys(Syscall::Unshare, unshare(NAMESPACES))?;
-    }
+            )))
+        }
+        None => {
+            sys(Syscall::Unshare, unshare(NAMESPACES))?;
+            false
+        }
+    };
     match mapper {
         Some(m) => m.map_parent()?,
         None => {
@@ -235,7 +260,17 @@ pub(super) fn arm_mounts(
     for op in plan.mount_ops() {
         apply(op, &at)?;
     }
-    Ok(())
+    Ok(networked)
+}
+
+/// An `unshare` refused for what the machine allows (a policy, a limit),
+/// not for a fault of the call: a lower level may still be armed.
+pub(super) fn refused_by_the_machine(errno: nix::errno::Errno) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        errno,
+        Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES
+    )
 }
 
 /// What carrying out a mount operation needs beyond the operation.

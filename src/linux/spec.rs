@@ -71,7 +71,19 @@ pub struct LaunchSpec {
     /// (`policy::refused::announcement`), for the bridge to offer.
     #[serde(default)]
     pub announce_refusals: bool,
+    /// `zcode-acp run`'s pipe, where the launcher writes one byte once it
+    /// has decided: [`OWN_NETWORK`] when the command gets a network of its
+    /// own (behind the proxy), anything else when it shares the host's
+    /// (then the proxy's count socket, bound by `run` in the host's
+    /// network, is one the command could send to, and its counts are not
+    /// said). Only in a forked launcher: never written to a file.
+    #[serde(skip)]
+    pub says_its_network: Option<std::os::fd::RawFd>,
 }
+
+/// What the launcher writes on [`LaunchSpec::says_its_network`] when the
+/// command has a network of its own.
+pub const OWN_NETWORK: u8 = b'n';
 
 impl LaunchSpec {
     /// The launch of `argv` under `plan`, carrying `policy` where the
@@ -101,6 +113,7 @@ impl LaunchSpec {
             hold_lock: None,
             note_refusals: false,
             announce_refusals: false,
+            says_its_network: None,
         }
     }
 
@@ -130,6 +143,14 @@ impl LaunchSpec {
     pub fn armed_at(mut self, level: Level, landlock_abi: i32) -> LaunchSpec {
         self.level = Some(level);
         self.landlock_abi = Some(landlock_abi);
+        self
+    }
+
+    /// No level announced (a caller that did not probe): the launcher arms
+    /// the most this machine allows, a network namespace of its own
+    /// included where it can, and says in the log what it could not.
+    pub fn level_left_to_the_launcher(mut self) -> LaunchSpec {
+        self.level = None;
         self
     }
 }
