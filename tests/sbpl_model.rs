@@ -357,7 +357,14 @@ fn loopback_table() -> impl Strategy<Value = serde_json::Value> {
     prop_oneof![
         Just(serde_json::json!("deny")),
         Just(serde_json::json!("allow")),
-        prop::collection::vec(1024u16..65535, 1..5).prop_map(|p| serde_json::json!(p)),
+        // Never the sandbox's own proxy port, which the table refuses.
+        prop::collection::vec(
+            (1024u16..65535).prop_filter("the proxy's port", |p| {
+                *p != zcode_acp::policy::network::PROXY_PORT
+            }),
+            1..5
+        )
+        .prop_map(|p| serde_json::json!(p)),
     ]
 }
 
