@@ -184,7 +184,46 @@ fn first_word_hint(word: &str) -> String {
     }
 }
 
+/// `zcode-acp run`: the command's exit code, or 126 when it was not run.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn run(args: zcode_acp::commands::run::RunArgs) -> ExitCode {
+    match zcode_acp::commands::run::run(args) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("zcode-acp: {e:#}");
+            ExitCode::from(126)
+        }
+    }
+}
+
+/// `zcode-acp run`'s arguments read by a parser of `run`'s own: a command
+/// an agent starts at every step should not pay for building every
+/// subcommand's parser (about 0.3 ms). `None` for anything else, and for
+/// anything this parser refuses or answers (`--log-file`, `--help`, a
+/// mistake): the whole parser then reads it and says what it says.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn run_args_alone() -> Option<zcode_acp::commands::run::RunArgs> {
+    use clap::FromArgMatches;
+    let mut args = std::env::args_os().skip(1);
+    if args.next()? != "run" {
+        return None;
+    }
+    let parser = zcode_acp::commands::run::RunArgs::augment_args(
+        clap::Command::new("run").no_binary_name(true),
+    );
+    let matches = parser.try_get_matches_from(args).ok()?;
+    zcode_acp::commands::run::RunArgs::from_arg_matches(&matches).ok()
+}
+
 fn main() -> ExitCode {
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
+    if let Some(args) = run_args_alone() {
+        if let Err(e) = logging::init(None) {
+            eprintln!("zcode-acp: {e}");
+            return ExitCode::from(2);
+        }
+        return run(args);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -216,15 +255,7 @@ fn main() -> ExitCode {
     // runs before the async runtime exists.
     #[cfg(any(target_os = "linux", target_os = "macos"))]
     let cli = match cli.command {
-        Some(Command::Run(args)) => {
-            return match zcode_acp::commands::run::run(args) {
-                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) => {
-                    eprintln!("zcode-acp: {e:#}");
-                    ExitCode::from(126)
-                }
-            };
-        }
+        Some(Command::Run(args)) => return run(args),
         command => Cli { command, ..cli },
     };
     #[cfg(target_os = "linux")]

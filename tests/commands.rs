@@ -525,3 +525,45 @@ fn no_rust_names(said: &str) {
         assert!(!said.contains(form), "{form}: {said}");
     }
 }
+
+/// `run` reads its arguments with a parser of its own (it starts at every
+/// step an agent takes); what that parser does not take is read by the
+/// whole command line's, as before: its help, the global `--log-file`, and
+/// mistakes, which are said and run nothing.
+#[test]
+fn run_reads_its_own_arguments_and_leaves_the_rest_to_the_whole_parser() {
+    let h = home();
+    let ws = h.ws.to_str().unwrap();
+    let help = zcode(&h, &["run", "--help"]);
+    assert!(help.status.success());
+    let said = String::from_utf8_lossy(&help.stdout);
+    assert!(said.contains("Usage: zcode-acp run"), "{said}");
+
+    let marker = h.ws.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = zcode(&h, &["run", "--workspace", ws, "sh", "-c", &touch]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // The whole parser's message, with the usage it names `run` by.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Usage: zcode-acp run"),
+        "{out:?}"
+    );
+    assert!(!marker.exists(), "a command given without `--` was run");
+
+    let log = h.dir.path().join("run.log");
+    let out = zcode(
+        &h,
+        &[
+            "run",
+            "--log-file",
+            log.to_str().unwrap(),
+            "--workspace",
+            ws,
+            "--",
+            "sh",
+            "-c",
+            "true",
+        ],
+    );
+    assert!(log.is_file(), "--log-file was not taken: {out:?}");
+}

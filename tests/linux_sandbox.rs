@@ -2481,6 +2481,10 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
             unchanged,
             "the sandbox's mounts leaked into the outer namespace"
         );
+        // Every launch mounts its layer again (overlayfs refuses a
+        // `volatile` upper whose mark was left, and it would be said).
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("no copy-on-write layer"), "{stderr}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let planted = run(
@@ -2497,6 +2501,24 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
     assert!(run(&p.ws, &format!("cat {b}")).contains("evil"));
     // ...another project's does not see it.
     assert_eq!(run(&other, &format!("cat {b}")), "fn main() {}\n");
+    // A layer last mounted in another boot is not trusted whole (its
+    // overlays skip syncing): it starts empty, your cache shows through.
+    let layers = home.join(".zcode-acp/layers");
+    let mut stamps = 0;
+    for project in std::fs::read_dir(&layers).unwrap().flatten() {
+        for f in std::fs::read_dir(project.path()).unwrap().flatten() {
+            if f.path().extension().is_some_and(|e| e == "boot") {
+                std::fs::write(f.path(), "an-earlier-boot").unwrap();
+                stamps += 1;
+            }
+        }
+    }
+    assert!(stamps >= 2, "no boot stamps under {}", layers.display());
+    assert_eq!(run(&p.ws, &format!("cat {b}")), "fn main() {}\n");
+    // And is used as ever from then on.
+    assert!(run(&p.ws, &format!("echo again > {b}; cat {b}")).contains("again"));
+    assert!(run(&p.ws, &format!("cat {b}")).contains("again"));
+    assert_eq!(content(&build_rs), "fn main() {}\n");
 }
 
 /// Root in a container whose user namespace maps only part of the id range

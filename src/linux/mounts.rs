@@ -363,12 +363,16 @@ pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), Lau
         p.to_str()
             .is_some_and(|s| !s.contains([',', ':', '\\', '\n']))
     });
+    if slot.volatile {
+        super::layers::clear_volatile_mark(&work);
+    }
     let mounted = if nameable {
         let options = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr",
+            "lowerdir={},upperdir={},workdir={},userxattr{}",
             path.display(),
             upper.display(),
-            work.display()
+            work.display(),
+            if slot.volatile { ",volatile" } else { "" }
         );
         mount(
             Some("overlay"),
