@@ -916,6 +916,12 @@ fn main() {
                 &["sh", "-c", "true"],
                 "`sh -c true` under `zcode-acp run` vs bare (goal: 2x at most)",
             ));
+            rows.push(spawns::spawn_in(
+                n,
+                &["sh", "-c", "true"],
+                "`sh -c true` under `zcode-acp run` vs bare, in a repository of 20000 files",
+                if full { 20_000 } else { 200 },
+            ));
             rows.push(spawns::terminal_spawn(if full { 30 } else { 2 }));
             rows.push(spawns::initialize_answer(if full { 15 } else { 1 }));
         }

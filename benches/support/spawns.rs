@@ -64,7 +64,18 @@ fn bridge(at: &Place, armed: bool) -> Bridged {
 /// `zcode-acp run -- ARGV` (policy read from disk, namespaces, mounts,
 /// Landlock, the PID namespace's init) against `ARGV` bare, alternating.
 pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
+    spawn_in(n, argv, what, 0)
+}
+
+/// The same, in a workspace that is a repository of `files` source files
+/// (20 to a directory, two levels deep), as a user's project is: what
+/// `run` reads of the workspace (the repositories in it, the audit's walk
+/// before and after the command) grows with it.
+pub fn spawn_in(n: usize, argv: &[&str], what: &str, files: usize) -> String {
     let at = place();
+    if files > 0 {
+        fill_as_a_repository(&at.ws, files);
+    }
     let run = |sandboxed: bool| -> Duration {
         let mut cmd = if sandboxed {
             let mut c = Command::new(BIN);
@@ -116,6 +127,22 @@ pub fn spawn(n: usize, argv: &[&str], what: &str) -> String {
         ms(s),
         s.as_secs_f64() / b.as_secs_f64()
     )
+}
+
+/// `files` source files in `ws`, 20 to a directory, and a `.git` at its
+/// top (laid out as git makes it; its objects are not needed).
+fn fill_as_a_repository(ws: &Path, files: usize) {
+    for d in 0..files.div_ceil(20) {
+        let dir = ws.join(format!("src/m{}/d{d}", d / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..20.min(files - d * 20) {
+            std::fs::write(dir.join(format!("f{f}.rs")), "fn f() {}\n").unwrap();
+        }
+    }
+    for d in ["objects", "refs/heads", "hooks"] {
+        std::fs::create_dir_all(ws.join(".git").join(d)).unwrap();
+    }
+    std::fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
 }
 
 /// What a file-heavy run runs under.

@@ -293,6 +293,9 @@ fn command(args: &RunArgs) -> Command {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use crate::linux::enforce::LinuxEnforcer;
     use nix::unistd::{fork, ForkResult};
+    // The sockets bound on this machine are read beside the policy (see
+    // `listening::prefetch`); the plan takes them.
+    crate::linux::listening::prefetch();
     // Not probed: the launcher arms what this machine allows, and says
     // what it could not (see `LinuxEnforcer::unprobed`).
     let (enforcer, probed) = match LinuxEnforcer::unprobed() {
@@ -326,7 +329,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
     });
     let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
-    if crate::linux::exec::threads() != Some(1) {
+    // The socket scan's thread was joined when the plan was made.
+    if !crate::linux::exec::wait_until_single_threaded() {
         return Err(cannot_arm(
             "zcode-acp run has more than one thread, so it cannot fork the sandbox's launcher (a bug in zcode-acp: please report it)",
         ));

@@ -142,6 +142,19 @@ pub(crate) fn threads() -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Waits (a few milliseconds at most) until this process has one thread:
+/// a thread just joined is still leaving the kernel's books for a moment.
+/// Whether it has.
+pub(crate) fn wait_until_single_threaded() -> bool {
+    for _ in 0..200 {
+        if threads() == Some(1) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    false
+}
+
 /// Arms the sandbox and runs the command; returns the exit code to use.
 /// Must be called from a single-threaded process.
 pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {

@@ -24,9 +24,36 @@ const MAX_OTHER_NAMESPACES: usize = 256;
 /// binds live.
 const MAX_DESCRIPTORS: usize = 200_000;
 
+/// The scan [`prefetch`] started, taken by the next [`bound_sockets`].
+static PREFETCHED: std::sync::Mutex<Option<std::thread::JoinHandle<Vec<PathBuf>>>> =
+    std::sync::Mutex::new(None);
+
+/// Starts [`bound_sockets`] on a thread of its own, for the next call to
+/// take: it reads `/proc` for every process (a few microseconds each,
+/// milliseconds on a machine of hundreds), which then overlaps the
+/// policy's reading instead of following it. Whoever calls this joins the
+/// thread (the next `bound_sockets`) before it needs to be single-threaded
+/// again (see [`super::exec::wait_until_single_threaded`]).
+pub fn prefetch() {
+    let scan = std::thread::Builder::new()
+        .name("socket-scan".into())
+        .spawn(scan);
+    if let (Ok(handle), Ok(mut slot)) = (scan, PREFETCHED.lock()) {
+        *slot = Some(handle);
+    }
+}
+
 /// Every bound pathname socket this process can learn of, absolute, each
-/// once.
+/// once: the scan [`prefetch`] started, if any, else one now.
 pub fn bound_sockets() -> Vec<PathBuf> {
+    let prefetched = PREFETCHED.lock().ok().and_then(|mut slot| slot.take());
+    match prefetched.map(std::thread::JoinHandle::join) {
+        Some(Ok(found)) => found,
+        _ => scan(),
+    }
+}
+
+fn scan() -> Vec<PathBuf> {
     let mut listings = vec![std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default()];
     listings.extend(other_namespaces_listings());
     let mut out: Vec<PathBuf> = Vec::new();
@@ -64,10 +91,16 @@ fn other_namespaces_listings() -> Vec<String> {
         .into_iter()
         .collect();
     let mut out = Vec::new();
+    // Each process's link read relative to `/proc`, held open: one path
+    // walk fewer per process, of hundreds.
+    let Ok(proc) = std::fs::File::open("/proc") else {
+        return out;
+    };
     for pid in pids() {
-        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) else {
+        let Ok(ns) = nix::fcntl::readlinkat(&proc, format!("{pid}/ns/net").as_str()) else {
             continue; // another user's, or gone
         };
+        let ns = PathBuf::from(ns);
         if seen.contains(&ns) {
             continue;
         }

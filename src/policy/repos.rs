@@ -12,7 +12,11 @@ use super::resolve_real;
 /// at most are looked at: arming must stay fast on huge trees. A repository
 /// deeper than this (or created later) has no protected hooks/config.
 const MAX_DEPTH: usize = 6;
+#[cfg(not(test))]
 const MAX_ENTRIES: usize = 20_000;
+/// (Small in unit tests, which fill it on purpose.)
+#[cfg(test)]
+const MAX_ENTRIES: usize = 300;
 
 /// Directories that never hold repositories worth protecting and can be
 /// huge.
@@ -46,7 +50,10 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
         repos.push(repo);
     }
     let mut budget = MAX_ENTRIES;
-    walk(root, 0, &mut budget, hooks, &mut repos);
+    if !walk(root, 0, &mut budget, hooks, &mut repos) {
+        // Once per root, not once per directory the walk was in.
+        tracing::warn!(root = %root.display(), "stopped looking for nested git repositories after {MAX_ENTRIES} entries: one further in has no read-only hooks or config (the audit still looks at what a command leaves there)");
+    }
     with_their_git_dirs(repos)
 }
 
@@ -141,17 +148,18 @@ fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Rep
     }
 }
 
-fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut Vec<Repo>) {
+/// Walks `dir` for repositories; `false` when the budget ran out before
+/// the walk was done.
+fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut Vec<Repo>) -> bool {
     if depth > MAX_DEPTH {
-        return;
+        return true;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return true;
     };
     for entry in entries.flatten() {
         if *budget == 0 {
-            tracing::warn!(root = %dir.display(), "stopped looking for nested git repositories after {MAX_ENTRIES} entries");
-            return;
+            return false;
         }
         *budget -= 1;
         let name = entry.file_name();
@@ -164,9 +172,12 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
             if let Some(repo) = repo_at(&path, hooks) {
                 repos.push(repo);
             }
-            walk(&path, depth + 1, budget, hooks, repos);
+            if !walk(&path, depth + 1, budget, hooks, repos) {
+                return false;
+            }
         }
     }
+    true
 }
 
 /// The repository whose work tree is `dir`, if `dir/.git` exists (its
@@ -416,6 +427,29 @@ fn real_even_if_absent(path: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_walk_past_its_bound_says_so_once_from_the_top() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nested, so the bound is reached deep inside: the walk must stop
+        // there and say so to its caller, not carry on a level up.
+        let deep = dir.path().join("a/b/c");
+        std::fs::create_dir_all(&deep).unwrap();
+        for i in 0..MAX_ENTRIES {
+            std::fs::write(deep.join(format!("f{i}")), "").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("z/repo/.git")).unwrap();
+        let mut budget = MAX_ENTRIES;
+        let mut repos = Vec::new();
+        assert!(!walk(dir.path(), 0, &mut budget, false, &mut repos));
+        assert_eq!(budget, 0);
+        let small = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(small.path().join("x/repo/.git")).unwrap();
+        let mut budget = MAX_ENTRIES;
+        let mut repos = Vec::new();
+        assert!(walk(small.path(), 0, &mut budget, false, &mut repos));
+        assert_eq!(repos.len(), 1);
+    }
 
     #[test]
     fn a_written_hooks_path_is_read_when_git_cannot_be_asked() {
