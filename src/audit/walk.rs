@@ -295,6 +295,7 @@ pub fn walk(places: &Places) -> Walked {
             root,
             skip: &places.skip,
             follow: &places.follow,
+            euid: nix::unistd::geteuid().as_raw(),
         };
         walk_dir(&ctx, root, 0, false, &mut budget, &mut seen_dirs, &mut out);
         if budget == 0 {
@@ -318,6 +319,7 @@ pub fn walk(places: &Places) -> Walked {
             root: tree,
             skip: &[],
             follow: &[],
+            euid: nix::unistd::geteuid().as_raw(),
         };
         walk_dir(&ctx, tree, 0, true, &mut budget, &mut seen_dirs, &mut out);
         if budget == 0 {
@@ -394,8 +396,13 @@ struct Ctx<'a> {
     root: &'a Path,
     skip: &'a [PathBuf],
     follow: &'a [PathBuf],
+    /// Who walks (asked once, not at every directory).
+    euid: u32,
 }
 
+/// Walks `dir` and what it holds; whether it holds a `.git`, where its
+/// whole listing was read (`None` where the walk stopped before: its
+/// caller then asks).
 fn walk_dir(
     ctx: &Ctx<'_>,
     dir: &Path,
@@ -404,21 +411,22 @@ fn walk_dir(
     budget: &mut usize,
     seen_dirs: &mut std::collections::HashSet<(u64, u64, bool)>,
     out: &mut Walked,
-) {
+) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
     if depth >= MAX_DEPTH {
         out.cut.push((
             dir.to_path_buf(),
             format!("it lies {MAX_DEPTH} directories deep, where the walk stops"),
         ));
-        return;
+        return None;
     }
     // Each directory once as hidden and once as not (a symlinked one may
     // lead back; one of the user's hidden links may lead to a directory
     // walked as plain before).
-    if let Ok(m) = std::fs::metadata(dir) {
-        use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).ok();
+    if let Some(m) = &meta {
         if !seen_dirs.insert((m.dev(), m.ino(), in_hidden)) {
-            return;
+            return None;
         }
     }
     // The agent may take its own directory's permissions away so that
@@ -434,42 +442,54 @@ fn walk_dir(
                 Some(Ok(e)) => e,
                 _ => {
                     out.unreadable.push(dir.to_path_buf());
-                    return;
+                    return None;
                 }
             }
         }
         // Removed meanwhile: nothing left to check.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         // A path too long to open, or any other failure: what is inside
         // is not checked, and the user is told so.
         Err(e) => {
             out.cut
                 .push((dir.to_path_buf(), format!("the walk cannot list it ({e})")));
-            return;
+            return None;
         }
     };
     // Listed but not searchable (no `x`): what is listed could not be
     // looked at (the kinds come from the listing, which needs no `x`, but
     // a repository inside, a link's target or a judged entry do), so it is
-    // given back once here, or said.
+    // given back once here, or said. Not asked of a directory its owner
+    // walks with its `x` bit set (an ACL's owner entry is those bits): the
+    // workspace's every directory, on every walk.
+    let owners_and_searchable = meta
+        .as_ref()
+        .is_some_and(|m| m.uid() == ctx.euid && m.mode() & 0o100 != 0);
     if !given_back
+        && !owners_and_searchable
         && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK)
             == Err(nix::errno::Errno::EACCES)
     {
         given_back = give_back(dir);
         if !given_back {
             out.unreadable.push(dir.to_path_buf());
-            return;
+            return None;
         }
     }
     let mut subdirs = Vec::new();
     let (mut head, mut objects, mut refs) = (false, false, false);
+    let mut marked_work_tree = false;
     for entry in entries.flatten() {
         if *budget == 0 {
-            return;
+            return None;
         }
         *budget -= 1;
         let name = entry.file_name();
+        // A work tree's mark, whatever its kind (as `symlink_metadata`
+        // of `dir/.git` would find it).
+        if name == ".git" {
+            marked_work_tree = true;
+        }
         let path = entry.path();
         // The kind from the listing (no call where the file system gives
         // it); the rest of what an entry is, only for one that is judged:
@@ -485,7 +505,7 @@ fn walk_dir(
                     }
                     _ => {
                         out.unreadable.push(dir.to_path_buf());
-                        return;
+                        return None;
                     }
                 }
             }
@@ -522,7 +542,7 @@ fn walk_dir(
                         }
                         _ => {
                             out.unreadable.push(dir.to_path_buf());
-                            return;
+                            return None;
                         }
                     }
                 }
@@ -561,18 +581,22 @@ fn walk_dir(
     }
     for (path, name, through_link) in subdirs {
         if *budget == 0 {
-            return;
+            // Listed whole: what lies below is cut, and said.
+            return Some(marked_work_tree);
         }
         let hidden = in_hidden
             || through_link
             || name.as_encoded_bytes().first() == Some(&b'.')
             || CONFIG_DIRS.iter().any(|c| name == *c);
         out.dirs.push(path.clone());
-        if !hidden && path.join(".git").symlink_metadata().is_ok() {
+        // Its own listing says whether it is a work tree (a call fewer for
+        // each of the workspace's directories), or else it is asked.
+        let listed = walk_dir(ctx, &path, depth + 1, hidden, budget, seen_dirs, out);
+        if !hidden && listed.unwrap_or_else(|| path.join(".git").symlink_metadata().is_ok()) {
             out.work_trees.push(path.clone());
         }
-        walk_dir(ctx, &path, depth + 1, hidden, budget, seen_dirs, out);
     }
+    Some(marked_work_tree)
 }
 
 /// The repositories under `roots` (work trees the walk found, and the

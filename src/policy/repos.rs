@@ -149,33 +149,48 @@ fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Rep
 }
 
 /// Walks `dir` for repositories; `false` when the budget ran out before
-/// the walk was done.
+/// the walk was done. A directory below the root is a repository's work
+/// tree where its own listing holds a `.git` (one call fewer for each of
+/// the workspace's directories than asking for it); where it is not
+/// listed whole, it is asked.
 fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut Vec<Repo>) -> bool {
+    let ask = |repos: &mut Vec<Repo>| {
+        if depth > 0 {
+            repos.extend(repo_at(dir, hooks));
+        }
+    };
     if depth > MAX_DEPTH {
+        ask(repos);
         return true;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
+        ask(repos);
         return true;
     };
+    let mut work_tree = false;
     for entry in entries.flatten() {
         if *budget == 0 {
+            ask(repos);
             return false;
         }
         *budget -= 1;
         let name = entry.file_name();
-        let Ok(ft) = entry.file_type() else { continue };
         if name == ".git" {
+            work_tree = true;
             continue;
         }
-        if ft.is_dir() && !SKIP_DIRS.iter().any(|s| name == *s) {
-            let path = entry.path();
-            if let Some(repo) = repo_at(&path, hooks) {
-                repos.push(repo);
-            }
-            if !walk(&path, depth + 1, budget, hooks, repos) {
-                return false;
-            }
+        let Ok(ft) = entry.file_type() else { continue };
+        if ft.is_dir()
+            && !SKIP_DIRS.iter().any(|s| name == *s)
+            && !walk(&entry.path(), depth + 1, budget, hooks, repos)
+        {
+            // Not listed whole: asked.
+            ask(repos);
+            return false;
         }
+    }
+    if work_tree {
+        ask(repos);
     }
     true
 }
