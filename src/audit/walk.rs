@@ -479,7 +479,14 @@ fn walk_dir(
     let mut subdirs = Vec::new();
     let (mut head, mut objects, mut refs) = (false, false, false);
     let mut marked_work_tree = false;
-    for entry in entries.flatten() {
+    // A listing that fails part way (an I/O error) is not taken for the
+    // whole: a work tree's mark may be in what was not read.
+    let mut listed_whole = true;
+    for entry in entries {
+        let Ok(entry) = entry else {
+            listed_whole = false;
+            continue;
+        };
         if *budget == 0 {
             return None;
         }
@@ -581,8 +588,8 @@ fn walk_dir(
     }
     for (path, name, through_link) in subdirs {
         if *budget == 0 {
-            // Listed whole: what lies below is cut, and said.
-            return Some(marked_work_tree);
+            // What lies below is cut, and said.
+            return listed_whole.then_some(marked_work_tree);
         }
         let hidden = in_hidden
             || through_link
@@ -590,13 +597,15 @@ fn walk_dir(
             || CONFIG_DIRS.iter().any(|c| name == *c);
         out.dirs.push(path.clone());
         // Its own listing says whether it is a work tree (a call fewer for
-        // each of the workspace's directories), or else it is asked.
+        // each of the workspace's directories), or else it is asked. (So a
+        // nested work tree comes before the one holding it: the order of
+        // `work_trees` means nothing to its readers.)
         let listed = walk_dir(ctx, &path, depth + 1, hidden, budget, seen_dirs, out);
         if !hidden && listed.unwrap_or_else(|| path.join(".git").symlink_metadata().is_ok()) {
             out.work_trees.push(path.clone());
         }
     }
-    Some(marked_work_tree)
+    listed_whole.then_some(marked_work_tree)
 }
 
 /// The repositories under `roots` (work trees the walk found, and the
@@ -625,6 +634,39 @@ pub fn repos(roots: &[PathBuf], walked: &Walked) -> Vec<Repo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory is a work tree by its own listing; one the walk does
+    /// not list whole (at its depth, or past its bound) is asked.
+    #[test]
+    fn work_trees_are_found_listed_or_not() {
+        let t = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(t.path()).unwrap();
+        let listed = root.join("a/listed");
+        std::fs::create_dir_all(listed.join(".git")).unwrap();
+        let mut at_the_bound = root.join("deep");
+        for _ in 0..MAX_DEPTH - 1 {
+            at_the_bound.push("d");
+        }
+        std::fs::create_dir_all(&at_the_bound).unwrap();
+        // A `.git` of any kind marks a work tree, as git takes it.
+        std::fs::write(at_the_bound.join(".git"), "gitdir: elsewhere\n").unwrap();
+        let walked = walk(&Places {
+            roots: vec![root.clone()],
+            ..Places::default()
+        });
+        assert!(
+            walked.cut.iter().any(|(p, _)| p == &at_the_bound),
+            "{:?}",
+            walked.cut
+        );
+        for w in [&listed, &at_the_bound] {
+            assert!(
+                walked.work_trees.contains(w),
+                "{w:?}: {:?}",
+                walked.work_trees
+            );
+        }
+    }
 
     #[test]
     fn what_the_walk_watches_by_name() {

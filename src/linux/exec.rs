@@ -142,17 +142,20 @@ pub(crate) fn threads() -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Waits (a few milliseconds at most) until this process has one thread:
-/// a thread just joined is still leaving the kernel's books for a moment.
+/// Waits (half a second at most) until this process has one thread: a
+/// thread just joined is still leaving the kernel's books for a moment.
 /// Whether it has.
 pub(crate) fn wait_until_single_threaded() -> bool {
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    loop {
         if threads() == Some(1) {
             return true;
         }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
-    false
 }
 
 /// Arms the sandbox and runs the command; returns the exit code to use.

@@ -25,37 +25,36 @@ const MAX_OTHER_NAMESPACES: usize = 256;
 const MAX_DESCRIPTORS: usize = 200_000;
 
 /// The scan [`prefetch`] started, taken by the next [`bound_sockets`].
-static PREFETCHED: std::sync::Mutex<Option<std::thread::JoinHandle<Vec<PathBuf>>>> =
+static PREFETCHED: std::sync::Mutex<Option<std::thread::JoinHandle<Vec<String>>>> =
     std::sync::Mutex::new(None);
 
-/// Starts [`bound_sockets`] on a thread of its own, for the next call to
-/// take: it reads `/proc` for every process (a few microseconds each,
-/// milliseconds on a machine of hundreds), which then overlaps the
-/// policy's reading instead of following it. Whoever calls this joins the
-/// thread (the next `bound_sockets`) before it needs to be single-threaded
-/// again (see [`super::exec::wait_until_single_threaded`]).
+/// Starts reading the other network namespaces' sockets on a thread of
+/// its own, for the next [`bound_sockets`] to take: finding them reads a
+/// link of every process (a few microseconds each, milliseconds on a
+/// machine of hundreds), which then overlaps the policy's reading instead
+/// of following it. This namespace's own listing, where the sockets a
+/// command is likeliest to reach live, is still read when the plan is
+/// made. Whoever calls this joins the thread (the next `bound_sockets`)
+/// before it needs to be single-threaded again (see
+/// [`super::exec::wait_until_single_threaded`]).
 pub fn prefetch() {
     let scan = std::thread::Builder::new()
         .name("socket-scan".into())
-        .spawn(scan);
+        .spawn(other_namespaces_listings);
     if let (Ok(handle), Ok(mut slot)) = (scan, PREFETCHED.lock()) {
         *slot = Some(handle);
     }
 }
 
 /// Every bound pathname socket this process can learn of, absolute, each
-/// once: the scan [`prefetch`] started, if any, else one now.
+/// once (the other namespaces' as [`prefetch`] read them, if it did).
 pub fn bound_sockets() -> Vec<PathBuf> {
+    let mut listings = vec![std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default()];
     let prefetched = PREFETCHED.lock().ok().and_then(|mut slot| slot.take());
     match prefetched.map(std::thread::JoinHandle::join) {
-        Some(Ok(found)) => found,
-        _ => scan(),
+        Some(Ok(others)) => listings.extend(others),
+        _ => listings.extend(other_namespaces_listings()),
     }
-}
-
-fn scan() -> Vec<PathBuf> {
-    let mut listings = vec![std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default()];
-    listings.extend(other_namespaces_listings());
     let mut out: Vec<PathBuf> = Vec::new();
     let mut relative: Vec<Bound> = Vec::new();
     for b in listings.iter().flat_map(|l| sockets::bound_in(l)) {

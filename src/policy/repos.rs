@@ -167,8 +167,13 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         ask(repos);
         return true;
     };
-    let mut work_tree = false;
-    for entry in entries.flatten() {
+    // A listing that fails part way is not taken for the whole: asked.
+    let (mut work_tree, mut listed_whole) = (false, true);
+    for entry in entries {
+        let Ok(entry) = entry else {
+            listed_whole = false;
+            continue;
+        };
         if *budget == 0 {
             ask(repos);
             return false;
@@ -189,7 +194,7 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
             return false;
         }
     }
-    if work_tree {
+    if work_tree || !listed_whole {
         ask(repos);
     }
     true
@@ -442,6 +447,34 @@ fn real_even_if_absent(path: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory is a repository by its own listing; where the walk
+    /// does not list it whole (its bound reached, or its depth), it is
+    /// asked, as it was before listings told.
+    #[test]
+    fn a_repository_the_walk_does_not_list_whole_is_still_found() {
+        let t = tempfile::tempdir().unwrap();
+        let t = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir_all(t.join("r/.git")).unwrap();
+        let (mut budget, mut repos) = (1, Vec::new());
+        assert!(!walk(&t, 0, &mut budget, false, &mut repos));
+        let found: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
+        assert_eq!(found, vec![t.join("r")]);
+
+        let deep = t.join("d/1/2/3/4/5/6");
+        std::fs::create_dir_all(deep.join(".git")).unwrap();
+        assert_eq!(
+            deep.strip_prefix(&t).unwrap().components().count(),
+            MAX_DEPTH + 1
+        );
+        let (mut budget, mut repos) = (MAX_ENTRIES, Vec::new());
+        assert!(walk(&t, 0, &mut budget, false, &mut repos));
+        let found: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
+        assert!(
+            found.contains(&deep) && found.contains(&t.join("r")),
+            "{found:?}"
+        );
+    }
 
     #[test]
     fn a_walk_past_its_bound_says_so_once_from_the_top() {
