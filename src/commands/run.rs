@@ -293,8 +293,9 @@ fn command(args: &RunArgs) -> Command {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     use crate::linux::enforce::LinuxEnforcer;
     use nix::unistd::{fork, ForkResult};
-    // The sockets bound on this machine are read beside the policy (see
-    // `listening::prefetch`); the plan takes them.
+    // The sockets bound in the machine's other network namespaces are
+    // read beside the policy (see `listening::prefetch`); the plan takes
+    // them.
     crate::linux::listening::prefetch();
     // Not probed: the launcher arms what this machine allows, and says
     // what it could not (see `LinuxEnforcer::unprobed`).
