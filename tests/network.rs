@@ -754,6 +754,38 @@ fn a_table_at_its_limits_arms() {
     );
 }
 
+/// `zcode-acp run -- ARGV` as root in the world's host, from a fresh home
+/// (with `config` as its user config) and workspace, in a cleared
+/// environment with `env` added; what it printed.
+fn run_in_host(
+    world: &World,
+    config: Option<&str>,
+    argv: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
+    let home = scratch.path().join("home");
+    let ws = scratch.path().join("ws");
+    std::fs::create_dir_all(home.join(".config/zcode-acp")).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    if let Some(config) = config {
+        std::fs::write(home.join(".config/zcode-acp/config.json"), config).unwrap();
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .arg("--")
+        .args(argv)
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("ZCODE_ACP_LOG", "warn")
+        .envs(env.iter().copied())
+        .current_dir(&ws)
+        .stdin(Stdio::null());
+    let _ns = world.host.enter(&mut cmd, None);
+    cmd.output().unwrap()
+}
+
 /// `zcode-acp run` ends with what the command sent through the proxy, per
 /// destination, with the byte counts the other end received; the exact
 /// count of an upload is the body the host got and the request's head.
@@ -763,31 +795,17 @@ fn run_says_what_the_command_sent_where() {
         return;
     }
     let world = world();
-    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
-    let home = scratch.path().join("home");
-    let ws = scratch.path().join("ws");
-    std::fs::create_dir_all(home.join(".config/zcode-acp")).unwrap();
-    std::fs::create_dir_all(&ws).unwrap();
-    std::fs::write(
-        home.join(".config/zcode-acp/config.json"),
-        r#"{"network": {"egress": ["198.51.100.2"]}}"#,
-    )
-    .unwrap();
     let size = 3_000_000;
     let script = format!(
         "head -c {size} /dev/zero > up.bin; curl -sS -m 30 -T up.bin http://198.51.100.2:8080/up; \
          curl -sS -m 30 http://198.51.100.2:8080/; curl -sS -m 30 http://198.51.100.3:8080/; echo done"
     );
-    let mut cmd = Command::new(BIN);
-    cmd.args(["run", "--", "sh", "-c", &script])
-        .env_clear()
-        .env("HOME", &home)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("ZCODE_ACP_LOG", "warn")
-        .current_dir(&ws)
-        .stdin(Stdio::null());
-    let _ns = world.host.enter(&mut cmd, None);
-    let out = cmd.output().unwrap();
+    let out = run_in_host(
+        &world,
+        Some(r#"{"network": {"egress": ["198.51.100.2"]}}"#),
+        &["sh", "-c", &script],
+        &[],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stdout.contains(&format!("got {size}")), "{stdout}{stderr}");
@@ -832,11 +850,6 @@ fn run_says_no_counts_a_command_in_the_hosts_network_could_forge() {
     }
     // In the world's "host", whose count sockets are this test's alone.
     let world = world();
-    let scratch = tempfile::tempdir_in(scratch_base()).unwrap();
-    let home = scratch.path().join("home");
-    let ws = scratch.path().join("ws");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::create_dir_all(&ws).unwrap();
     let forge = r#"
 import json, socket
 names = [l.split()[-1] for l in open('/proc/net/unix') if l.rstrip().endswith('.ledger')]
@@ -857,18 +870,12 @@ print('forged', forged)
         ),
         ("ZCODE_ACP_TEST_HELPER_NO_NAMESPACES", "landlock-only"),
     ] {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--", "python3", "-c", forge])
-            .env_clear()
-            .env("HOME", &home)
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("ZCODE_ACP_LOG", "warn")
-            .env(knob, "1")
-            .env("ZCODE_ACP_TEST_LANDLOCK_ABI", "5")
-            .current_dir(&ws)
-            .stdin(Stdio::null());
-        let _ns = world.host.enter(&mut cmd, None);
-        let out = cmd.output().unwrap();
+        let out = run_in_host(
+            &world,
+            None,
+            &["python3", "-c", forge],
+            &[(knob, "1"), ("ZCODE_ACP_TEST_LANDLOCK_ABI", "5")],
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{knob}: {stdout}{stderr}");
