@@ -13,6 +13,7 @@ pub mod confine;
 pub mod demo;
 #[cfg(target_os = "linux")]
 pub mod linux;
+pub mod listing;
 pub mod logging;
 pub mod network;
 pub mod policy;

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 /// and those below; never one above.
 const LAYERS: &[&[&str]] = &[
     // Data and parsing.
-    &["relay", "session", "config", "children", "logging", "procs"],
+    &[
+        "relay", "session", "config", "children", "logging", "procs", "listing",
+    ],
     // Decisions.
     &["policy"],
     // Confinement as a value and an interface.

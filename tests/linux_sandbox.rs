@@ -2187,6 +2187,40 @@ fn what_run_leaves_that_would_run_is_reverted() {
     run_leaves(&p, None, &p.ws.parent().unwrap().join("home"));
 }
 
+/// The walks reuse what they listed of a directory unchanged since well
+/// before (`src/listing.rs`): in a workspace whose directories have aged
+/// past that margin, what the command plants in one of them is still found
+/// and reverted.
+#[test]
+fn what_run_leaves_in_directories_listed_before_is_reverted() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    for d in ["app/sub/dir", ".tools"] {
+        std::fs::create_dir_all(p.ws.join(d)).unwrap();
+    }
+    std::fs::write(p.ws.join("app/sub/dir/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(p.ws.join(".tools/lint.sh"), "true\n").unwrap();
+    // Older than the margin (two seconds) when `run` lists them.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let script = "echo evil > app/sub/dir/.envrc; echo evil > .tools/build.sh; echo done";
+    let argv = run_sh(None, "none", &p.ws, script);
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout} {stderr}");
+    for planted in ["app/sub/dir/.envrc", ".tools/build.sh"] {
+        assert!(
+            std::fs::symlink_metadata(p.ws.join(planted)).is_err(),
+            "{planted} is still there: {stderr}"
+        );
+    }
+    assert_eq!(content(&p.ws.join("app/sub/dir/main.rs")), "fn main() {}\n");
+}
+
 #[test]
 fn what_run_leaves_that_would_run_is_reverted_as_an_unprivileged_user() {
     if !require_kernel_features() {

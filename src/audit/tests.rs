@@ -711,3 +711,44 @@ fn the_stash_keeps_what_memory_does_not_and_long_names() {
     assert_eq!(std::fs::read_to_string(root.join(&long)).unwrap(), "long");
     assert_eq!(std::fs::read_dir(root.join(".many")).unwrap().count(), 300);
 }
+
+/// Where every directory is old enough for its listing to be kept (the
+/// clock set ahead), the walks after arming read the unchanged ones from
+/// what they kept, and still find what is new, changed or gone in any
+/// other: a change to a directory's entries changes its ctime.
+#[test]
+fn kept_listings_hide_no_change() {
+    crate::listing::clock_ahead(std::time::Duration::from_secs(60));
+    let t = tempfile::tempdir().unwrap();
+    let t = std::fs::canonicalize(t.path()).unwrap();
+    let (root, home) = (t.join("w"), t.join("h"));
+    for d in ["a/b/c", "d/.vscode", "e/f", "g"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(root.join("a/b/.envrc"), "export A=1\n").unwrap();
+    std::fs::write(root.join("d/.vscode/settings.json"), "{}").unwrap();
+    std::fs::write(root.join("e/f/main.rs"), "fn main() {}\n").unwrap();
+    let base = armed(&root, &home);
+    let reused = crate::listing::reused();
+    assert!(base.audit().is_empty());
+    assert!(
+        crate::listing::reused() > reused,
+        "the audit read every directory afresh"
+    );
+    // New, in a directory the baseline listed; gone; made a directory.
+    std::fs::write(root.join("a/b/c/.envrc"), "evil\n").unwrap();
+    std::fs::remove_file(root.join("d/.vscode/settings.json")).unwrap();
+    std::fs::remove_file(root.join("e/f/main.rs")).unwrap();
+    std::fs::create_dir(root.join("e/f/main.rs")).unwrap();
+    std::fs::write(root.join("e/f/main.rs/.envrc"), "evil\n").unwrap();
+    let found: Vec<PathBuf> = base.audit().into_iter().map(|f| f.path).collect();
+    crate::listing::clock_ahead(std::time::Duration::ZERO);
+    for path in [
+        "a/b/c/.envrc",
+        "d/.vscode/settings.json",
+        "e/f/main.rs/.envrc",
+    ] {
+        assert!(found.contains(&root.join(path)), "{path}: {found:?}");
+    }
+}

@@ -29,6 +29,10 @@ pub const MAX_ENTRIES: usize = 1_000_000;
 pub const MAX_ENTRIES: usize = 3_000;
 /// How deep below a root the walk goes.
 pub const MAX_DEPTH: usize = 64;
+/// A directory listing more entries than this is read afresh by every
+/// walk, not kept for the next (`crate::listing`): a walk holds at most one
+/// such listing at a time.
+const KEPT_PER_DIR: usize = 10_000;
 
 /// Directories filled by builds and package managers, never entered: what
 /// is in them runs when you use the environment they make (yours to trust,
@@ -145,15 +149,16 @@ pub const CONFIG_DIRS: &[&str] = &["mise"];
 /// marker in its middle: a tool that loads `*.toml` from a directory would
 /// load `x.tmp.toml`.
 pub fn is_transient(name: &OsStr) -> bool {
+    // Only hidden names: a directory some shell sources whole
+    // (`~/.bashrc.d/*`) skips them, as globs do; any other name is judged.
+    // (Asked first: most names a walk meets are not hidden.)
+    if name.as_encoded_bytes().first() != Some(&b'.') {
+        return false;
+    }
     if crate::config::atomic::is_temp_name(name) {
         return true;
     }
     let n = name.to_string_lossy();
-    // Only hidden names: a directory some shell sources whole
-    // (`~/.bashrc.d/*`) skips them, as globs do; any other name is judged.
-    if !n.starts_with('.') {
-        return false;
-    }
     let temp_id = n.rsplit_once(".tmp-").is_some_and(|(_, id)| {
         !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
     });
@@ -171,20 +176,13 @@ pub fn is_transient(name: &OsStr) -> bool {
 /// Whether a name is a named configuration ([`NAMED_CONFIGS`], or
 /// `mise.<env>.toml`, or a VS Code workspace file).
 pub fn is_named_config(name: &OsStr) -> bool {
-    let n = name.to_string_lossy();
-    NAMED_CONFIGS.iter().any(|c| n == *c)
-        || (n.starts_with("mise.") && n.ends_with(".toml"))
-        || n.ends_with(".code-workspace")
+    let n = name.as_encoded_bytes();
+    NAMED_CONFIGS.iter().any(|c| n == c.as_bytes())
+        || (n.starts_with(b"mise.") && n.ends_with(b".toml"))
+        || n.ends_with(b".code-workspace")
 }
 
-/// What an entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    File,
-    Dir,
-    Symlink,
-    Other,
-}
+pub use crate::listing::Kind;
 
 /// An entry as it was seen: its kind, size, change time, inode and mode (a
 /// write, a replacement or a chmod changes one of them).
@@ -195,20 +193,6 @@ pub struct Seen {
     pub ctime: (i64, i64),
     pub ino: u64,
     pub mode: u32,
-}
-
-impl Kind {
-    pub fn of(t: std::fs::FileType) -> Kind {
-        if t.is_symlink() {
-            Kind::Symlink
-        } else if t.is_dir() {
-            Kind::Dir
-        } else if t.is_file() {
-            Kind::File
-        } else {
-            Kind::Other
-        }
-    }
 }
 
 impl Seen {
@@ -422,39 +406,48 @@ fn walk_dir(
     }
     // Each directory once as hidden and once as not (a symlinked one may
     // lead back; one of the user's hidden links may lead to a directory
-    // walked as plain before).
+    // walked as plain before). Its `statx` also says whether what it held
+    // when last listed is still what it holds (`crate::listing`): asked
+    // after the time is taken.
+    let listed_at = crate::listing::now();
     let meta = std::fs::metadata(dir).ok();
     if let Some(m) = &meta {
         if !seen_dirs.insert((m.dev(), m.ino(), in_hidden)) {
             return None;
         }
     }
+    let kept = meta
+        .as_ref()
+        .and_then(|m| crate::listing::reuse(dir, m, listed_at));
     // The agent may take its own directory's permissions away so that
     // nothing can list it (no `r`) or look at what it lists (no `x`),
     // while direnv and git still open files there by name: given back, as
     // it is the user's own, or else said.
     let mut given_back = false;
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            given_back = give_back(dir);
-            match given_back.then(|| std::fs::read_dir(dir)) {
-                Some(Ok(e)) => e,
-                _ => {
-                    out.unreadable.push(dir.to_path_buf());
-                    return None;
+    let mut fresh = match &kept {
+        Some(_) => None,
+        None => match std::fs::read_dir(dir) {
+            Ok(e) => Some(e),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                given_back = give_back(dir);
+                match given_back.then(|| std::fs::read_dir(dir)) {
+                    Some(Ok(e)) => Some(e),
+                    _ => {
+                        out.unreadable.push(dir.to_path_buf());
+                        return None;
+                    }
                 }
             }
-        }
-        // Removed meanwhile: nothing left to check.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        // A path too long to open, or any other failure: what is inside
-        // is not checked, and the user is told so.
-        Err(e) => {
-            out.cut
-                .push((dir.to_path_buf(), format!("the walk cannot list it ({e})")));
-            return None;
-        }
+            // Removed meanwhile: nothing left to check.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            // A path too long to open, or any other failure: what is inside
+            // is not checked, and the user is told so.
+            Err(e) => {
+                out.cut
+                    .push((dir.to_path_buf(), format!("the walk cannot list it ({e})")));
+                return None;
+            }
+        },
     };
     // Listed but not searchable (no `x`): what is listed could not be
     // looked at (the kinds come from the listing, which needs no `x`, but
@@ -482,29 +475,46 @@ fn walk_dir(
     // A listing that fails part way (an I/O error) is not taken for the
     // whole: a work tree's mark may be in what was not read.
     let mut listed_whole = true;
-    for entry in entries {
-        let Ok(entry) = entry else {
-            listed_whole = false;
-            continue;
+    // What a fresh listing held, kept for the next walk where it is whole
+    // and not too long to hold.
+    let mut keeping = (kept.is_none() && meta.is_some()).then(Vec::new);
+    let mut kept_at = 0;
+    loop {
+        let (name, kind) = match (&kept, &mut fresh) {
+            (Some(kept), _) => match kept.get(kept_at) {
+                Some((name, kind)) => {
+                    kept_at += 1;
+                    (name.clone(), Ok(*kind))
+                }
+                None => break,
+            },
+            (None, Some(fresh)) => match fresh.next() {
+                Some(Ok(entry)) => (entry.file_name(), entry.file_type().map(Kind::of)),
+                Some(Err(_)) => {
+                    listed_whole = false;
+                    continue;
+                }
+                None => break,
+            },
+            (None, None) => break,
         };
         if *budget == 0 {
             return None;
         }
         *budget -= 1;
-        let name = entry.file_name();
         // A work tree's mark, whatever its kind (as `symlink_metadata`
         // of `dir/.git` would find it).
         if name == ".git" {
             marked_work_tree = true;
         }
-        let path = entry.path();
         // The kind from the listing (no call where the file system gives
         // it); the rest of what an entry is, only for one that is judged:
         // a workspace's thousands of source files cost no `statx` each.
-        let kind = match entry.file_type() {
-            Ok(t) => Kind::of(t),
+        let kind = match kind {
+            Ok(kind) => kind,
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 // Listed but not searchable: given back once, or said.
+                let path = dir.join(&name);
                 match (!given_back && give_back(dir)).then(|| std::fs::symlink_metadata(&path)) {
                     Some(Ok(m)) => {
                         given_back = true;
@@ -516,9 +526,19 @@ fn walk_dir(
                     }
                 }
             }
-            Err(_) => continue, // removed meanwhile
+            Err(_) => {
+                // Removed meanwhile: the listing is not what it holds.
+                keeping = None;
+                continue;
+            }
         };
-        if ctx.skip.contains(&path) {
+        if let Some(list) = &mut keeping {
+            list.push((name.clone(), kind));
+            if list.len() > KEPT_PER_DIR {
+                keeping = None;
+            }
+        }
+        if !ctx.skip.is_empty() && ctx.skip.contains(&dir.join(&name)) {
             continue;
         }
         // Git takes a directory for a bare repository when its `HEAD` is a
@@ -529,14 +549,20 @@ fn walk_dir(
             b"refs" => refs = true,
             _ => {}
         }
-        let rel = path.strip_prefix(ctx.root).unwrap_or(&path);
-        if kind == Kind::Dir && is_inert_dir(rel) {
+        let watched = watched_name(&name, in_hidden);
+        // A plain file no rule judges (most of a workspace) needs nothing
+        // more, not even its path.
+        if kind == Kind::File && watched.is_none() {
+            continue;
+        }
+        let path = dir.join(&name);
+        if kind == Kind::Dir && is_inert_dir(path.strip_prefix(ctx.root).unwrap_or(&path)) {
             continue;
         }
         // An environment (`.venv`, `.next`) is neither walked nor judged:
         // a build makes and removes it.
         let environment = kind == Kind::Dir && !enters(&name);
-        if let Some(why) = watched_name(&name, in_hidden).filter(|_| !environment) {
+        if let Some(why) = watched.filter(|_| !environment) {
             let meta = match std::fs::symlink_metadata(&path) {
                 Ok(m) => m,
                 Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -585,6 +611,9 @@ fn walk_dir(
     }
     if head && objects && refs {
         out.bare.push(dir.to_path_buf());
+    }
+    if let (Some(list), Some(meta), true, false) = (keeping, &meta, listed_whole, given_back) {
+        crate::listing::keep(dir, meta, listed_at, &list.into());
     }
     for (path, name, through_link) in subdirs {
         if *budget == 0 {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::build::Repo;
 use super::resolve_real;
+use crate::listing::{Entries, Kind};
 
 /// How far below a root repositories are looked for, and how many entries
 /// at most are looked at: arming must stay fast on huge trees. A repository
@@ -163,31 +164,24 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         ask(repos);
         return true;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Some((entries, listed_whole)) = list(dir, *budget) else {
         ask(repos);
         return true;
     };
-    // A listing that fails part way is not taken for the whole: asked.
-    let (mut work_tree, mut listed_whole) = (false, true);
-    for entry in entries {
-        let Ok(entry) = entry else {
-            listed_whole = false;
-            continue;
-        };
+    let mut work_tree = false;
+    for (name, kind) in entries.iter() {
         if *budget == 0 {
             ask(repos);
             return false;
         }
         *budget -= 1;
-        let name = entry.file_name();
         if name == ".git" {
             work_tree = true;
             continue;
         }
-        let Ok(ft) = entry.file_type() else { continue };
-        if ft.is_dir()
+        if *kind == Kind::Dir
             && !SKIP_DIRS.iter().any(|s| name == *s)
-            && !walk(&entry.path(), depth + 1, budget, hooks, repos)
+            && !walk(&dir.join(name), depth + 1, budget, hooks, repos)
         {
             // Not listed whole: asked.
             ask(repos);
@@ -198,6 +192,38 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         ask(repos);
     }
     true
+}
+
+/// What `dir` holds, and whether that is all of it (a listing that fails
+/// part way is not); `None` where it cannot be listed. Reused from an
+/// earlier walk where `dir` has not changed since (`crate::listing`), or
+/// else listed now, up to one entry past `budget` (where the walk stops),
+/// and kept for the audit's walk that follows.
+fn list(dir: &Path, budget: usize) -> Option<(Entries, bool)> {
+    let listed_at = crate::listing::now();
+    let meta = std::fs::metadata(dir).ok();
+    if let Some(kept) = meta
+        .as_ref()
+        .and_then(|m| crate::listing::reuse(dir, m, listed_at))
+    {
+        return Some((kept, true));
+    }
+    let mut list = Vec::new();
+    let mut whole = true;
+    for entry in std::fs::read_dir(dir).ok()? {
+        match entry.and_then(|e| Ok((e.file_name(), e.file_type()?))) {
+            Ok((name, t)) => list.push((name, Kind::of(t))),
+            Err(_) => whole = false,
+        }
+        if list.len() > budget {
+            return Some((list.into(), whole));
+        }
+    }
+    let list: Entries = list.into();
+    if let (Some(meta), true) = (&meta, whole) {
+        crate::listing::keep(dir, meta, listed_at, &list);
+    }
+    Some((list, whole))
 }
 
 /// The repository whose work tree is `dir`, if `dir/.git` exists (its
