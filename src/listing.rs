@@ -12,8 +12,14 @@
 //!   ctime to the nanosecond;
 //! - that ctime was older than [`RACY`] when the listing was read;
 //! - the file system is a local one that stamps a directory's ctime at
-//!   every change to its entries (ext2-4, xfs, btrfs, tmpfs);
-//! - the clock has not gone back since the listing was read.
+//!   every change to its entries, and has no subvolumes (ext2-4, xfs,
+//!   tmpfs: on btrfs a snapshot's root has its origin's inode and ctime);
+//! - the clock has not gone back more than [`STEP_BACK`] since.
+//!
+//! A listing is kept from one open file ([`Reading`]): the stamp, the file
+//! system and the entries are all asked of it, so a path swapped between
+//! one question and the next cannot pair one directory's stamp with
+//! another's entries.
 //!
 //! Why that is enough: creating, removing, renaming or linking an entry,
 //! and changing the directory's mode or owner, set the directory's ctime
@@ -30,7 +36,8 @@
 //! leads, and what a file holds, are not kept: the walks ask each time.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 #[cfg(not(test))]
@@ -38,12 +45,24 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 /// How much older than the listing a directory's ctime must be for the
-/// listing to be kept (timestamps of whole seconds, plus the tick).
-pub const RACY: Duration = Duration::from_secs(2);
+/// listing to be kept: timestamps of whole seconds, the tick, and a clock
+/// set back by up to [`STEP_BACK`].
+pub const RACY: Duration = Duration::from_secs(3);
 
-/// Names kept at most, over every directory: past it the listings kept so
-/// far are dropped and kept again from then on (about 4 MB).
-const MAX_NAMES: usize = 100_000;
+/// A clock behind the latest listing by more than this has been set back:
+/// everything kept is dropped. (Less is allowed for: two threads' walks
+/// keep and reuse in either order.)
+const STEP_BACK: Duration = Duration::from_secs(1);
+
+/// A directory of more entries than this is read afresh by every walk.
+pub const MAX_PER_DIR: usize = 10_000;
+
+/// Bytes kept at most, over every directory: each one's path, names and
+/// kinds, and [`PER_DIR`] for the rest (about 100,000 entries of a
+/// workspace). Past it the listings kept so far are dropped, and kept
+/// again from then on.
+const MAX_BYTES: usize = 2 << 20;
+const PER_DIR: usize = 100;
 
 /// What an entry is, from its directory's listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,8 +87,53 @@ impl Kind {
     }
 }
 
-/// A directory's entries: names and kinds.
-pub type Entries = Arc<[(OsString, Kind)]>;
+/// A directory's entries, names and kinds, packed: a name never holds a
+/// NUL, so the names are kept one after another, each ended by one (a
+/// listing of 20 entries is two allocations, not 20).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Listing {
+    names: Vec<u8>,
+    kinds: Vec<Kind>,
+}
+
+impl Listing {
+    pub fn push(&mut self, name: &OsStr, kind: Kind) {
+        self.names.extend_from_slice(name.as_bytes());
+        self.names.push(0);
+        self.kinds.push(kind);
+    }
+
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// Its entries, in the order they were listed.
+    pub fn iter(&self) -> impl Iterator<Item = (&OsStr, Kind)> {
+        self.names
+            .split(|b| *b == 0)
+            .map(OsStr::from_bytes)
+            .zip(self.kinds.iter().copied())
+    }
+
+    /// Done listing: held as small as it is, to be shared.
+    pub fn done(mut self) -> Entries {
+        self.names.shrink_to_fit();
+        self.kinds.shrink_to_fit();
+        Arc::new(self)
+    }
+
+    /// Bytes it holds.
+    fn size(&self) -> usize {
+        self.names.len() + self.kinds.len()
+    }
+}
+
+/// A listing once read, shared by the walks that reuse it.
+pub type Entries = Arc<Listing>;
 
 /// Which directory, as it was when listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +150,16 @@ impl Stamp {
             dev: meta.dev(),
             ino: meta.ino(),
             ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    // The fields' types differ between architectures and systems.
+    #[allow(clippy::unnecessary_cast)]
+    fn of_stat(st: &rustix::fs::Stat) -> Stamp {
+        Stamp {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
         }
     }
 
@@ -106,9 +180,7 @@ impl Stamp {
 #[derive(Default)]
 struct Kept {
     by_dir: HashMap<PathBuf, (Stamp, Entries)>,
-    names: usize,
-    /// Whether a device's file system stamps ctimes as above (asked once).
-    trusted: HashMap<u64, bool>,
+    bytes: usize,
     /// The latest time a listing was read: a clock behind it has gone back.
     latest: Option<SystemTime>,
 }
@@ -152,7 +224,8 @@ pub fn clock_ahead(by: Duration) {
     AHEAD.with(|a| a.set(by));
 }
 
-/// The time a listing is read at: taken before the directory's `statx`.
+/// The time a listing is read at: taken before the directory is asked
+/// what it is.
 pub fn now() -> SystemTime {
     let now = SystemTime::now();
     #[cfg(test)]
@@ -164,7 +237,7 @@ pub fn now() -> SystemTime {
 /// `now`) describes and has not changed since they were read.
 pub fn reuse(dir: &Path, meta: &std::fs::Metadata, now: SystemTime) -> Option<Entries> {
     with_kept(|kept| {
-        if kept.latest > Some(now) {
+        if kept.latest > Some(now + STEP_BACK) {
             // The clock went back: no stamp can be trusted to be old.
             *kept = Kept::default();
             return None;
@@ -180,62 +253,126 @@ pub fn reuse(dir: &Path, meta: &std::fs::Metadata, now: SystemTime) -> Option<En
     .flatten()
 }
 
-/// Keeps `entries`, the whole listing of `dir` read after `meta` was asked
-/// at `listed_at`, where they may be reused.
-pub fn keep(dir: &Path, meta: &std::fs::Metadata, listed_at: SystemTime, entries: &Entries) {
-    let stamp = Stamp::of(meta);
+/// A directory open to be read: what it is, and what it holds, are asked
+/// of this one open file.
+pub struct Reading {
+    dir: rustix::fs::Dir,
+    /// Asked before the first entry was read.
+    stamp: Option<Stamp>,
+}
+
+impl Reading {
+    /// Opens `path` (following a symlink, as listing it by path would).
+    pub fn open(path: &Path) -> std::io::Result<Reading> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stamp = rustix::fs::fstat(&fd).ok().map(|st| Stamp::of_stat(&st));
+        Ok(Reading {
+            dir: rustix::fs::Dir::new(fd)?,
+            stamp,
+        })
+    }
+}
+
+impl Iterator for Reading {
+    /// An entry's name and its kind (asked where the listing does not say
+    /// it), or why the listing stopped.
+    type Item = std::io::Result<(std::ffi::OsString, std::io::Result<Kind>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use rustix::fs::FileType;
+        loop {
+            let entry = match self.dir.read()? {
+                Ok(entry) => entry,
+                Err(e) => return Some(Err(e.into())),
+            };
+            let name = entry.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                FileType::Directory => Ok(Kind::Dir),
+                FileType::RegularFile => Ok(Kind::File),
+                FileType::Symlink => Ok(Kind::Symlink),
+                FileType::Unknown => self
+                    .dir
+                    .fd()
+                    .and_then(|fd| {
+                        rustix::fs::statat(fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    })
+                    .map(|st| match FileType::from_raw_mode(st.st_mode as _) {
+                        FileType::Directory => Kind::Dir,
+                        FileType::RegularFile => Kind::File,
+                        FileType::Symlink => Kind::Symlink,
+                        _ => Kind::Other,
+                    })
+                    .map_err(Into::into),
+                _ => Ok(Kind::Other),
+            };
+            return Some(Ok((
+                OsStr::from_bytes(name.to_bytes()).to_os_string(),
+                kind,
+            )));
+        }
+    }
+}
+
+/// Keeps `entries`, the whole listing of `dir` read through `read` after
+/// `listed_at`, where they may be reused.
+pub fn keep(dir: &Path, read: &Reading, listed_at: SystemTime, entries: &Entries) {
+    let Some(stamp) = read.stamp else { return };
     let Some(old_enough) = listed_at.checked_sub(RACY) else {
         return;
     };
     if !stamp.changed_before(old_enough) {
         return;
     }
+    if entries.len() > MAX_PER_DIR {
+        return;
+    }
+    // Asked of the same open file, and before the lock (a slow file system
+    // holds up no other walk).
+    if !read.dir.fd().is_ok_and(stamps_every_change) {
+        return;
+    }
+    let size = dir.as_os_str().len() + entries.size() + PER_DIR;
     with_kept(|kept| {
-        let trusted = *kept
-            .trusted
-            .entry(stamp.dev)
-            .or_insert_with(|| stamps_every_change(dir));
-        if !trusted {
-            return;
-        }
-        if kept.names + entries.len() > MAX_NAMES {
-            let trusted = std::mem::take(&mut kept.trusted);
-            *kept = Kept {
-                trusted,
-                ..Kept::default()
-            };
+        if kept.bytes + size > MAX_BYTES {
+            *kept = Kept::default();
         }
         kept.latest = kept.latest.max(Some(listed_at));
-        kept.names += entries.len();
+        kept.bytes += size;
         if let Some((_, old)) = kept
             .by_dir
             .insert(dir.to_path_buf(), (stamp, entries.clone()))
         {
-            kept.names -= old.len();
+            kept.bytes -= size - entries.size() + old.size();
         }
     });
 }
 
-/// Whether `dir`'s file system is a local one that stamps a directory's
-/// ctime at every change to it.
+/// Whether the file system `fd` is on is a local one that stamps a
+/// directory's ctime at every change to it, and has no subvolumes.
 #[cfg(target_os = "linux")]
-fn stamps_every_change(dir: &Path) -> bool {
-    use nix::sys::statfs::{
-        statfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC,
+fn stamps_every_change(fd: rustix::fd::BorrowedFd<'_>) -> bool {
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const TMPFS: i64 = 0x0102_1994;
+    let Ok(fs) = rustix::fs::fstatfs(fd) else {
+        return false;
     };
-    let Ok(fs) = statfs(dir) else { return false };
-    let local = [
-        EXT4_SUPER_MAGIC,
-        XFS_SUPER_MAGIC,
-        BTRFS_SUPER_MAGIC,
-        TMPFS_MAGIC,
-    ];
-    local.contains(&fs.filesystem_type())
+    let local = [EXT4, XFS, TMPFS];
+    #[allow(clippy::unnecessary_cast)]
+    local.contains(&(fs.f_type as i64))
 }
 
 /// Elsewhere, every directory is read afresh.
 #[cfg(not(target_os = "linux"))]
-fn stamps_every_change(_dir: &Path) -> bool {
+fn stamps_every_change(_fd: rustix::fd::BorrowedFd<'_>) -> bool {
     false
 }
 
@@ -244,11 +381,30 @@ mod tests {
     use super::*;
 
     fn entries(names: &[&str]) -> Entries {
-        names
-            .iter()
-            .map(|n| (OsString::from(n), Kind::File))
-            .collect::<Vec<_>>()
-            .into()
+        let mut list = Listing::default();
+        for n in names {
+            list.push(OsStr::new(n), Kind::File);
+        }
+        list.done()
+    }
+
+    #[test]
+    fn a_listing_gives_back_what_it_was_given() {
+        let mut list = Listing::default();
+        let names = ["a", "", "b c", ".x"].map(OsStr::new);
+        for (i, n) in names.iter().enumerate() {
+            list.push(n, [Kind::File, Kind::Dir, Kind::Symlink, Kind::Other][i]);
+        }
+        let back: Vec<_> = list.iter().collect();
+        assert_eq!(
+            back,
+            names
+                .iter()
+                .copied()
+                .zip([Kind::File, Kind::Dir, Kind::Symlink, Kind::Other])
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(Listing::default().iter().count(), 0);
     }
 
     /// A listing is kept for a directory unchanged since, and never for
@@ -258,17 +414,26 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = std::fs::canonicalize(t.path()).unwrap();
         std::fs::write(dir.join("a"), "").unwrap();
+        // What it holds, read through one open file.
+        let read = |d: &Path| {
+            let mut r = Reading::open(d).unwrap();
+            let names: Vec<_> = r.by_ref().map(|e| e.unwrap().0).collect();
+            (r, names)
+        };
+        let (r, names) = read(&dir);
+        assert_eq!(names, ["a"]);
         // Read just now: its ctime is within the margin, so not kept.
         let at = now();
+        keep(&dir, &r, at, &entries(&["a"]));
         let meta = std::fs::metadata(&dir).unwrap();
-        keep(&dir, &meta, at, &entries(&["a"]));
         assert!(reuse(&dir, &meta, now()).is_none());
-        // Read (as the clock says) long after its last change: kept.
+        // Read (as the clock says) long after its last change: kept, and
+        // the open file's stamp is the path's.
         let later = at + RACY * 2;
-        keep(&dir, &meta, later, &entries(&["a"]));
+        keep(&dir, &r, later, &entries(&["a"]));
         assert_eq!(
             reuse(&dir, &meta, later).as_deref(),
-            Some(&entries(&["a"])[..])
+            Some(&*entries(&["a"]))
         );
         // Every change to its entries, or to its mode, gives it another
         // ctime: read afresh.
@@ -282,22 +447,20 @@ mod tests {
             },
         ];
         for change in changes {
+            let (r, _) = read(&dir);
+            keep(&dir, &r, later, &entries(&["a"]));
             let before = std::fs::metadata(&dir).unwrap();
-            keep(&dir, &before, later, &entries(&["a"]));
             assert!(reuse(&dir, &before, later).is_some());
             change(&dir);
             let after = std::fs::metadata(&dir).unwrap();
             assert!(reuse(&dir, &after, later).is_none());
         }
         // A clock gone back drops what was kept.
-        keep(
-            &dir,
-            &std::fs::metadata(&dir).unwrap(),
-            later,
-            &entries(&["a"]),
-        );
+        let (r, _) = read(&dir);
+        keep(&dir, &r, later, &entries(&["a"]));
         let meta = std::fs::metadata(&dir).unwrap();
-        assert!(reuse(&dir, &meta, at).is_none());
+        assert!(reuse(&dir, &meta, later).is_some());
+        assert!(reuse(&dir, &meta, later - STEP_BACK * 2).is_none());
         assert!(reuse(&dir, &meta, later).is_none());
     }
 
@@ -306,9 +469,38 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")]
     fn only_local_file_systems_keep_listings() {
+        use rustix::fd::AsFd;
+        use rustix::fs::{Mode, OFlags};
+        let open = |p: &Path| {
+            rustix::fs::open(p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap()
+        };
         let t = tempfile::tempdir().unwrap();
-        assert!(stamps_every_change(t.path()));
-        assert!(!stamps_every_change(Path::new("/proc/self")));
-        assert!(!stamps_every_change(Path::new("/nonexistent")));
+        assert!(stamps_every_change(open(t.path()).as_fd()));
+        assert!(!stamps_every_change(open(Path::new("/proc/self")).as_fd()));
+    }
+
+    /// An entry's kind comes from the listing, or is asked.
+    #[test]
+    fn a_reading_gives_every_entry_and_its_kind() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("f"), "").unwrap();
+        std::os::unix::fs::symlink("f", t.path().join("l")).unwrap();
+        let mut got: Vec<_> = Reading::open(t.path())
+            .unwrap()
+            .map(|e| {
+                let (name, kind) = e.unwrap();
+                (name.into_string().unwrap(), kind.unwrap())
+            })
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            got,
+            [
+                ("d".to_string(), Kind::Dir),
+                ("f".into(), Kind::File),
+                ("l".into(), Kind::Symlink)
+            ]
+        );
     }
 }

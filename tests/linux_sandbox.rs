@@ -2204,8 +2204,8 @@ fn what_run_leaves_in_directories_listed_before_is_reverted() {
     }
     std::fs::write(p.ws.join("app/sub/dir/main.rs"), "fn main() {}\n").unwrap();
     std::fs::write(p.ws.join(".tools/lint.sh"), "true\n").unwrap();
-    // Older than the margin (two seconds) when `run` lists them.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Older than the margin (three seconds) when `run` lists them.
+    std::thread::sleep(std::time::Duration::from_millis(3500));
     let script = "echo evil > app/sub/dir/.envrc; echo evil > .tools/build.sh; echo done";
     let argv = run_sh(None, "none", &p.ws, script);
     let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));

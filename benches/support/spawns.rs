@@ -75,6 +75,10 @@ pub fn spawn_in(n: usize, argv: &[&str], what: &str, files: usize) -> String {
     let at = place();
     if files > 0 {
         fill_as_a_repository(&at.ws, files);
+        // As a user's project is when a command runs: its directories not
+        // changed in the last seconds (a directory changed within two
+        // seconds of a walk is listed afresh by every walk; src/listing.rs).
+        std::thread::sleep(zcode_acp::listing::RACY + Duration::from_millis(500));
     }
     let run = |sandboxed: bool| -> Duration {
         let mut cmd = if sandboxed {

@@ -29,10 +29,6 @@ pub const MAX_ENTRIES: usize = 1_000_000;
 pub const MAX_ENTRIES: usize = 3_000;
 /// How deep below a root the walk goes.
 pub const MAX_DEPTH: usize = 64;
-/// A directory listing more entries than this is read afresh by every
-/// walk, not kept for the next (`crate::listing`): a walk holds at most one
-/// such listing at a time.
-const KEPT_PER_DIR: usize = 10_000;
 
 /// Directories filled by builds and package managers, never entered: what
 /// is in them runs when you use the environment they make (yours to trust,
@@ -426,11 +422,11 @@ fn walk_dir(
     let mut given_back = false;
     let mut fresh = match &kept {
         Some(_) => None,
-        None => match std::fs::read_dir(dir) {
+        None => match crate::listing::Reading::open(dir) {
             Ok(e) => Some(e),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 given_back = give_back(dir);
-                match given_back.then(|| std::fs::read_dir(dir)) {
+                match given_back.then(|| crate::listing::Reading::open(dir)) {
                     Some(Ok(e)) => Some(e),
                     _ => {
                         out.unreadable.push(dir.to_path_buf());
@@ -477,19 +473,17 @@ fn walk_dir(
     let mut listed_whole = true;
     // What a fresh listing held, kept for the next walk where it is whole
     // and not too long to hold.
-    let mut keeping = (kept.is_none() && meta.is_some()).then(Vec::new);
-    let mut kept_at = 0;
+    let mut keeping = fresh.is_some().then(crate::listing::Listing::default);
+    let mut kept_entries = kept.as_deref().map(crate::listing::Listing::iter);
     loop {
-        let (name, kind) = match (&kept, &mut fresh) {
-            (Some(kept), _) => match kept.get(kept_at) {
-                Some((name, kind)) => {
-                    kept_at += 1;
-                    (name.clone(), Ok(*kind))
-                }
+        let (listed, kind): (std::borrow::Cow<'_, OsStr>, _) = match (&mut kept_entries, &mut fresh)
+        {
+            (Some(kept), _) => match kept.next() {
+                Some((name, kind)) => (name.into(), Ok(kind)),
                 None => break,
             },
             (None, Some(fresh)) => match fresh.next() {
-                Some(Ok(entry)) => (entry.file_name(), entry.file_type().map(Kind::of)),
+                Some(Ok((name, kind))) => (name.into(), kind),
                 Some(Err(_)) => {
                     listed_whole = false;
                     continue;
@@ -498,6 +492,7 @@ fn walk_dir(
             },
             (None, None) => break,
         };
+        let name: &OsStr = &listed;
         if *budget == 0 {
             return None;
         }
@@ -514,7 +509,7 @@ fn walk_dir(
             Ok(kind) => kind,
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 // Listed but not searchable: given back once, or said.
-                let path = dir.join(&name);
+                let path = dir.join(name);
                 match (!given_back && give_back(dir)).then(|| std::fs::symlink_metadata(&path)) {
                     Some(Ok(m)) => {
                         given_back = true;
@@ -533,12 +528,12 @@ fn walk_dir(
             }
         };
         if let Some(list) = &mut keeping {
-            list.push((name.clone(), kind));
-            if list.len() > KEPT_PER_DIR {
+            list.push(name, kind);
+            if list.len() > crate::listing::MAX_PER_DIR {
                 keeping = None;
             }
         }
-        if !ctx.skip.is_empty() && ctx.skip.contains(&dir.join(&name)) {
+        if !ctx.skip.is_empty() && ctx.skip.contains(&dir.join(name)) {
             continue;
         }
         // Git takes a directory for a bare repository when its `HEAD` is a
@@ -549,19 +544,19 @@ fn walk_dir(
             b"refs" => refs = true,
             _ => {}
         }
-        let watched = watched_name(&name, in_hidden);
+        let watched = watched_name(name, in_hidden);
         // A plain file no rule judges (most of a workspace) needs nothing
         // more, not even its path.
         if kind == Kind::File && watched.is_none() {
             continue;
         }
-        let path = dir.join(&name);
+        let path = dir.join(name);
         if kind == Kind::Dir && is_inert_dir(path.strip_prefix(ctx.root).unwrap_or(&path)) {
             continue;
         }
         // An environment (`.venv`, `.next`) is neither walked nor judged:
         // a build makes and removes it.
-        let environment = kind == Kind::Dir && !enters(&name);
+        let environment = kind == Kind::Dir && !enters(name);
         if let Some(why) = watched.filter(|_| !environment) {
             let meta = match std::fs::symlink_metadata(&path) {
                 Ok(m) => m,
@@ -590,13 +585,13 @@ fn walk_dir(
                 out.dir_links.push((path.clone(), target.clone()));
                 // One of the user's, walked where it leads, as hidden.
                 if ctx.follow.contains(&path) {
-                    subdirs.push((target, name.clone(), true));
+                    subdirs.push((target, name.to_os_string(), true));
                 }
             }
         }
         if kind == Kind::Dir {
-            if enters(&name) {
-                subdirs.push((path, name, false));
+            if enters(name) {
+                subdirs.push((path, name.to_os_string(), false));
             } else if name != ".git" {
                 // An environment is not walked, but a repository made at
                 // its top is still a repository.
@@ -612,8 +607,8 @@ fn walk_dir(
     if head && objects && refs {
         out.bare.push(dir.to_path_buf());
     }
-    if let (Some(list), Some(meta), true, false) = (keeping, &meta, listed_whole, given_back) {
-        crate::listing::keep(dir, meta, listed_at, &list.into());
+    if let (Some(list), Some(read), true, false) = (keeping, &fresh, listed_whole, given_back) {
+        crate::listing::keep(dir, read, listed_at, &list.done());
     }
     for (path, name, through_link) in subdirs {
         if *budget == 0 {

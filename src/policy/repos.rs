@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::build::Repo;
 use super::resolve_real;
-use crate::listing::{Entries, Kind};
+use crate::listing::{Entries, Kind, Listing};
 
 /// How far below a root repositories are looked for, and how many entries
 /// at most are looked at: arming must stay fast on huge trees. A repository
@@ -179,7 +179,7 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
             work_tree = true;
             continue;
         }
-        if *kind == Kind::Dir
+        if kind == Kind::Dir
             && !SKIP_DIRS.iter().any(|s| name == *s)
             && !walk(&dir.join(name), depth + 1, budget, hooks, repos)
         {
@@ -201,27 +201,27 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
 /// and kept for the audit's walk that follows.
 fn list(dir: &Path, budget: usize) -> Option<(Entries, bool)> {
     let listed_at = crate::listing::now();
-    let meta = std::fs::metadata(dir).ok();
-    if let Some(kept) = meta
-        .as_ref()
-        .and_then(|m| crate::listing::reuse(dir, m, listed_at))
+    if let Some(kept) = std::fs::metadata(dir)
+        .ok()
+        .and_then(|m| crate::listing::reuse(dir, &m, listed_at))
     {
         return Some((kept, true));
     }
-    let mut list = Vec::new();
+    let mut read = crate::listing::Reading::open(dir).ok()?;
+    let mut list = Listing::default();
     let mut whole = true;
-    for entry in std::fs::read_dir(dir).ok()? {
-        match entry.and_then(|e| Ok((e.file_name(), e.file_type()?))) {
-            Ok((name, t)) => list.push((name, Kind::of(t))),
-            Err(_) => whole = false,
+    for entry in read.by_ref() {
+        match entry {
+            Ok((name, Ok(kind))) => list.push(&name, kind),
+            _ => whole = false,
         }
         if list.len() > budget {
-            return Some((list.into(), whole));
+            return Some((list.done(), whole));
         }
     }
-    let list: Entries = list.into();
-    if let (Some(meta), true) = (&meta, whole) {
-        crate::listing::keep(dir, meta, listed_at, &list);
+    let list = list.done();
+    if whole {
+        crate::listing::keep(dir, &read, listed_at, &list);
     }
     Some((list, whole))
 }
