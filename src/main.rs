@@ -139,19 +139,24 @@ enum Command {
     /// Internal: the re-executed helper stage that arms a backend generation.
     #[cfg(target_os = "linux")]
     #[command(name = "__sandbox", hide = true)]
-    Sandbox {
-        #[arg(long, required_unless_present = "spec_fd")]
-        spec: Option<PathBuf>,
-        /// Read the spec from this inherited descriptor instead.
-        #[arg(long, conflicts_with = "spec")]
-        spec_fd: Option<i32>,
-        /// Remove the spec file once read (terminals' one-shot specs).
-        #[arg(long)]
-        consume: bool,
-        /// Die with the process that started this one (an editor's terminal).
-        #[arg(long)]
-        die_with_parent: bool,
-    },
+    Sandbox(SandboxArgs),
+}
+
+/// `__sandbox`'s arguments.
+#[cfg(target_os = "linux")]
+#[derive(clap::Args, Debug)]
+struct SandboxArgs {
+    #[arg(long, required_unless_present = "spec_fd")]
+    spec: Option<PathBuf>,
+    /// Read the spec from this inherited descriptor instead.
+    #[arg(long, conflicts_with = "spec")]
+    spec_fd: Option<i32>,
+    /// Remove the spec file once read (terminals' one-shot specs).
+    #[arg(long)]
+    consume: bool,
+    /// Die with the process that started this one (an editor's terminal).
+    #[arg(long)]
+    die_with_parent: bool,
 }
 
 /// The subcommands a user types.
@@ -215,6 +220,41 @@ fn run_args_alone() -> Option<zcode_acp::commands::run::RunArgs> {
     zcode_acp::commands::run::RunArgs::from_arg_matches(&matches).ok()
 }
 
+/// `__sandbox`'s arguments read by its own parser, as [`run_args_alone`]
+/// does: the helper starts every generation and every editor terminal.
+#[cfg(target_os = "linux")]
+fn sandbox_args_alone() -> Option<SandboxArgs> {
+    use clap::{Args, FromArgMatches};
+    let mut args = std::env::args_os().skip(1);
+    if args.next()? != "__sandbox" {
+        return None;
+    }
+    let parser = SandboxArgs::augment_args(clap::Command::new("__sandbox").no_binary_name(true));
+    let matches = parser.try_get_matches_from(args).ok()?;
+    SandboxArgs::from_arg_matches(&matches).ok()
+}
+
+/// The helper stage: arms the launch its spec describes.
+#[cfg(target_os = "linux")]
+fn sandbox(args: SandboxArgs) -> ExitCode {
+    use zcode_acp::linux::helper::SpecSource;
+    let source = match (args.spec, args.spec_fd) {
+        (Some(path), _) => SpecSource::File {
+            path,
+            consume: args.consume,
+        },
+        (None, Some(fd)) => SpecSource::Fd(fd),
+        (None, None) => unreachable!("clap requires one of them"),
+    };
+    match zcode_acp::linux::helper::helper(&source, args.die_with_parent) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("zcode-acp: {e}");
+            ExitCode::from(126)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     #[cfg(any(target_os = "linux", target_os = "macos"))]
     if let Some(args) = run_args_alone() {
@@ -223,6 +263,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         return run(args);
+    }
+    #[cfg(target_os = "linux")]
+    if let Some(args) = sandbox_args_alone() {
+        if let Err(e) = logging::init(None) {
+            eprintln!("zcode-acp: {e}");
+            return ExitCode::from(2);
+        }
+        return sandbox(args);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -264,26 +312,7 @@ fn main() -> ExitCode {
             let code = zcode_acp::backend::keeper::run(bridge, &command);
             return ExitCode::from(code.clamp(0, 255) as u8);
         }
-        Some(Command::Sandbox {
-            spec,
-            spec_fd,
-            consume,
-            die_with_parent,
-        }) => {
-            use zcode_acp::linux::helper::SpecSource;
-            let source = match (spec, spec_fd) {
-                (Some(path), _) => SpecSource::File { path, consume },
-                (None, Some(fd)) => SpecSource::Fd(fd),
-                (None, None) => unreachable!("clap requires one of them"),
-            };
-            return match zcode_acp::linux::helper::helper(&source, die_with_parent) {
-                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) => {
-                    eprintln!("zcode-acp: {e}");
-                    ExitCode::from(126)
-                }
-            };
-        }
+        Some(Command::Sandbox(args)) => return sandbox(args),
         Some(Command::Doctor(args)) => {
             return match zcode_acp::commands::doctor::run(args) {
                 Ok(true) => ExitCode::SUCCESS,

@@ -567,3 +567,36 @@ fn run_reads_its_own_arguments_and_leaves_the_rest_to_the_whole_parser() {
     );
     assert!(log.is_file(), "--log-file was not taken: {out:?}");
 }
+
+/// The sandbox helper reads its arguments with its own parser (it starts
+/// every generation and terminal); what that parser does not take goes to
+/// the whole one, which says what is wrong as before.
+#[test]
+#[cfg(target_os = "linux")]
+fn the_helper_reads_its_own_arguments_and_leaves_the_rest_to_the_whole_parser() {
+    let h = home();
+    let missing = h.dir.path().join("no-such-spec.json");
+    let spec = missing.to_str().unwrap();
+    // Its own parser: a spec that cannot be read is the helper's refusal.
+    let out = zcode(&h, &["__sandbox", "--spec", spec, "--consume"]);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-spec.json"),
+        "{out:?}"
+    );
+    // Neither a spec nor a descriptor: the whole parser's usage error.
+    let out = zcode(&h, &["__sandbox", "--consume"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--spec"),
+        "{out:?}"
+    );
+    // A global option it does not take: the whole parser, then the helper.
+    let log = h.dir.path().join("helper.log");
+    let out = zcode(
+        &h,
+        &["__sandbox", "--log-file", log.to_str().unwrap(), "--spec", spec],
+    );
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(log.is_file(), "--log-file was not taken: {out:?}");
+}
