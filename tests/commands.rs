@@ -595,7 +595,13 @@ fn the_helper_reads_its_own_arguments_and_leaves_the_rest_to_the_whole_parser() 
     let log = h.dir.path().join("helper.log");
     let out = zcode(
         &h,
-        &["__sandbox", "--log-file", log.to_str().unwrap(), "--spec", spec],
+        &[
+            "__sandbox",
+            "--log-file",
+            log.to_str().unwrap(),
+            "--spec",
+            spec,
+        ],
     );
     assert_eq!(out.status.code(), Some(126), "{out:?}");
     assert!(log.is_file(), "--log-file was not taken: {out:?}");

@@ -718,8 +718,11 @@ fn the_stash_keeps_what_memory_does_not_and_long_names() {
 /// other: a change to a directory's entries changes its ctime.
 #[test]
 fn kept_listings_hide_no_change() {
-    crate::listing::clock_ahead(std::time::Duration::from_secs(60));
     let t = tempfile::tempdir().unwrap();
+    if !crate::listing::tests::keeps_listings(t.path()) {
+        return;
+    }
+    crate::listing::clock_ahead(std::time::Duration::from_secs(60));
     let t = std::fs::canonicalize(t.path()).unwrap();
     let (root, home) = (t.join("w"), t.join("h"));
     for d in ["a/b/c", "d/.vscode", "e/f", "g"] {

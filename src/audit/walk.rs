@@ -610,6 +610,9 @@ fn walk_dir(
     if let (Some(list), Some(read), true, false) = (keeping, &fresh, listed_whole, given_back) {
         crate::listing::keep(dir, read, listed_at, &list.done());
     }
+    // Closed before the walk goes deeper: a tree 64 deep holds no more
+    // than one open directory at a time.
+    drop(fresh);
     for (path, name, through_link) in subdirs {
         if *budget == 0 {
             // What lies below is cut, and said.
