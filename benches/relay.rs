@@ -205,9 +205,24 @@ struct Bridged {
 
 impl Bridged {
     fn start(home: &std::path::Path, agent: &[&str], env: &[(&str, &std::path::Path)]) -> Bridged {
+        let mut argv = vec!["python3"];
+        argv.extend(agent);
+        Self::start_command(home, &argv, env, None)
+    }
+
+    /// The bridge in front of `argv`, started in `cwd` (else here).
+    fn start_command(
+        home: &std::path::Path,
+        argv: &[&str],
+        env: &[(&str, &std::path::Path)],
+        cwd: Option<&std::path::Path>,
+    ) -> Bridged {
         let mut cmd = Command::new(BIN);
-        cmd.args(["--", "python3"])
-            .args(agent)
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        cmd.arg("--")
+            .args(argv)
             .env("HOME", home)
             .env("XDG_CONFIG_HOME", home.join("config"))
             .env(
@@ -923,6 +938,10 @@ fn main() {
                 if full { 20_000 } else { 200 },
             ));
             rows.push(spawns::terminal_spawn(if full { 30 } else { 2 }));
+            rows.push(spawns::turn_end_in(
+                if full { 30 } else { 2 },
+                if full { 20_000 } else { 200 },
+            ));
             rows.push(spawns::initialize_answer(if full { 15 } else { 1 }));
         }
     }

@@ -513,3 +513,53 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
     }
     rows
 }
+
+/// A turn's end in a repository of `files` source files: an empty prompt
+/// to `zcode-acp shell-agent`, which ends its turn at once, through an
+/// unarmed bridge and an armed one, whose turn ends only once its audit
+/// has looked at what the turn left (a walk of the workspace). Medians of
+/// `n` turns each, the two bridges in turn.
+pub fn turn_end_in(n: usize, files: usize) -> String {
+    let at = place();
+    fill_as_a_repository(&at.ws, files);
+    // As a user's project is when the agent works in it (see `spawn_in`).
+    std::thread::sleep(zcode_acp::listing::RACY + Duration::from_millis(500));
+    let mut times = [Vec::new(), Vec::new()];
+    let mut bridges: Vec<Bridged> = [false, true]
+        .into_iter()
+        .map(|armed| {
+            let mut env: Vec<(&str, &Path)> = vec![("ZCODE_SHELL_AGENT_HOME", Path::new(""))];
+            if armed {
+                env.push(("ZCODE_ACP_SANDBOX", Path::new("1")));
+            }
+            Bridged::start_command(&at.home, &[BIN, "shell-agent"], &env, Some(&at.ws))
+        })
+        .collect();
+    let mut sids = Vec::new();
+    for b in bridges.iter_mut() {
+        sids.push(b.handshake(&at.ws));
+    }
+    for i in 0..n {
+        for (armed, b) in bridges.iter_mut().enumerate() {
+            let id = 10 + i as u64;
+            let start = Instant::now();
+            b.until_answer(
+                &format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":"{}","prompt":[{{"type":"text","text":""}}]}}}}"#,
+                    sids[armed]
+                ),
+                id,
+            );
+            times[armed].push(start.elapsed());
+        }
+    }
+    for b in bridges {
+        b.stop();
+    }
+    let [plain, armed] = times;
+    spawn_row(
+        &format!("a turn's end in a repository of {files} files: armed bridge (its audit looks at what the turn left first) vs unarmed ({n} each, alternating; 40.7 ms armed before this stop's kept listings)"),
+        median(plain),
+        median(armed),
+    )
+}
