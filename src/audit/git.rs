@@ -166,10 +166,13 @@ pub fn runs(key: &str, value: &str) -> bool {
             let sub_matches = match (psub, sub) {
                 (None, None) => true,
                 (Some("*"), Some(_)) => true,
-                // `customtransfer.*`: a subsection that starts so.
-                (Some(p), Some(s)) => p.strip_suffix('*').is_some_and(|pre| {
-                    s.to_ascii_lowercase().starts_with(pre) && s.len() > pre.len()
-                }),
+                // `customtransfer.*`: a subsection that starts so; `ssh`
+                // (`gpg.ssh.defaultkeycommand`): that one, in any case
+                // (git reads `[gpg.SSH]` as `ssh`).
+                (Some(p), Some(s)) => match p.strip_suffix('*') {
+                    Some(pre) => s.to_ascii_lowercase().starts_with(pre) && s.len() > pre.len(),
+                    None => s.eq_ignore_ascii_case(p),
+                },
                 _ => false,
             };
             ps == section && pname == name && sub_matches
@@ -209,6 +212,11 @@ pub fn running_entries_of(bytes: Vec<u8>) -> Vec<(String, String)> {
         std::collections::hash_map::RandomState,
         std::sync::Mutex<Cache>,
     )> = std::sync::OnceLock::new();
+    // Most repositories' own config (core, remote, branch) cannot spell
+    // a key that runs anything: no git is started to say so.
+    if !may_name_a_runner(&bytes) {
+        return Vec::new();
+    }
     let (hasher, cache) = CACHE.get_or_init(Default::default);
     let key = (hasher.hash_one(&bytes), bytes.len());
     if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
@@ -254,6 +262,24 @@ pub fn running_entries_of(bytes: Vec<u8>) -> Vec<(String, String)> {
         c.insert(key, entries.clone());
     }
     entries
+}
+
+/// Whether a config's text could hold a key that [`runs`]: for each such
+/// key its section's and its name's letters are somewhere in it (in any
+/// case). Git's syntax spells both out: a section in its header, a name
+/// at the start of its line, neither escaped nor split across lines; only
+/// values continue past a line's end. So a text in which none can be found
+/// holds none, whatever git or [`parse`] would make of it.
+fn may_name_a_runner(bytes: &[u8]) -> bool {
+    let text = bytes.to_ascii_lowercase();
+    let has = |word: &str| memchr::memmem::find(&text, word.as_bytes()).is_some();
+    // Any key of `[alias]` and `[pager]`, and `core.pager`; a remote's URL
+    // that names a helper (`helper::address`).
+    if has("alias") || has("pager") || (has("url") && has("::")) {
+        return true;
+    }
+    RUNS.iter()
+        .any(|pattern| parts(pattern).is_some_and(|(section, _, name)| has(&section) && has(&name)))
 }
 
 /// Every `(key, value)` of a config file in git's syntax, read by
@@ -440,6 +466,8 @@ mod tests {
             ("core.fsmonitor", "x"),
             ("core.hooksPath", "x"),
             ("filter.lfs.smudge", "x"),
+            ("gpg.ssh.defaultKeyCommand", "x"),
+            ("gpg.SSH.defaultkeycommand", "x"),
             ("filter.a.b.process", "x"),
             ("diff.pdf.textconv", "x"),
             ("includeIf.gitdir:/x/.path", "x"),
@@ -473,6 +501,45 @@ mod tests {
             ("credential.https://example.com.username", "me"),
         ] {
             assert!(!runs(k, v), "{k}");
+        }
+    }
+
+    /// A config that spells no key that runs anything is not handed to git;
+    /// every key that runs, in any case, makes it handed over.
+    #[test]
+    fn only_a_config_that_could_name_a_runner_is_read_for_one() {
+        let plain = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\
+                     [remote \"origin\"]\n\turl = git@github.com:o/r.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+                     [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n";
+        assert!(!may_name_a_runner(plain.as_bytes()));
+        assert!(running_entries_of(plain.as_bytes().to_vec()).is_empty());
+        for pattern in RUNS {
+            let (section, sub, name) = parts(pattern).unwrap();
+            let header = match sub {
+                Some(s) => format!(
+                    "[{} \"{}\"]",
+                    section.to_ascii_uppercase(),
+                    s.replace('*', "x")
+                ),
+                None => format!("[{}]", section.to_ascii_uppercase()),
+            };
+            let text = format!("{plain}{header}\n\t{} = !true\n", name.to_ascii_uppercase());
+            assert!(may_name_a_runner(text.as_bytes()), "{pattern}");
+            assert!(
+                !running_entries_of(text.into_bytes()).is_empty(),
+                "{pattern}"
+            );
+        }
+        for text in [
+            "[alias]\n\tx = !sh\n",
+            "[pager]\n\tlog = less-evil\n",
+            "[remote \"o\"]\n\turl = ext::sh -c evil\n",
+        ] {
+            assert!(may_name_a_runner(text.as_bytes()), "{text}");
+            assert!(
+                !running_entries_of(text.as_bytes().to_vec()).is_empty(),
+                "{text}"
+            );
         }
     }
 
