@@ -266,12 +266,18 @@ pub fn running_entries_of(bytes: Vec<u8>) -> Vec<(String, String)> {
 
 /// Whether a config's text could hold a key that [`runs`]: for each such
 /// key its section's and its name's letters are somewhere in it (in any
-/// case). Git's syntax spells both out: a section in its header, a name
-/// at the start of its line, neither escaped nor split across lines; only
-/// values continue past a line's end. So a text in which none can be found
-/// holds none, whatever git or [`parse`] would make of it.
+/// case). Git's syntax spells both out: a section in its header, a name at
+/// the start of its line, neither escaped. What it removes before reading
+/// (quotes, a backslash that continues a line) is removed here first, so
+/// letters it would join are looked for joined ([`parse`] joins such lines
+/// anywhere); removing can join words, never hide one. A NUL ends a key
+/// where git reads it (a quoted subsection's escaped letters would then be
+/// its name), so a text holding one is always handed over.
 fn may_name_a_runner(bytes: &[u8]) -> bool {
-    let text = bytes.to_ascii_lowercase();
+    if bytes.contains(&0) {
+        return true;
+    }
+    let text = as_read(bytes);
     let has = |word: &str| memchr::memmem::find(&text, word.as_bytes()).is_some();
     // Any key of `[alias]` and `[pager]`, and `core.pager`; a remote's URL
     // that names a helper (`helper::address`).
@@ -280,6 +286,23 @@ fn may_name_a_runner(bytes: &[u8]) -> bool {
     }
     RUNS.iter()
         .any(|pattern| parts(pattern).is_some_and(|(section, _, name)| has(&section) && has(&name)))
+}
+
+/// A config's bytes lower-cased, without what git's reading removes:
+/// quotes, and a backslash before a line's end.
+fn as_read(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some((&b, after)) = rest.split_first() {
+        rest = after;
+        match b {
+            b'"' => {}
+            b'\\' if rest.starts_with(b"\n") => rest = &rest[1..],
+            b'\\' if rest.starts_with(b"\r\n") => rest = &rest[2..],
+            _ => out.push(b.to_ascii_lowercase()),
+        }
+    }
+    out
 }
 
 /// Every `(key, value)` of a config file in git's syntax, read by
@@ -534,11 +557,19 @@ mod tests {
             "[alias]\n\tx = !sh\n",
             "[pager]\n\tlog = less-evil\n",
             "[remote \"o\"]\n\turl = ext::sh -c evil\n",
+            // Letters git (or the parser) joins: quotes and continued lines.
+            "[remote \"o\"]\n\turl = ext:\":\"sh -c evil\n",
+            "[remote \"o\"]\n\turl = ext:\"\":sh\n",
+            "[remote \"o\"]\n\tpushurl = foo:\\\n:bar\n",
+            "[core]\n\tfsmon\\\nitor = x\n",
+            "[co\\\nre]\n\tfsmonitor = x\n",
+            // A NUL cuts the key short: the escaped subsection is its name.
+            "[core \"\\f\\s\\m\\o\\n\\i\\t\\o\\r\0\"]\n\tz = touch pwned\n",
         ] {
-            assert!(may_name_a_runner(text.as_bytes()), "{text}");
+            assert!(may_name_a_runner(text.as_bytes()), "{text:?}");
             assert!(
                 !running_entries_of(text.as_bytes().to_vec()).is_empty(),
-                "{text}"
+                "{text:?}"
             );
         }
     }
