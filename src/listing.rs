@@ -449,7 +449,7 @@ pub(crate) mod tests {
             &|d| std::fs::remove_file(d.join("c")).unwrap(),
             &|d| {
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap()
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o750)).unwrap()
             },
         ];
         for change in changes {

@@ -76,7 +76,7 @@ pub fn spawn_in(n: usize, argv: &[&str], what: &str, files: usize) -> String {
     if files > 0 {
         fill_as_a_repository(&at.ws, files);
         // As a user's project is when a command runs: its directories not
-        // changed in the last seconds (a directory changed within two
+        // changed in the last seconds (a directory changed within three
         // seconds of a walk is listed afresh by every walk; src/listing.rs).
         std::thread::sleep(zcode_acp::listing::RACY + Duration::from_millis(500));
     }

@@ -289,7 +289,8 @@ fn may_name_a_runner(bytes: &[u8]) -> bool {
 }
 
 /// A config's bytes lower-cased, without what git's reading removes:
-/// quotes, and a backslash before a line's end.
+/// quotes, and a backslash before a line's end (with blanks between, as
+/// [`parse`] takes it).
 fn as_read(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut rest = bytes;
@@ -297,8 +298,19 @@ fn as_read(bytes: &[u8]) -> Vec<u8> {
         rest = after;
         match b {
             b'"' => {}
-            b'\\' if rest.starts_with(b"\n") => rest = &rest[1..],
-            b'\\' if rest.starts_with(b"\r\n") => rest = &rest[2..],
+            // A line continued, blanks allowed before its end (as the
+            // parser allows them).
+            b'\\' => {
+                let blank = rest
+                    .iter()
+                    .take_while(|c| matches!(c, b' ' | b'\t' | b'\r'))
+                    .count();
+                if rest.get(blank) == Some(&b'\n') {
+                    rest = &rest[blank + 1..];
+                } else {
+                    out.push(b);
+                }
+            }
             _ => out.push(b.to_ascii_lowercase()),
         }
     }
@@ -562,6 +574,7 @@ mod tests {
             "[remote \"o\"]\n\turl = ext:\"\":sh\n",
             "[remote \"o\"]\n\tpushurl = foo:\\\n:bar\n",
             "[core]\n\tfsmon\\\nitor = x\n",
+            "[core]\n\tfsmon\\ \nitor = x\n",
             "[co\\\nre]\n\tfsmonitor = x\n",
             // A NUL cuts the key short: the escaped subsection is its name.
             "[core \"\\f\\s\\m\\o\\n\\i\\t\\o\\r\0\"]\n\tz = touch pwned\n",
