@@ -74,6 +74,17 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// What a listing or a `stat` says an entry is.
+    fn of_type(t: rustix::fs::FileType) -> Kind {
+        use rustix::fs::FileType;
+        match t {
+            FileType::Directory => Kind::Dir,
+            FileType::RegularFile => Kind::File,
+            FileType::Symlink => Kind::Symlink,
+            _ => Kind::Other,
+        }
+    }
+
     pub fn of(t: std::fs::FileType) -> Kind {
         if t.is_symlink() {
             Kind::Symlink
@@ -295,23 +306,15 @@ impl Iterator for Reading {
                 continue;
             }
             let kind = match entry.file_type() {
-                FileType::Directory => Ok(Kind::Dir),
-                FileType::RegularFile => Ok(Kind::File),
-                FileType::Symlink => Ok(Kind::Symlink),
                 FileType::Unknown => self
                     .dir
                     .fd()
                     .and_then(|fd| {
                         rustix::fs::statat(fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
                     })
-                    .map(|st| match FileType::from_raw_mode(st.st_mode as _) {
-                        FileType::Directory => Kind::Dir,
-                        FileType::RegularFile => Kind::File,
-                        FileType::Symlink => Kind::Symlink,
-                        _ => Kind::Other,
-                    })
+                    .map(|st| Kind::of_type(FileType::from_raw_mode(st.st_mode as _)))
                     .map_err(Into::into),
-                _ => Ok(Kind::Other),
+                listed => Ok(Kind::of_type(listed)),
             };
             return Some(Ok((
                 OsStr::from_bytes(name.to_bytes()).to_os_string(),

@@ -208,30 +208,27 @@ fn run(args: zcode_acp::commands::run::RunArgs) -> ExitCode {
 /// mistake): the whole parser then reads it and says what it says.
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 fn run_args_alone() -> Option<zcode_acp::commands::run::RunArgs> {
-    use clap::FromArgMatches;
+    args_alone("run")
+}
+
+/// The arguments of the subcommand `name` (the first word), read by that
+/// subcommand's parser alone; `None` for another command line, or one it
+/// does not take (the whole parser then says what is wrong).
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn args_alone<A: clap::Args + clap::FromArgMatches>(name: &'static str) -> Option<A> {
     let mut args = std::env::args_os().skip(1);
-    if args.next()? != "run" {
+    if args.next()? != name {
         return None;
     }
-    let parser = zcode_acp::commands::run::RunArgs::augment_args(
-        clap::Command::new("run").no_binary_name(true),
-    );
-    let matches = parser.try_get_matches_from(args).ok()?;
-    zcode_acp::commands::run::RunArgs::from_arg_matches(&matches).ok()
+    let parser = A::augment_args(clap::Command::new(name).no_binary_name(true));
+    A::from_arg_matches(&parser.try_get_matches_from(args).ok()?).ok()
 }
 
 /// `__sandbox`'s arguments read by its own parser, as [`run_args_alone`]
 /// does: the helper starts every generation and every editor terminal.
 #[cfg(target_os = "linux")]
 fn sandbox_args_alone() -> Option<SandboxArgs> {
-    use clap::{Args, FromArgMatches};
-    let mut args = std::env::args_os().skip(1);
-    if args.next()? != "__sandbox" {
-        return None;
-    }
-    let parser = SandboxArgs::augment_args(clap::Command::new("__sandbox").no_binary_name(true));
-    let matches = parser.try_get_matches_from(args).ok()?;
-    SandboxArgs::from_arg_matches(&matches).ok()
+    args_alone("__sandbox")
 }
 
 /// The helper stage: arms the launch its spec describes.

@@ -28,7 +28,7 @@
 mod common;
 
 use std::io::BufReader;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::netns::Netns;
@@ -273,17 +273,7 @@ fn probe_with(
         u.own(&home);
         u.own(&ws);
     }
-    let mut cmd = Command::new(bin);
-    cmd.arg("run")
-        .args(args)
-        .args(["--", "sh", "-c", PROBES])
-        .env_clear()
-        .env("HOME", &home)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("ZCODE_ACP_LOG", "warn")
-        .envs(env.iter().copied())
-        .current_dir(&ws)
-        .stdin(Stdio::null());
+    let mut cmd = run_command(&bin, &home, &ws, args, &["sh", "-c", PROBES], env);
     let _ns = world.host.enter(&mut cmd, user.map(|u| (u.uid, u.gid)));
     let out = cmd.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -771,19 +761,34 @@ fn run_in_host(
     if let Some(config) = config {
         std::fs::write(home.join(".config/zcode-acp/config.json"), config).unwrap();
     }
-    let mut cmd = Command::new(BIN);
+    let mut cmd = run_command(Path::new(BIN), &home, &ws, &[], argv, env);
+    let _ns = world.host.enter(&mut cmd, None);
+    cmd.output().unwrap()
+}
+
+/// `BIN run ARGS -- ARGV` in `ws`, with `home` as HOME, in a cleared
+/// environment with `env` added (the probes' and the host runs' one way).
+fn run_command(
+    bin: &Path,
+    home: &Path,
+    ws: &Path,
+    args: &[&str],
+    argv: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.arg("run")
+        .args(args)
         .arg("--")
         .args(argv)
         .env_clear()
-        .env("HOME", &home)
+        .env("HOME", home)
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("ZCODE_ACP_LOG", "warn")
         .envs(env.iter().copied())
-        .current_dir(&ws)
+        .current_dir(ws)
         .stdin(Stdio::null());
-    let _ns = world.host.enter(&mut cmd, None);
-    cmd.output().unwrap()
+    cmd
 }
 
 /// `zcode-acp run` ends with what the command sent through the proxy, per
