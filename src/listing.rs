@@ -44,6 +44,9 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+mod saved;
+pub use saved::{load, save};
+
 /// How much older than the listing a directory's ctime must be for the
 /// listing to be kept: timestamps of whole seconds, the tick, and a clock
 /// set back by up to [`STEP_BACK`].
@@ -194,6 +197,9 @@ struct Kept {
     bytes: usize,
     /// The latest time a listing was read: a clock behind it has gone back.
     latest: Option<SystemTime>,
+    /// Whether a listing was kept since the process started (or loaded
+    /// what was saved): only then is it saved again.
+    changed: bool,
 }
 
 /// What is kept, for the whole process.
@@ -351,6 +357,7 @@ pub fn keep(dir: &Path, read: &Reading, listed_at: SystemTime, entries: &Entries
             *kept = Kept::default();
         }
         kept.latest = kept.latest.max(Some(listed_at));
+        kept.changed = true;
         kept.bytes += size;
         if let Some((_, old)) = kept
             .by_dir

@@ -2219,6 +2219,62 @@ fn what_run_leaves_in_directories_listed_before_is_reverted() {
         );
     }
     assert_eq!(content(&p.ws.join("app/sub/dir/main.rs")), "fn main() {}\n");
+    // The next run starts from what this one listed (saved in the managed
+    // root): the same plants are found again, and a repository made
+    // between the runs in a directory listed before is found too (its
+    // hooks are not left behind).
+    let saved = std::fs::read_dir(home.join(".zcode-acp/listings"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(saved > 0, "the run saved no listings");
+    let made = Command::new("git")
+        .args(["init", "-q", "app/sub"])
+        .current_dir(&p.ws)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let script = "echo evil > app/sub/dir/.envrc; echo evil > .tools/build.sh; \
+        mkdir -p app/sub/.git/hooks; echo evil > app/sub/.git/hooks/pre-commit; echo done";
+    let argv = run_sh(None, "none", &p.ws, script);
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout} {stderr}");
+    for planted in [
+        "app/sub/dir/.envrc",
+        ".tools/build.sh",
+        "app/sub/.git/hooks/pre-commit",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(p.ws.join(planted)).is_err(),
+            "{planted} is still there after the second run: {stderr}"
+        );
+    }
+}
+
+/// The launcher sets the sandbox up while `run` takes the audit's
+/// baseline, but starts the command only once the baseline is whole: a
+/// baseline slowed down (by the test's knob) still predates what the
+/// command leaves, which is reverted.
+#[test]
+fn the_command_starts_only_after_the_audits_baseline() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let script = "echo evil > .envrc; echo done";
+    let mut argv: Vec<String> = vec!["env".into(), "ZCODE_ACP_TEST_SLOW_BASELINE=1".into()];
+    argv.extend(run_sh(None, "none", &p.ws, script));
+    let (out, _) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("done"), "{stdout} {stderr}");
+    assert!(
+        std::fs::symlink_metadata(p.ws.join(".envrc")).is_err(),
+        ".envrc is still there: the command ran before the baseline: {stderr}"
+    );
 }
 
 #[test]

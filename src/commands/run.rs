@@ -47,7 +47,7 @@ pub struct RunArgs {
 fn policy_input(
     args: &RunArgs,
     platform: Platform,
-) -> anyhow::Result<(PolicyInput, ManagedRoot, String)> {
+) -> anyhow::Result<(PolicyInput, ManagedRoot, String, Option<PathBuf>)> {
     let allow = args
         .allow
         .iter()
@@ -57,9 +57,17 @@ fn policy_input(
     // Arming records what the projects say that needs no approval (the
     // one place it is written); gathering then only reads.
     let managed = crate::config::managed::ManagedRoot::user_default()?;
+    let mut reals = Vec::new();
     for ws in &workspaces {
         let real = crate::policy::resolve_real(ws).unwrap_or_else(|_| ws.clone());
         crate::config::project::prepare(&real, &managed);
+        reals.push(real);
+    }
+    // What the last run in these workspaces listed, for the walks below
+    // and the audit's to reuse where nothing changed since.
+    let listings = saved_listings(&managed, &reals);
+    if let Some(file) = &listings {
+        crate::listing::load(file);
     }
     let gathered = super::gather_as_user(
         platform,
@@ -71,7 +79,34 @@ fn policy_input(
     let profile = gathered.backend.describe();
     tracing::debug!(backend_profile = %profile, "state the command may write");
     crate::policy::discover::create_writable_dirs(&gathered.input);
-    Ok((gathered.input, gathered.managed, profile))
+    Ok((gathered.input, gathered.managed, profile, listings))
+}
+
+/// Where the listings of the run in `workspaces` are saved (see
+/// `listing::saved`): one file per set of workspaces, in the managed root
+/// no sandbox can write.
+fn saved_listings(managed: &ManagedRoot, workspaces: &[PathBuf]) -> Option<PathBuf> {
+    let joined = workspaces
+        .iter()
+        .map(|w| w.as_os_str().to_owned())
+        .collect::<Vec<_>>()
+        .join(std::ffi::OsStr::new("\0"));
+    let dir = managed.dir("listings").ok()?;
+    Some(
+        dir.join(crate::config::managed::project_key(std::path::Path::new(
+            &joined,
+        ))),
+    )
+}
+
+/// Saves what this run listed for the next (a failure only costs the next
+/// run its reading).
+fn save_listings(file: Option<PathBuf>) {
+    if let Some(file) = file {
+        if let Err(e) = crate::listing::save(&file) {
+            tracing::debug!(file = %file.display(), "cannot save the listings: {e}");
+        }
+    }
 }
 
 fn cannot_arm(why: impl std::fmt::Display) -> anyhow::Error {
@@ -86,14 +121,14 @@ fn arm(
     args: &RunArgs,
     enforcer: Arc<dyn Enforce>,
     starter: Starter,
-) -> anyhow::Result<(Confinement, ManagedRoot)> {
-    let (input, managed, profile) = policy_input(args, enforcer.platform())?;
+) -> anyhow::Result<(Confinement, ManagedRoot, Option<PathBuf>)> {
+    let (input, managed, profile, listings) = policy_input(args, enforcer.platform())?;
     match Sandbox::Ready(enforcer).arm(input, &managed, profile, starter) {
         // Already said: "cannot arm the sandbox: ...".
         Confinement::Refused(why) => Err(anyhow::anyhow!(
             "{why}; nothing was run (to run it unconfined on purpose, run the command without zcode-acp)"
         )),
-        armed => Ok((armed, managed)),
+        armed => Ok((armed, managed, listings)),
     }
 }
 
@@ -303,7 +338,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Some(enforcer) => (enforcer, false),
         None => (LinuxEnforcer::probe().map_err(cannot_arm)?, true),
     };
-    let (confinement, managed) = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
+    let (confinement, managed, listings) = arm(&args, Arc::new(enforcer), Starter::ThisProcess)?;
     let Confinement::Armed(armed) = &confinement else {
         return Err(cannot_arm("the sandbox did not arm"));
     };
@@ -329,7 +364,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         }
     });
-    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
     // The socket scan's thread was joined when the plan was made.
     if !crate::linux::exec::wait_until_single_threaded() {
         return Err(cannot_arm(
@@ -340,6 +374,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     // own: only then are the counts said (see `says_its_network`).
     let (its_network, says_its_network) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+    // The launcher sets the sandbox up while this process takes the
+    // audit's baseline, and runs nothing of the command's before it is
+    // told the baseline is whole (see `LaunchSpec::waits_for_go`).
+    let (waits_for_go, go) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let shield = super::shield::Shield::raise()?;
     // The launcher enters the sandbox's namespaces itself, so it runs in a
     // child: this process stays outside, to audit what the command left.
@@ -348,7 +386,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         ForkResult::Child => {
             let _ = shield.old.thread_set_mask();
             drop(its_network);
+            drop(go);
             spec.says_its_network = Some(std::os::fd::AsRawFd::as_raw_fd(&says_its_network));
+            spec.waits_for_go = Some(std::os::fd::IntoRawFd::into_raw_fd(waits_for_go));
             let code = match crate::linux::exec::run(&spec) {
                 Ok(code) => code,
                 Err(e) => {
@@ -361,12 +401,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         ForkResult::Parent { child } => child,
     };
     drop(says_its_network);
+    drop(waits_for_go);
+    // The tests' stand-in for a slow baseline (a large workspace): the
+    // command must still start after it.
+    if std::env::var_os("ZCODE_ACP_TEST_SLOW_BASELINE").is_some() {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let audit = std::sync::Arc::new(std::sync::Mutex::new(Audit::before(&armed.policy, managed)));
+    // The baseline is whole: the command may start. (A launcher that
+    // ended already is found by the wait below.)
+    let _ = nix::unistd::write(&go, &[1]);
+    drop(go);
     // The watcher's thread starts only now: the launcher forked above had
     // to be single-threaded.
     let watcher = Audit::watch(&audit);
     let counting = ledger.map(crate::network::ledger::Collector::start);
     let code = shield.wait(child)?;
     Audit::after(audit, watcher);
+    save_listings(listings);
     // Written before the command started, by a launcher that has ended.
     let mut said = [0u8; 1];
     let own_network = nix::unistd::read(&its_network, &mut said) == Ok(1)
@@ -415,7 +467,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     // look (or leaves `log stream` behind).
     let shield = super::shield::Shield::raise()?;
     let enforcer = Arc::new(crate::seatbelt::enforce::SeatbeltEnforcer::new().map_err(cannot_arm)?);
-    let (confinement, managed) = arm(&args, enforcer.clone(), Starter::Spawned)?;
+    let (confinement, managed, listings) = arm(&args, enforcer.clone(), Starter::Spawned)?;
     let Confinement::Armed(armed) = &confinement else {
         return Err(cannot_arm("the sandbox did not arm"));
     };
@@ -495,6 +547,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     drop(confinement);
     Audit::after(audit, watcher);
+    save_listings(listings);
     drop(shield);
     Ok(code)
 }

@@ -160,6 +160,27 @@ pub(crate) fn wait_until_single_threaded() -> bool {
 
 /// Arms the sandbox and runs the command; returns the exit code to use.
 /// Must be called from a single-threaded process.
+/// Waits for `run`'s one byte on `fd` (see [`LaunchSpec::waits_for_go`]),
+/// and closes it: an end of file or an error refuses the launch.
+fn wait_for_go(fd: std::os::fd::RawFd) -> Result<(), LaunchError> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `run` handed this launcher the read end, which nothing else
+    // owns here; it is closed when the handle drops.
+    let go = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(&go, &mut byte) {
+            Ok(1) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            _ => {
+                return Err(LaunchError::Refused(
+                    "zcode-acp run ended before the command could start".into(),
+                ))
+            }
+        }
+    }
+}
+
 pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     if spec.argv.is_empty() {
         return Err(LaunchError::Refused("no command to run".into()));
@@ -397,6 +418,11 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
         )?;
     }
 
+    // Nothing of the command's starts before `run`'s audit has its
+    // baseline: what the command leaves is found against it.
+    if let Some(fd) = spec.waits_for_go {
+        wait_for_go(fd)?;
+    }
     // SAFETY: single-threaded process (documented precondition), so fork
     // cannot leave a lock held by another thread.
     match sys(Syscall::ForkInit, unsafe { fork() })? {

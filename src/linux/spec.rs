@@ -79,6 +79,13 @@ pub struct LaunchSpec {
     /// said). Only in a forked launcher: never written to a file.
     #[serde(skip)]
     pub says_its_network: Option<std::os::fd::RawFd>,
+    /// `zcode-acp run`'s other pipe: the launcher sets the sandbox up
+    /// while `run` takes the audit's baseline, and starts nothing of the
+    /// command's until `run` writes one byte there (the baseline is
+    /// whole). An end of file (`run` ended first) refuses the launch.
+    /// Only in a forked launcher: never written to a file.
+    #[serde(skip)]
+    pub waits_for_go: Option<std::os::fd::RawFd>,
 }
 
 /// What the launcher writes on [`LaunchSpec::says_its_network`] when the
@@ -114,6 +121,7 @@ impl LaunchSpec {
             note_refusals: false,
             announce_refusals: false,
             says_its_network: None,
+            waits_for_go: None,
         }
     }
 
