@@ -142,14 +142,26 @@ pub fn watch_list(policy: &Policy, settings: Vec<(PathBuf, Format)>) -> Vec<Watc
     out
 }
 
-/// The first symlink among the directories on the way to `path`.
-fn first_link_on_the_way(path: &Path) -> Option<PathBuf> {
-    let mut on_the_way: Vec<&Path> = path.ancestors().skip(1).collect();
-    on_the_way.reverse();
-    on_the_way
-        .into_iter()
-        .find(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()))
-        .map(Path::to_path_buf)
+/// The symlinks among the directories on the way to files, for one look:
+/// the settings files share most of their ways (the home directory, a
+/// root), and each directory is asked once.
+#[derive(Default)]
+struct LinksOnTheWay(std::collections::HashMap<PathBuf, bool>);
+
+impl LinksOnTheWay {
+    /// The first symlink among the directories on the way to `path`.
+    fn first(&mut self, path: &Path) -> Option<PathBuf> {
+        let mut on_the_way: Vec<&Path> = path.ancestors().skip(1).collect();
+        on_the_way.reverse();
+        on_the_way
+            .into_iter()
+            .find(|d| {
+                *self.0.entry(d.to_path_buf()).or_insert_with(|| {
+                    std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink())
+                })
+            })
+            .map(Path::to_path_buf)
+    }
 }
 
 /// A file's bytes, not through a symlink at its last component.
@@ -204,10 +216,11 @@ impl Baseline {
                     (p, bytes)
                 })
                 .collect();
+        let mut on_the_way = LinksOnTheWay::default();
         let links = watched
             .iter()
             .filter_map(|w| match w {
-                Watched::Settings { path, .. } => first_link_on_the_way(path),
+                Watched::Settings { path, .. } => on_the_way.first(path),
                 _ => None,
             })
             .collect();
@@ -314,6 +327,7 @@ impl Baseline {
                 });
             }
         }
+        let mut on_the_way = LinksOnTheWay::default();
         for w in &self.watched {
             match w {
                 Watched::Absent { path, why } => {
@@ -332,7 +346,7 @@ impl Baseline {
                     // A directory on the way made a symlink: an agent run
                     // outside later would read its settings from wherever
                     // it points (a temp dir the agent can write).
-                    if let Some(link) = first_link_on_the_way(path) {
+                    if let Some(link) = on_the_way.first(path) {
                         if !self.links.contains(&link)
                             && !out.iter().any(|f: &Finding| f.path == link)
                         {

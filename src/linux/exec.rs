@@ -158,8 +158,6 @@ pub(crate) fn wait_until_single_threaded() -> bool {
     }
 }
 
-/// Arms the sandbox and runs the command; returns the exit code to use.
-/// Must be called from a single-threaded process.
 /// Waits for `run`'s one byte on `fd` (see [`LaunchSpec::waits_for_go`]),
 /// and closes it: an end of file or an error refuses the launch.
 fn wait_for_go(fd: std::os::fd::RawFd) -> Result<(), LaunchError> {
@@ -181,6 +179,8 @@ fn wait_for_go(fd: std::os::fd::RawFd) -> Result<(), LaunchError> {
     }
 }
 
+/// Arms the sandbox and runs the command; returns the exit code to use.
+/// Must be called from a single-threaded process.
 pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
     if spec.argv.is_empty() {
         return Err(LaunchError::Refused("no command to run".into()));

@@ -41,7 +41,35 @@ pub fn resolve_real(path: &Path) -> Result<PathBuf, ResolveError> {
     if !path.is_absolute() {
         return Err(ResolveError::NotAbsolute(path.to_path_buf()));
     }
+    if let Some(real) = real_of_existing(path) {
+        return Ok(real);
+    }
     resolve_with_budget(path, &mut 0)
+}
+
+/// The real path of `path` when all of it exists, as the kernel resolved it
+/// (three calls, where walking it costs one per component): opened without
+/// being read, and named by its descriptor. `None` sends the caller the
+/// long way: something missing (a dangling symlink included), no `/proc`,
+/// or a name the kernel marks as removed.
+#[cfg(target_os = "linux")]
+fn real_of_existing(path: &Path) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let fd = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok()?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let bytes = real.as_os_str().as_bytes();
+    (bytes.starts_with(b"/") && !bytes.ends_with(b" (deleted)")).then_some(real)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn real_of_existing(_path: &Path) -> Option<PathBuf> {
+    None
 }
 
 fn resolve_with_budget(path: &Path, hops: &mut usize) -> Result<PathBuf, ResolveError> {
