@@ -934,7 +934,7 @@ fn main() {
             rows.push(spawns::spawn_in(
                 n,
                 &["sh", "-c", "true"],
-                "`sh -c true` under `zcode-acp run` vs bare, in a repository of 20000 files",
+                "`sh -c true` under `zcode-acp run` vs bare, in a repository of 20000 files, its directories unchanged for 3.5 s, the runs after the first (which saves what it listed)",
                 if full { 20_000 } else { 200 },
             ));
             rows.push(spawns::terminal_spawn(if full { 30 } else { 2 }));

@@ -558,7 +558,7 @@ pub fn turn_end_in(n: usize, files: usize) -> String {
     }
     let [plain, armed] = times;
     spawn_row(
-        &format!("a turn's end in a repository of {files} files: armed bridge (its audit looks at what the turn left first) vs unarmed ({n} each, alternating; 40.7 ms armed before this stop's kept listings)"),
+        &format!("a turn's end in a repository of {files} files: armed bridge (its audit looks at what the turn left first) vs unarmed ({n} each, alternating; 40.7 ms armed before the kept listings of 2026-12-05)"),
         median(plain),
         median(armed),
     )
