@@ -49,20 +49,28 @@ pub fn resolve_real(path: &Path) -> Result<PathBuf, ResolveError> {
 
 /// The real path of `path` when all of it exists, as the kernel resolved it
 /// (three calls, where walking it costs one per component): opened without
-/// being read, and named by its descriptor. `None` sends the caller the
-/// long way: something missing (a dangling symlink included), no `/proc`,
-/// or a name the kernel marks as removed.
+/// being read, and named by its descriptor. Never through a `/proc` magic
+/// link (`/proc/PID/root`, `/proc/PID/fd/N`): those lead into another
+/// process's mounts, where a name means another file than here; the long
+/// way reads such a link's text and walks it here. `None` sends the caller
+/// the long way: something missing (a dangling symlink included), a magic
+/// link, no `openat2` or `/proc`, or a name the kernel marks as removed.
 #[cfg(target_os = "linux")]
 fn real_of_existing(path: &Path) -> Option<PathBuf> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-    let fd = rustix::fs::open(
+    let fd = rustix::fs::openat2(
+        CWD,
         path,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_MAGICLINKS,
     )
     .ok()?;
-    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    // This thread's own table (a thread that unshared its descriptors
+    // would find another file under /proc/self).
+    let real = std::fs::read_link(format!("/proc/thread-self/fd/{}", fd.as_raw_fd())).ok()?;
     let bytes = real.as_os_str().as_bytes();
     (bytes.starts_with(b"/") && !bytes.ends_with(b" (deleted)")).then_some(real)
 }
@@ -189,6 +197,75 @@ mod tests {
             resolve_real(&t.join("ws/innocent")).unwrap(),
             t.join("outside/secret")
         );
+    }
+
+    /// A path through another process's root (`/proc/PID/root`) is walked
+    /// here, through this namespace's symlinks: where a write by a process
+    /// of this namespace would land, never a name that means another file
+    /// in that process's mounts.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_path_through_another_processs_root_is_walked_here() {
+        use nix::sched::{unshare, CloneFlags};
+        let (_d, t) = real_tmp();
+        // Here: `a` leads elsewhere.
+        std::fs::create_dir_all(t.join("elsewhere")).unwrap();
+        symlink(t.join("elsewhere"), t.join("a")).unwrap();
+        let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+        let (done_r, done_w) = nix::unistd::pipe().unwrap();
+        // Made before forking: the child only makes system calls.
+        let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+        let (uid_map, gid_map) = (format!("{uid} {uid} 1"), format!("{gid} {gid} 1"));
+        let (a, f) = (t.join("a"), t.join("a/f"));
+        // SAFETY: the child makes only system calls and exits.
+        let child = match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                // There: a tmpfs over the same place, where `a` is a
+                // directory of its own.
+                let ok = unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).is_ok()
+                    && std::fs::write("/proc/self/setgroups", "deny").is_ok()
+                    && std::fs::write("/proc/self/uid_map", &uid_map).is_ok()
+                    && std::fs::write("/proc/self/gid_map", &gid_map).is_ok()
+                    && nix::mount::mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                        None::<&str>,
+                    )
+                    .is_ok()
+                    && nix::mount::mount(
+                        Some("tmpfs"),
+                        &t,
+                        Some("tmpfs"),
+                        nix::mount::MsFlags::empty(),
+                        None::<&str>,
+                    )
+                    .is_ok()
+                    && std::fs::create_dir(&a).is_ok()
+                    && std::fs::write(&f, "").is_ok();
+                let _ = nix::unistd::write(&ready_w, &[u8::from(ok)]);
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(&done_r, &mut b);
+                // SAFETY: ends the forked child without running the
+                // parent's destructors.
+                unsafe { libc::_exit(0) };
+            }
+            nix::unistd::ForkResult::Parent { child } => child,
+        };
+        drop(ready_w);
+        let mut ok = [0u8; 1];
+        let _ = nix::unistd::read(&ready_r, &mut ok);
+        let through =
+            PathBuf::from(format!("/proc/{child}/root")).join(t.strip_prefix("/").unwrap());
+        let resolved = (ok[0] == 1).then(|| resolve_real(&through.join("a/f")));
+        let _ = nix::unistd::write(&done_w, &[1]);
+        let _ = nix::sys::wait::waitpid(child, None);
+        let Some(resolved) = resolved else {
+            println!("skipped: no user and mount namespace for the test here");
+            return;
+        };
+        assert_eq!(resolved.unwrap(), t.join("elsewhere/f"));
     }
 
     #[test]
