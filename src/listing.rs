@@ -45,7 +45,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 mod saved;
-pub use saved::{load, save};
+pub use saved::{load, save, this_boot};
 
 /// How much older than the listing a directory's ctime must be for the
 /// listing to be kept: timestamps of whole seconds, the tick, and a clock

@@ -61,12 +61,15 @@ impl ManagedRoot {
 
 /// A stable file name for a project root (FNV-1a of its real path).
 pub fn project_key(root: &Path) -> String {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in root.as_os_str().as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", fnv1a(root.as_os_str().as_bytes()))
+}
+
+/// FNV-1a, 64 bits: stable names, and a check against torn files (not
+/// against forgery).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]

@@ -195,7 +195,7 @@ impl Slot {
 fn of_this_boot(base: &Path, n: usize, dir: &Path) -> Result<bool, LayerError> {
     let stamp = base.join(format!("{n}.boot"));
     let last = crate::config::atomic::read_nofollow(&stamp).ok();
-    let boot = this_boot();
+    let boot = crate::listing::this_boot();
     if boot.is_some() && last == boot.as_ref().map(|b| b.as_bytes().to_vec()) {
         return Ok(true);
     }
@@ -210,14 +210,6 @@ fn of_this_boot(base: &Path, n: usize, dir: &Path) -> Result<bool, LayerError> {
     };
     // Unstamped, the emptied slot is mounted as before.
     Ok(crate::config::atomic::write_atomic(&stamp, boot.as_bytes(), 0o600).is_ok())
-}
-
-/// This boot's id, as the kernel gives it.
-fn this_boot() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|id| id.trim().to_owned())
-        .filter(|id| !id.is_empty())
 }
 
 /// Lets a `volatile` overlay be mounted again on `work`: overlayfs leaves

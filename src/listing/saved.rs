@@ -30,6 +30,9 @@
 //! run its reading.
 
 use std::io::Write;
+
+// Enough to find a torn or truncated file.
+use crate::config::managed::fnv1a as checksum;
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::*;
@@ -65,17 +68,12 @@ fn may_be_saved(stamp: &Stamp) -> bool {
     stamp.ctime.1 != 0 && rustix::fs::major(stamp.dev as _) != 0
 }
 
-/// This boot's identity, where the kernel gives one.
-fn boot_id() -> Option<Vec<u8>> {
-    let id = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
-    (!id.is_empty()).then_some(id)
-}
-
-/// FNV-1a: enough to find a torn or truncated file.
-fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// This boot's id, as the kernel gives it (`None` where it gives none).
+pub fn this_boot() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty())
 }
 
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -232,11 +230,11 @@ fn decode(bytes: &[u8], boot: &[u8], offset: i64) -> Option<(SystemTime, Vec<Sav
 /// Takes in the listings saved at `path` (see the module's header for what
 /// is not taken); a missing or unreadable file is no listing.
 pub fn load(path: &Path) {
-    let Some(boot) = boot_id() else { return };
+    let Some(boot) = this_boot() else { return };
     let Some(bytes) = read_own(path) else {
         return;
     };
-    let taken = decode(&bytes, &boot, clock_offset())
+    let taken = decode(&bytes, boot.as_bytes(), clock_offset())
         .filter(|(latest, _)| not_ahead(*latest))
         .map(|(latest, listings)| with_kept(|kept| take(kept, latest, listings)));
     if taken.is_none() {
@@ -293,8 +291,11 @@ fn take(kept: &mut Kept, latest: SystemTime, listings: Vec<Saved>) {
 /// beside it, renamed over it (a run that ends at the same time leaves its
 /// own whole file, or this one).
 pub fn save(path: &Path) -> std::io::Result<()> {
-    let Some(boot) = boot_id() else { return Ok(()) };
-    let Some(bytes) = with_kept(|kept| encode(kept, &boot, clock_offset())).flatten() else {
+    let Some(boot) = this_boot() else {
+        return Ok(());
+    };
+    let Some(bytes) = with_kept(|kept| encode(kept, boot.as_bytes(), clock_offset())).flatten()
+    else {
         return Ok(());
     };
     let tmp = path.with_extension(format!("{:016x}.tmp", rand::random::<u64>()));
@@ -426,7 +427,7 @@ mod tests {
     fn a_listing_saved_by_one_run_is_reused_by_the_next_while_unchanged() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
-        if !crate::listing::tests::keeps_listings(t.path()) || boot_id().is_none() {
+        if !crate::listing::tests::keeps_listings(t.path()) || this_boot().is_none() {
             return;
         }
         let dir = std::fs::canonicalize(t.path()).unwrap();
