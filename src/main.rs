@@ -146,11 +146,15 @@ enum Command {
 #[cfg(target_os = "linux")]
 #[derive(clap::Args, Debug)]
 struct SandboxArgs {
-    #[arg(long, required_unless_present = "spec_fd")]
+    #[arg(long, required_unless_present_any = ["spec_fd", "args_on_stdin"])]
     spec: Option<PathBuf>,
     /// Read the spec from this inherited descriptor instead.
     #[arg(long, conflicts_with = "spec")]
     spec_fd: Option<i32>,
+    /// Started ahead of its arming: the rest of this command line comes as
+    /// the first line of stdin (see `backend::spawn::Ahead`).
+    #[arg(long, conflicts_with_all = ["spec", "spec_fd", "consume", "die_with_parent"])]
+    args_on_stdin: bool,
     /// Remove the spec file once read (terminals' one-shot specs).
     #[arg(long)]
     consume: bool,
@@ -231,10 +235,41 @@ fn sandbox_args_alone() -> Option<SandboxArgs> {
     args_alone("__sandbox")
 }
 
+/// `__sandbox`'s arguments in `argv` (its first word `__sandbox`), as
+/// [`sandbox_args_alone`] reads them from the command line.
+#[cfg(target_os = "linux")]
+fn sandbox_args_of(argv: &[String]) -> Option<SandboxArgs> {
+    let (first, rest) = argv.split_first()?;
+    if first != "__sandbox" {
+        return None;
+    }
+    let parser = <SandboxArgs as clap::Args>::augment_args(
+        clap::Command::new("__sandbox").no_binary_name(true),
+    );
+    clap::FromArgMatches::from_arg_matches(&parser.try_get_matches_from(rest).ok()?).ok()
+}
+
 /// The helper stage: arms the launch its spec describes.
 #[cfg(target_os = "linux")]
 fn sandbox(args: SandboxArgs) -> ExitCode {
     use zcode_acp::linux::helper::SpecSource;
+    if args.args_on_stdin {
+        return match zcode_acp::linux::helper::args_on_stdin() {
+            Ok(Some(line)) => match sandbox_args_of(&line) {
+                Some(args) if !args.args_on_stdin => sandbox(args),
+                _ => {
+                    eprintln!("zcode-acp: the launcher was handed a command line it does not take");
+                    ExitCode::from(126)
+                }
+            },
+            // Started ahead for an arming that did not come: nothing to do.
+            Ok(None) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("zcode-acp: {e}");
+                ExitCode::from(126)
+            }
+        };
+    }
     let source = match (args.spec, args.spec_fd) {
         (Some(path), _) => SpecSource::File {
             path,

@@ -568,6 +568,50 @@ fn run_reads_its_own_arguments_and_leaves_the_rest_to_the_whole_parser() {
     assert!(log.is_file(), "--log-file was not taken: {out:?}");
 }
 
+/// A helper started ahead of its arming (`__sandbox --args-on-stdin`, as
+/// the bridge starts each generation's) runs only the command line it is
+/// handed as stdin's first line: a closed stdin (an arming that did not
+/// come) ends it without a word, and a line it does not take is refused,
+/// never run some other way.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_helper_started_ahead_runs_only_the_command_line_it_is_handed() {
+    let h = home();
+    let handed = |stdin: &[u8]| {
+        let mut child = Command::new(BIN)
+            .args(["__sandbox", "--args-on-stdin"])
+            .env("HOME", h.dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = handed(b"");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    let missing = h.dir.path().join("no-such-spec.json");
+    let line = serde_json::json!(["__sandbox", "--spec", missing]).to_string();
+    let out = handed(format!("{line}\n{{\"jsonrpc\":\"2.0\"}}\n").as_bytes());
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-spec.json"),
+        "{out:?}"
+    );
+    for refused in [
+        &b"[\"__sandbox\", \"--args-on-stdin\"]\n"[..],
+        b"[\"run\", \"--\", \"sh\", \"-c\", \"true\"]\n",
+        b"not json\n",
+        b"[\"__sandbox\", \"--spec\"",
+    ] {
+        let out = handed(refused);
+        assert_eq!(out.status.code(), Some(126), "{out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+}
+
 /// The sandbox helper reads its arguments with its own parser (it starts
 /// every generation and terminal); what that parser does not take goes to
 /// the whole one, which says what is wrong as before.

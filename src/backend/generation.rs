@@ -10,7 +10,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use super::spawn::{spawn, PreparedCommand, SpawnError};
+use super::spawn::{spawn, Ahead, PreparedCommand, SpawnError};
 use crate::procs;
 use crate::relay::budget::{Budget, Permit};
 use crate::relay::framing::{FrameReader, ReadItem};
@@ -132,17 +132,27 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Starts `cmd`, in the launcher started `ahead` for it when that can
+    /// run it (see [`Ahead`]).
     pub fn start(
         id: u64,
         cmd: &PreparedCommand,
+        ahead: Option<Ahead>,
         max_frame_bytes: usize,
         events: EventSender,
         to_editor: Budget,
     ) -> Result<Generation, SpawnError> {
-        let spawned = spawn(cmd)?;
+        let (spawned, handed) = match ahead.and_then(|a| a.run(&cmd.argv)) {
+            Some((spawned, line)) => (spawned, Some(line)),
+            None => (spawn(cmd)?, None),
+        };
         let pid = spawned.pid;
 
         let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<(Vec<u8>, Option<Permit>)>();
+        // Its command line goes before any frame, on the same pipe.
+        if let Some(line) = handed {
+            let _ = stdin_tx.send((line.into_bytes(), None));
+        }
         let mut stdin = spawned.stdin;
         tokio::spawn(async move {
             while let Some((mut frame, permit)) = stdin_rx.recv().await {

@@ -85,3 +85,41 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
         stderr,
     })
 }
+
+/// A launcher started before the arming it launches is done: this
+/// binary's `__sandbox --args-on-stdin`, which waits for its command line
+/// as the first line of stdin. Its start (an `exec` of this binary, about
+/// a millisecond) then overlaps the arming's own work. Dropped unused, its
+/// stdin closes and it leaves without doing anything.
+pub struct Ahead {
+    spawned: Spawned,
+    program: String,
+}
+
+impl Ahead {
+    /// Starts the launcher `program` (this binary) ahead.
+    pub fn start(program: String) -> Result<Ahead, SpawnError> {
+        let spawned = spawn(&PreparedCommand {
+            argv: vec![
+                program.clone(),
+                "__sandbox".into(),
+                "--args-on-stdin".into(),
+            ],
+            confinement: String::new(),
+            backend_profile: None,
+        })?;
+        Ok(Ahead { spawned, program })
+    }
+
+    /// The process, and the first line to hand it (the command line after
+    /// the program), when it can run `argv`: the same launcher's
+    /// `__sandbox`. Otherwise it is dropped (and leaves).
+    pub fn run(self, argv: &[String]) -> Option<(Spawned, String)> {
+        let (program, args) = argv.split_first()?;
+        if *program != self.program || args.first().map(String::as_str) != Some("__sandbox") {
+            return None;
+        }
+        let line = serde_json::to_string(args).ok()?;
+        Some((self.spawned, line))
+    }
+}

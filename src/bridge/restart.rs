@@ -165,8 +165,9 @@ impl Bridge {
         }
         let roots = self.roots_to_arm();
         let served = self.served_sockets(&roots);
+        let ahead = self.launcher_ahead();
         let (confinement, baseline) = self.arm(&roots, served).await;
-        match self.start_generation(confinement, roots) {
+        match self.start_generation(confinement, roots, ahead) {
             Ok(()) => {
                 // Taken before the agent ran: nothing it does is in it.
                 self.take_audit_baseline(baseline);
@@ -291,10 +292,26 @@ impl Bridge {
         armed.outside.as_ref()?.as_any().downcast_ref()
     }
 
+    /// Where generations are launched by this binary's helper (Linux), the
+    /// helper started now, to be handed its command line once the arming
+    /// is done: its start overlaps the arming's work.
+    fn launcher_ahead(&self) -> Option<crate::backend::spawn::Ahead> {
+        if self.sandbox.platform() != Some(crate::policy::Platform::Linux) {
+            return None;
+        }
+        let exe = std::env::current_exe().ok()?;
+        crate::backend::spawn::Ahead::start(exe.to_string_lossy().into_owned())
+            .map_err(|e| {
+                debug!("the launcher could not be started ahead ({e}); it starts with the arming")
+            })
+            .ok()
+    }
+
     fn start_generation(
         &mut self,
         confinement: Confinement,
         roots: Vec<PathBuf>,
+        ahead: Option<crate::backend::spawn::Ahead>,
     ) -> Result<(), StartFailure> {
         self.gens.started += 1;
         let id = self.gens.started;
@@ -345,6 +362,7 @@ impl Bridge {
         let generation = Generation::start(
             id,
             &cmd,
+            ahead,
             self.cfg.max_frame_bytes,
             self.gens.tx.clone(),
             self.editor.budget.clone(),

@@ -80,8 +80,9 @@ impl GenerationDir {
             path: path.clone(),
             source,
         })?;
+        // Not synced: only this generation reads it, through the page
+        // cache, and a crash ends the generation (its directory is swept).
         f.write_all(text.as_bytes())
-            .and_then(|_| f.sync_all())
             .map_err(|source| GenerationError::Write {
                 path: path.clone(),
                 source,

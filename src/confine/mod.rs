@@ -153,6 +153,10 @@ pub trait Enforce: Send + Sync {
     ) -> Result<Option<Box<dyn Outside>>, ArmError> {
         Ok(None)
     }
+    /// Starts, beside an arming about to begin, the reading of what its
+    /// launch will look up on the machine (Linux: the sockets bound in
+    /// other network namespaces), so the two overlap.
+    fn look_ahead(&self) {}
     /// The argv that runs `command` confined by `armed`.
     fn wrap(
         &self,
@@ -457,7 +461,10 @@ impl Sandbox {
     pub fn arm_backend(&self, request: &BackendRequest<'_>) -> Confinement {
         use crate::policy::discover::{create_writable_dirs, gather, Sources};
         let platform = match self.ready() {
-            Ok(enforcer) => enforcer.platform(),
+            Ok(enforcer) => {
+                enforcer.look_ahead();
+                enforcer.platform()
+            }
             Err(confinement) => return confinement,
         };
         // Arming records what the projects say that needs no approval

@@ -183,6 +183,10 @@ impl Enforce for LinuxEnforcer {
         })
     }
 
+    fn look_ahead(&self) {
+        crate::linux::listening::prefetch();
+    }
+
     fn own_network(&self, table: &crate::policy::network::NetworkPolicy) -> bool {
         table.confines() && self.level != Level::LandlockOnly && self.network_namespace
     }

@@ -21,6 +21,8 @@ pub enum HelperError {
     Invalid(serde_json::Error),
     #[error("cannot arm the sandbox: {0}")]
     Launch(#[from] LaunchError),
+    #[error("cannot read the command line the bridge handed this launcher on stdin: {0}")]
+    Handed(String),
 }
 
 /// Where the launch spec comes from.
@@ -60,6 +62,38 @@ pub fn helper(source: &SpecSource, die_with_parent: bool) -> Result<i32, HelperE
     };
     let spec: LaunchSpec = serde_json::from_slice(&bytes).map_err(HelperError::Invalid)?;
     Ok(super::exec::run(&spec)?)
+}
+
+/// The most a command line handed over on stdin may take.
+const MAX_HANDED_ARGS: usize = 64 * 1024;
+
+/// The command line handed to a launcher started ahead of its arming: the
+/// first line of stdin, a JSON array of strings. Read a byte at a time,
+/// so that nothing after it (the agent's first frames, which the same
+/// pipe brings next) is taken from the command this launches. `None` when
+/// stdin ends before anything: the arming it was started for did not come.
+pub fn args_on_stdin() -> Result<Option<Vec<String>>, HelperError> {
+    let stdin = std::io::stdin();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(&stdin, &mut byte) {
+            Ok(0) if line.is_empty() => return Ok(None),
+            Ok(0) => return Err(HelperError::Handed("stdin ended inside it".into())),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if line.len() >= MAX_HANDED_ARGS => {
+                return Err(HelperError::Handed(
+                    "longer than a command line may be".into(),
+                ))
+            }
+            Ok(_) => line.push(byte[0]),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(HelperError::Handed(e.to_string())),
+        }
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| HelperError::Handed(e.to_string()))
 }
 
 /// Reads all of the inherited descriptor `fd` from its start, and closes it.

@@ -24,9 +24,14 @@ const MAX_OTHER_NAMESPACES: usize = 256;
 /// binds live.
 const MAX_DESCRIPTORS: usize = 200_000;
 
+/// A scan [`prefetch`] started, and when.
+type Prefetched = (std::time::Instant, std::thread::JoinHandle<Vec<String>>);
 /// The scan [`prefetch`] started, taken by the next [`bound_sockets`].
-static PREFETCHED: std::sync::Mutex<Option<std::thread::JoinHandle<Vec<String>>>> =
-    std::sync::Mutex::new(None);
+static PREFETCHED: std::sync::Mutex<Option<Prefetched>> = std::sync::Mutex::new(None);
+/// A prefetched scan older than this is thrown away and the namespaces
+/// read afresh: one left by an arming that failed must not stand for the
+/// sockets of a later one (a socket bound in between would be missed).
+const FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Starts reading the other network namespaces' sockets on a thread of
 /// its own, for the next [`bound_sockets`] to take: finding them reads a
@@ -38,22 +43,34 @@ static PREFETCHED: std::sync::Mutex<Option<std::thread::JoinHandle<Vec<String>>>
 /// before it needs to be single-threaded again (see
 /// [`super::exec::wait_until_single_threaded`]).
 pub fn prefetch() {
+    let started = std::time::Instant::now();
     let scan = std::thread::Builder::new()
         .name("socket-scan".into())
         .spawn(other_namespaces_listings);
     if let (Ok(handle), Ok(mut slot)) = (scan, PREFETCHED.lock()) {
-        *slot = Some(handle);
+        *slot = Some((started, handle));
     }
 }
 
 /// Every bound pathname socket this process can learn of, absolute, each
 /// once (the other namespaces' as [`prefetch`] read them, if it did).
 pub fn bound_sockets() -> Vec<PathBuf> {
+    bound_sockets_within(FRESH_FOR)
+}
+
+/// [`bound_sockets`], taking a prefetched scan only if it started at most
+/// `fresh_for` ago.
+fn bound_sockets_within(fresh_for: std::time::Duration) -> Vec<PathBuf> {
     let mut listings = vec![std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default()];
     let prefetched = PREFETCHED.lock().ok().and_then(|mut slot| slot.take());
-    match prefetched.map(std::thread::JoinHandle::join) {
-        Some(Ok(others)) => listings.extend(others),
-        _ => listings.extend(other_namespaces_listings()),
+    let fresh = prefetched.and_then(|(started, scan)| {
+        let others = scan.join().ok()?;
+        let young = started.elapsed() <= fresh_for;
+        young.then_some(others)
+    });
+    match fresh {
+        Some(others) => listings.extend(others),
+        None => listings.extend(other_namespaces_listings()),
     }
     let mut out: Vec<PathBuf> = Vec::new();
     let mut relative: Vec<Bound> = Vec::new();
@@ -213,6 +230,41 @@ mod tests {
         let path = std::fs::canonicalize(dir.path()).unwrap().join("abs.sock");
         let _l = UnixListener::bind(&path).unwrap();
         assert!(bound_sockets().contains(&path));
+    }
+
+    #[test]
+    fn a_prefetched_scan_too_old_is_read_again() {
+        // A scan started, then a server binds in a network namespace of its
+        // own: a scan older than allowed must not stand for the machine.
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::fs::canonicalize(dir.path()).unwrap().join("late.sock");
+        prefetch();
+        let server = std::process::Command::new("unshare")
+            .args(["--user", "--map-root-user", "--net", "python3", "-c"])
+            .arg("import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(); print('up', flush=True); sys.stdin.read()")
+            .arg(&path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut server) = server else {
+            eprintln!("skipped: `unshare` (util-linux) is not installed");
+            return;
+        };
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+            &mut line,
+        );
+        if line.trim() != "up" {
+            drop(server.stdin.take());
+            let _ = server.wait();
+            eprintln!("skipped: no network namespace can be made here for the server");
+            return;
+        }
+        let found = bound_sockets_within(std::time::Duration::ZERO);
+        drop(server.stdin.take());
+        let _ = server.wait();
+        assert!(found.contains(&path), "{found:?}");
     }
 
     #[test]
