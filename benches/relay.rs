@@ -205,7 +205,7 @@ struct Bridged {
 
 impl Bridged {
     fn start(home: &std::path::Path, agent: &[&str], env: &[(&str, &std::path::Path)]) -> Bridged {
-        let mut argv = vec!["python3"];
+        let mut argv = vec![python()];
         argv.extend(agent);
         Self::start_command(home, &argv, env, None)
     }
@@ -282,7 +282,7 @@ impl Bridged {
     /// `cat` where the bridge would stand (the editor writes to the agent
     /// directly).
     fn through_cat(agent: &[&str]) -> Bridged {
-        let mut agent = Command::new("python3")
+        let mut agent = Command::new(python())
             .args(agent)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -425,14 +425,7 @@ fn stream_vs_cat(n: usize, size: usize, runs: usize) -> String {
 /// the sandbox, the run, collecting outputs, removing its directory)
 /// against running the same interpreter bare with `-c pass`.
 fn run_code_call(n: usize, tool_calls: usize) -> String {
-    let python = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty());
-    let Some(python) = python else {
+    let Some(python) = Some(python()).filter(|p| p.starts_with('/')) else {
         return "| `run_code` of `pass` (python) vs bare `python3 -c pass` | skipped: no python3 | | |".into();
     };
     let ws = scratch_dir();
@@ -546,7 +539,7 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
     let bare: Vec<Duration> = (0..n)
         .map(|_| {
             let start = Instant::now();
-            let status = Command::new(&python).args(["-c", "pass"]).status().unwrap();
+            let status = Command::new(python).args(["-c", "pass"]).status().unwrap();
             assert!(status.success());
             start.elapsed()
         })
@@ -658,6 +651,25 @@ fn judged_writes(n: usize) -> String {
         armed.as_secs_f64() * 1e3,
         armed.as_secs_f64() / plain.as_secs_f64()
     )
+}
+
+/// The Python interpreter by its own path, as editors start an agent
+/// (`node <prefix>/<package>/dist/index.js`), not through a version
+/// manager's shim: pyenv's runs a shell script and `pyenv exec` first,
+/// tens of milliseconds that the sandbox slows unevenly, which would be
+/// timed as the bridge's.
+pub fn python() -> &'static str {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(|| {
+        Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "python3".into())
+    })
 }
 
 /// Why a tmpfs row cannot run here (a mount namespace without a user

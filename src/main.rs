@@ -238,15 +238,28 @@ fn sandbox_args_alone() -> Option<SandboxArgs> {
 /// `__sandbox`'s arguments in `argv` (its first word `__sandbox`), as
 /// [`sandbox_args_alone`] reads them from the command line.
 #[cfg(target_os = "linux")]
-fn sandbox_args_of(argv: &[String]) -> Option<SandboxArgs> {
-    let (first, rest) = argv.split_first()?;
-    if first != "__sandbox" {
-        return None;
-    }
+fn sandbox_args_of(argv: &[String]) -> Result<SandboxArgs, String> {
+    let rest = match argv.split_first() {
+        Some((first, rest)) if first == "__sandbox" => rest,
+        _ => return Err("it does not start with __sandbox".into()),
+    };
     let parser = <SandboxArgs as clap::Args>::augment_args(
         clap::Command::new("__sandbox").no_binary_name(true),
     );
-    clap::FromArgMatches::from_arg_matches(&parser.try_get_matches_from(rest).ok()?).ok()
+    let matches = parser
+        .try_get_matches_from(rest)
+        .map_err(|e| e.to_string())?;
+    clap::FromArgMatches::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+/// The launcher's refusal of the command line it was handed on stdin.
+#[cfg(target_os = "linux")]
+fn refused(why: &str) -> ExitCode {
+    eprintln!(
+        "zcode-acp: the sandbox's launcher was handed a command line it does not take: {}",
+        why.trim()
+    );
+    ExitCode::from(126)
 }
 
 /// The helper stage: arms the launch its spec describes.
@@ -256,11 +269,9 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     if args.args_on_stdin {
         return match zcode_acp::linux::helper::args_on_stdin() {
             Ok(Some(line)) => match sandbox_args_of(&line) {
-                Some(args) if !args.args_on_stdin => sandbox(args),
-                _ => {
-                    eprintln!("zcode-acp: the launcher was handed a command line it does not take");
-                    ExitCode::from(126)
-                }
+                Ok(args) if !args.args_on_stdin => sandbox(args),
+                Ok(_) => refused("it asks for --args-on-stdin again"),
+                Err(why) => refused(&why),
             },
             // Started ahead for an arming that did not come: nothing to do.
             Ok(None) => ExitCode::SUCCESS,

@@ -369,7 +369,7 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
 
         // The agent alone: started, initialized, every session restored.
         let start = Instant::now();
-        let mut direct = Command::new("python3")
+        let mut direct = Command::new(super::python())
             .arg(FAKE_AGENT)
             .env("FAKE_AGENT_DIR", &at.state)
             .env("HOME", home)

@@ -90,15 +90,15 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
 /// binary's `__sandbox --args-on-stdin`, which waits for its command line
 /// as the first line of stdin. Its start (an `exec` of this binary, about
 /// a millisecond) then overlaps the arming's own work. Dropped unused, its
-/// stdin closes and it leaves without doing anything.
+/// stdin closes, it leaves without doing anything, and it is waited for.
 pub struct Ahead {
-    spawned: Spawned,
+    spawned: Option<Spawned>,
     program: String,
 }
 
 impl Ahead {
     /// Starts the launcher `program` (this binary) ahead.
-    pub fn start(program: String) -> Result<Ahead, SpawnError> {
+    pub fn start(program: String) -> std::io::Result<Ahead> {
         let spawned = spawn(&PreparedCommand {
             argv: vec![
                 program.clone(),
@@ -107,19 +107,46 @@ impl Ahead {
             ],
             confinement: String::new(),
             backend_profile: None,
+        })
+        .map_err(|e| match e {
+            SpawnError::Start { source, .. } => source,
+            SpawnError::Empty => std::io::Error::other(e.to_string()),
         })?;
-        Ok(Ahead { spawned, program })
+        Ok(Ahead {
+            spawned: Some(spawned),
+            program,
+        })
     }
 
-    /// The process, and the first line to hand it (the command line after
-    /// the program), when it can run `argv`: the same launcher's
-    /// `__sandbox`. Otherwise it is dropped (and leaves).
-    pub fn run(self, argv: &[String]) -> Option<(Spawned, String)> {
+    /// The process, and the first line to hand it (its command line after
+    /// the program), when `argv` is what it runs: this launcher's
+    /// `__sandbox --spec FILE`, as the Linux arming wraps a generation.
+    /// Otherwise it is dropped (and leaves).
+    pub fn run(mut self, argv: &[String]) -> Option<(Spawned, String)> {
         let (program, args) = argv.split_first()?;
-        if *program != self.program || args.first().map(String::as_str) != Some("__sandbox") {
+        let takes = *program == self.program
+            && args.len() == 3
+            && args[0] == "__sandbox"
+            && args[1] == "--spec";
+        if !takes {
             return None;
         }
         let line = serde_json::to_string(args).ok()?;
-        Some((self.spawned, line))
+        Some((self.spawned.take()?, line))
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        let Some(unused) = self.spawned.take() else {
+            return;
+        };
+        let Spawned { mut child, .. } = unused;
+        // Its stdin closed (dropped with the rest): it leaves at once.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = child.wait().await;
+            });
+        }
     }
 }

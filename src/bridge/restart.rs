@@ -302,7 +302,7 @@ impl Bridge {
         let exe = std::env::current_exe().ok()?;
         crate::backend::spawn::Ahead::start(exe.to_string_lossy().into_owned())
             .map_err(|e| {
-                debug!("the launcher could not be started ahead ({e}); it starts with the arming")
+                debug!("the sandbox's launcher could not be started ahead ({e}); it is started after the arming")
             })
             .ok()
     }

@@ -28,9 +28,10 @@ const MAX_DESCRIPTORS: usize = 200_000;
 type Prefetched = (std::time::Instant, std::thread::JoinHandle<Vec<String>>);
 /// The scan [`prefetch`] started, taken by the next [`bound_sockets`].
 static PREFETCHED: std::sync::Mutex<Option<Prefetched>> = std::sync::Mutex::new(None);
-/// A prefetched scan older than this is thrown away and the namespaces
-/// read afresh: one left by an arming that failed must not stand for the
-/// sockets of a later one (a socket bound in between would be missed).
+/// A prefetched scan that started longer ago than this is not taken, and
+/// the namespaces are read afresh: a socket bound since would be missed
+/// (one left by an arming that failed, or by a long arming of large
+/// workspaces, must not stand for the machine now).
 const FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Starts reading the other network namespaces' sockets on a thread of
@@ -63,10 +64,10 @@ pub fn bound_sockets() -> Vec<PathBuf> {
 fn bound_sockets_within(fresh_for: std::time::Duration) -> Vec<PathBuf> {
     let mut listings = vec![std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default()];
     let prefetched = PREFETCHED.lock().ok().and_then(|mut slot| slot.take());
+    // Too old, it is not waited for: its thread ends by itself.
     let fresh = prefetched.and_then(|(started, scan)| {
-        let others = scan.join().ok()?;
         let young = started.elapsed() <= fresh_for;
-        young.then_some(others)
+        young.then(|| scan.join().ok()).flatten()
     });
     match fresh {
         Some(others) => listings.extend(others),
