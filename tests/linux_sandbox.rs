@@ -2617,6 +2617,39 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
     assert_eq!(content(&build_rs), "fn main() {}\n");
 }
 
+/// A cache that holds nothing on the host is the layer's own directory
+/// (what its overlay would show, for a bind's cost): what the sandbox
+/// writes there still never reaches yours, and once your cache holds
+/// something, the next sandbox sees both, overlaid as ever.
+#[test]
+fn an_empty_cache_is_its_layer_until_yours_fills() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let home = p.ws.parent().unwrap().join("home");
+    let npm = home.join(".npm");
+    std::fs::create_dir_all(&npm).unwrap();
+    assert!(std::fs::read_dir(&npm).unwrap().next().is_none());
+    let run = |script: &str| {
+        let argv = run_sh(None, "none", &p.ws, script);
+        let (out, unchanged) = run_with_home(&p.ws, &argv, None, None, Some(&home));
+        assert!(
+            unchanged,
+            "the sandbox's mounts leaked into the outer namespace"
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (mine, yours) = (npm.join("theirs"), npm.join("yours"));
+    let written = run(&format!("echo inside > {m} && cat {m}", m = mine.display()));
+    assert!(written.contains("inside"), "{written}");
+    assert!(!mine.exists(), "a write into an empty cache reached yours");
+    std::fs::write(&yours, "outside\n").unwrap();
+    let seen = run(&format!("cat {} {}", mine.display(), yours.display()));
+    assert_eq!(seen, "inside\noutside\n");
+    assert!(!mine.exists(), "a write into the cache reached yours");
+}
+
 /// Root in a container whose user namespace maps only part of the id range
 /// (rootless podman, unprivileged LXC), and a home reached through a
 /// symlink (Fedora Atomic's `/home` -> `var/home`): both still get the

@@ -357,8 +357,24 @@ pub(super) fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), Launch
 /// options cannot name: `,` `:` `\\`), the cache is the slot's own
 /// directory instead: private and empty, so builds fetch again, and
 /// nothing the agent writes there reaches yours. Said as a degradation.
+/// A cache that holds nothing gets the slot's directory too, without a
+/// word: that is what its overlay would show.
 pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), LaunchError> {
     let (upper, work) = slot.layer_for(path);
+    // Over a cache that holds nothing, an overlay shows exactly its upper
+    // layer: the slot's directory bound there shows the same, for a bind's
+    // cost rather than an overlay's (about 0.4 ms each: the kernel checks
+    // and remakes its work directory on every mount). What is written
+    // lands in the same directory either way, so a later launch, over a
+    // cache that has filled meanwhile, overlays it as ever. Through the
+    // bind, the sandbox can also set overlayfs's own `user.overlay.*`
+    // attributes there, which that later overlay reads: with `userxattr`
+    // redirects are not followed and metacopy is off, so they change only
+    // what this project's sandboxes see of the cache, as any file it
+    // writes there does.
+    if holds_nothing(path) {
+        return stand_in(path, &upper);
+    }
     let nameable = [path, upper.as_path(), work.as_path()].iter().all(|p| {
         p.to_str()
             .is_some_and(|s| !s.contains([',', ':', '\\', '\n']))
@@ -390,21 +406,31 @@ pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), Lau
                 "the cache {} has no copy-on-write layer ({e}): the agent gets a private, empty one instead (builds fetch again; nothing it writes there reaches your own)",
                 path.display()
             ));
-        // The slot's own directory stands for the cache.
-        let private: &Path = &upper;
-        let opened = sys::open_tree_clone(private).map_err(|errno| LaunchError::Sys {
-            step: Syscall::OpenTree,
-            path: Some(private.to_path_buf()),
-            errno,
-        })?;
-        sys::move_mount_to(&opened, path).map_err(|errno| LaunchError::Sys {
-            step: Syscall::MoveMount,
-            path: Some(path.to_path_buf()),
-            errno,
-        })?;
-        setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)?;
+        stand_in(path, &upper)?;
     }
     Ok(())
+}
+
+/// Whether the directory `path` has no entry (one that cannot be read is
+/// taken to hold something: it gets its overlay).
+fn holds_nothing(path: &Path) -> bool {
+    std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+/// The slot's own directory `private`, bound writable over the cache
+/// `path`: it stands for the cache.
+fn stand_in(path: &Path, private: &Path) -> Result<(), LaunchError> {
+    let opened = sys::open_tree_clone(private).map_err(|errno| LaunchError::Sys {
+        step: Syscall::OpenTree,
+        path: Some(private.to_path_buf()),
+        errno,
+    })?;
+    sys::move_mount_to(&opened, path).map_err(|errno| LaunchError::Sys {
+        step: Syscall::MoveMount,
+        path: Some(path.to_path_buf()),
+        errno,
+    })?;
+    setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)
 }
 
 /// A fresh tmpfs over `path`, with the writable trees beneath it carried
