@@ -2619,8 +2619,10 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
 
 /// A cache that holds nothing on the host is the layer's own directory
 /// (what its overlay would show, for a bind's cost): what the sandbox
-/// writes there still never reaches yours, and once your cache holds
-/// something, the next sandbox sees both, overlaid as ever.
+/// writes there still never reaches yours; once your cache holds
+/// something, the next sandbox sees both, overlaid as ever; and a layer
+/// once overlaid stays overlaid, even over a cache emptied again, since
+/// only an overlay hides what the sandbox deleted of yours.
 #[test]
 fn an_empty_cache_is_its_layer_until_yours_fills() {
     if !require_kernel_features() {
@@ -2638,16 +2640,39 @@ fn an_empty_cache_is_its_layer_until_yours_fills() {
             unchanged,
             "the sandbox's mounts leaked into the outer namespace"
         );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("no copy-on-write layer"), "{stderr}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // The file system mounted at the cache, as the sandbox sees it.
+    let mounted_at = |dir: &Path| {
+        format!(
+            "grep ' {} ' /proc/self/mountinfo | sed 's/.* - //' | cut -d' ' -f1",
+            dir.display()
+        )
+    };
     let (mine, yours) = (npm.join("theirs"), npm.join("yours"));
-    let written = run(&format!("echo inside > {m} && cat {m}", m = mine.display()));
-    assert!(written.contains("inside"), "{written}");
+    let written = run(&format!(
+        "echo inside > {m} && cat {m} && {t}",
+        m = mine.display(),
+        t = mounted_at(&npm)
+    ));
+    assert!(written.starts_with("inside\n"), "{written}");
+    assert!(
+        !written.contains("overlay"),
+        "an empty cache was overlaid: {written}"
+    );
     assert!(!mine.exists(), "a write into an empty cache reached yours");
     std::fs::write(&yours, "outside\n").unwrap();
     let seen = run(&format!("cat {} {}", mine.display(), yours.display()));
     assert_eq!(seen, "inside\noutside\n");
     assert!(!mine.exists(), "a write into the cache reached yours");
+    // Deleted inside (a whiteout in the layer), then gone from yours too.
+    run(&format!("rm {}", yours.display()));
+    assert!(yours.exists(), "a removal inside reached your cache");
+    std::fs::remove_file(&yours).unwrap();
+    let listed = run(&format!("ls -A {}", npm.display()));
+    assert_eq!(listed, "theirs\n", "what the sandbox deleted shows again");
 }
 
 /// Root in a container whose user namespace maps only part of the id range

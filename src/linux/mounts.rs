@@ -362,17 +362,21 @@ pub(super) fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), Launch
 pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), LaunchError> {
     let (upper, work) = slot.layer_for(path);
     // Over a cache that holds nothing, an overlay shows exactly its upper
-    // layer: the slot's directory bound there shows the same, for a bind's
-    // cost rather than an overlay's (about 0.4 ms each: the kernel checks
-    // and remakes its work directory on every mount). What is written
-    // lands in the same directory either way, so a later launch, over a
-    // cache that has filled meanwhile, overlays it as ever. Through the
+    // layer, as long as that layer was never overlaid (overlayfs leaves
+    // `work/work` behind): only then does it hold none of overlayfs's
+    // whiteouts, which only an overlay hides. The slot's directory bound
+    // there then shows the same, for a bind's cost rather than an
+    // overlay's (about 0.4 ms each: the kernel checks and remakes its work
+    // directory on every mount). What is written lands in the same
+    // directory either way, so a later launch, over a cache that has
+    // filled meanwhile, overlays it as ever. Through the
     // bind, the sandbox can also set overlayfs's own `user.overlay.*`
     // attributes there, which that later overlay reads: with `userxattr`
     // redirects are not followed and metacopy is off, so they change only
     // what this project's sandboxes see of the cache, as any file it
     // writes there does.
-    if holds_nothing(path) {
+    let never_overlaid = !work.join("work").exists();
+    if holds_nothing(path) && never_overlaid {
         return stand_in(path, &upper);
     }
     let nameable = [path, upper.as_path(), work.as_path()].iter().all(|p| {
@@ -403,7 +407,7 @@ pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), Lau
     };
     if let Err(e) = mounted {
         degraded(&format!(
-                "the cache {} has no copy-on-write layer ({e}): the agent gets a private, empty one instead (builds fetch again; nothing it writes there reaches your own)",
+                "the cache {} has no copy-on-write layer ({e}): the agent gets a private one of its own instead, without yours (builds fetch again; nothing it writes there reaches your own)",
                 path.display()
             ));
         stand_in(path, &upper)?;
@@ -418,7 +422,8 @@ fn holds_nothing(path: &Path) -> bool {
 }
 
 /// The slot's own directory `private`, bound writable over the cache
-/// `path`: it stands for the cache.
+/// `path` (`nosuid` and `nodev`, as the overlay is): it stands for the
+/// cache.
 fn stand_in(path: &Path, private: &Path) -> Result<(), LaunchError> {
     let opened = sys::open_tree_clone(private).map_err(|errno| LaunchError::Sys {
         step: Syscall::OpenTree,
@@ -430,7 +435,12 @@ fn stand_in(path: &Path, private: &Path) -> Result<(), LaunchError> {
         path: Some(path.to_path_buf()),
         errno,
     })?;
-    setattr(path, true, sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)
+    setattr(
+        path,
+        true,
+        sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        sys::MOUNT_ATTR_RDONLY,
+    )
 }
 
 /// A fresh tmpfs over `path`, with the writable trees beneath it carried
