@@ -355,10 +355,11 @@ pub(super) fn apply(op: MountOp<'_>, at: &MountContext<'_>) -> Result<(), Launch
 /// because this is a user namespace. Where overlayfs cannot be mounted
 /// (a filesystem without user xattrs, an old kernel, a path overlayfs's
 /// options cannot name: `,` `:` `\\`), the cache is the slot's own
-/// directory instead: private and empty, so builds fetch again, and
+/// directory instead: private, without yours, so builds fetch again, and
 /// nothing the agent writes there reaches yours. Said as a degradation.
-/// A cache that holds nothing gets the slot's directory too, without a
-/// word: that is what its overlay would show.
+/// A cache that holds nothing, whose layer was never overlaid, gets the
+/// slot's directory too, without a word: that is what its overlay would
+/// show.
 pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), LaunchError> {
     let (upper, work) = slot.layer_for(path);
     // Over a cache that holds nothing, an overlay shows exactly its upper
@@ -369,8 +370,8 @@ pub(super) fn overlay(path: &Path, slot: &super::layers::Slot) -> Result<(), Lau
     // overlay's (about 0.4 ms each: the kernel checks and remakes its work
     // directory on every mount). What is written lands in the same
     // directory either way, so a later launch, over a cache that has
-    // filled meanwhile, overlays it as ever. Through the
-    // bind, the sandbox can also set overlayfs's own `user.overlay.*`
+    // filled meanwhile, overlays it as ever. Through the bind, the
+    // sandbox can also set overlayfs's own `user.overlay.*`
     // attributes there, which that later overlay reads: with `userxattr`
     // redirects are not followed and metacopy is off, so they change only
     // what this project's sandboxes see of the cache, as any file it
