@@ -1255,8 +1255,8 @@ fn a_hook_planted_in_the_agents_settings_after_the_turn_is_reverted_at_once() {
 
 /// A home whose path overlayfs's options cannot name (a `,` and a `:` in
 /// it) gets no copy-on-write layer over its caches: the agent gets a
-/// private, empty cache instead (never the user's, written directly), and
-/// the editor's notice says so.
+/// private cache of its own instead (never the user's, written directly),
+/// and the editor's notice says so.
 #[test]
 fn a_cache_that_cannot_be_layered_is_private_and_said() {
     if !require_kernel_features() {
@@ -1304,7 +1304,7 @@ fn a_cache_that_cannot_be_layered_is_private_and_said() {
         .find(|l| l.raw.contains("less than planned"))
         .map(|l| l.raw.clone())
         .unwrap_or_else(|| panic!("no notice says the cache is private"));
-    assert!(notice.contains("private, empty"), "{notice}");
+    assert!(notice.contains("a private one of its own"), "{notice}");
 }
 
 /// An agent no profile knows keeps its state in `~/.newagent`: its first
