@@ -220,12 +220,25 @@ fn run_args_alone() -> Option<zcode_acp::commands::run::RunArgs> {
 /// does not take (the whole parser then says what is wrong).
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 fn args_alone<A: clap::Args + clap::FromArgMatches>(name: &'static str) -> Option<A> {
-    let mut args = std::env::args_os().skip(1);
-    if args.next()? != name {
-        return None;
+    args_of(name, std::env::args_os().skip(1)).ok()
+}
+
+/// The arguments of the subcommand `name` in `argv` (its first word
+/// `name`), read by that subcommand's parser alone, or why not.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn args_of<A: clap::Args + clap::FromArgMatches>(
+    name: &'static str,
+    argv: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+) -> Result<A, String> {
+    let mut argv = argv.into_iter().map(Into::into);
+    if argv.next().as_deref() != Some(std::ffi::OsStr::new(name)) {
+        return Err(format!("it does not start with {name}"));
     }
     let parser = A::augment_args(clap::Command::new(name).no_binary_name(true));
-    A::from_arg_matches(&parser.try_get_matches_from(args).ok()?).ok()
+    let matches = parser
+        .try_get_matches_from(argv)
+        .map_err(|e| e.to_string())?;
+    A::from_arg_matches(&matches).map_err(|e| e.to_string())
 }
 
 /// `__sandbox`'s arguments read by its own parser, as [`run_args_alone`]
@@ -233,23 +246,6 @@ fn args_alone<A: clap::Args + clap::FromArgMatches>(name: &'static str) -> Optio
 #[cfg(target_os = "linux")]
 fn sandbox_args_alone() -> Option<SandboxArgs> {
     args_alone("__sandbox")
-}
-
-/// `__sandbox`'s arguments in `argv` (its first word `__sandbox`), as
-/// [`sandbox_args_alone`] reads them from the command line.
-#[cfg(target_os = "linux")]
-fn sandbox_args_of(argv: &[String]) -> Result<SandboxArgs, String> {
-    let rest = match argv.split_first() {
-        Some((first, rest)) if first == "__sandbox" => rest,
-        _ => return Err("it does not start with __sandbox".into()),
-    };
-    let parser = <SandboxArgs as clap::Args>::augment_args(
-        clap::Command::new("__sandbox").no_binary_name(true),
-    );
-    let matches = parser
-        .try_get_matches_from(rest)
-        .map_err(|e| e.to_string())?;
-    clap::FromArgMatches::from_arg_matches(&matches).map_err(|e| e.to_string())
 }
 
 /// The launcher's refusal of the command line it was handed on stdin.
@@ -268,7 +264,7 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     use zcode_acp::linux::helper::SpecSource;
     if args.args_on_stdin {
         return match zcode_acp::linux::helper::args_on_stdin() {
-            Ok(Some(line)) => match sandbox_args_of(&line) {
+            Ok(Some(line)) => match args_of::<SandboxArgs>("__sandbox", line) {
                 Ok(args) if !args.args_on_stdin => sandbox(args),
                 Ok(_) => refused("it asks for --args-on-stdin again"),
                 Err(why) => refused(&why),
