@@ -2558,6 +2558,22 @@ fn a_poisoned_cache_never_reaches_a_build_outside_as_an_unprivileged_user() {
     poisoned_cache(&p, Some(&user), &home);
 }
 
+/// `script` under `zcode-acp run` in `ws`, with `home` as HOME; its
+/// stdout. The sandbox's mounts must not leak out, and every launch must
+/// give each cache its layer (overlayfs refuses a `volatile` upper whose
+/// mark was left, and that would be said).
+fn run_layered(ws: &Path, user: Option<&TestUser>, home: &Path, script: &str) -> String {
+    let argv = run_sh(user, "none", ws, script);
+    let (out, unchanged) = run_with_home(ws, &argv, None, user, Some(home));
+    assert!(
+        unchanged,
+        "the sandbox's mounts leaked into the outer namespace"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("no copy-on-write layer"), "{stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
     let src = home.join(".cargo/registry/src/index/dep-1.0.0");
     std::fs::create_dir_all(&src).unwrap();
@@ -2570,19 +2586,7 @@ fn poisoned_cache(p: &Places, user: Option<&TestUser>, home: &Path) {
     }
     let build_rs = src.join("build.rs");
     let b = build_rs.display();
-    let run = |ws: &Path, script: &str| {
-        let argv = run_sh(user, "none", ws, script);
-        let (out, unchanged) = run_with_home(ws, &argv, None, user, Some(home));
-        assert!(
-            unchanged,
-            "the sandbox's mounts leaked into the outer namespace"
-        );
-        // Every launch mounts its layer again (overlayfs refuses a
-        // `volatile` upper whose mark was left, and it would be said).
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!stderr.contains("no copy-on-write layer"), "{stderr}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |ws: &Path, script: &str| run_layered(ws, user, home, script);
     let planted = run(
         &p.ws,
         &format!("echo 'fn main() {{ evil() }}' > {b} && echo planted; cat {b}"),
@@ -2633,17 +2637,7 @@ fn an_empty_cache_is_its_layer_until_yours_fills() {
     let npm = home.join(".npm");
     std::fs::create_dir_all(&npm).unwrap();
     assert!(std::fs::read_dir(&npm).unwrap().next().is_none());
-    let run = |script: &str| {
-        let argv = run_sh(None, "none", &p.ws, script);
-        let (out, unchanged) = run_with_home(&p.ws, &argv, None, None, Some(&home));
-        assert!(
-            unchanged,
-            "the sandbox's mounts leaked into the outer namespace"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!stderr.contains("no copy-on-write layer"), "{stderr}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |script: &str| run_layered(&p.ws, None, &home, script);
     // The file system mounted at the cache, as the sandbox sees it.
     let mounted_at = |dir: &Path| {
         format!(
