@@ -158,7 +158,7 @@ fn facts() -> UserFacts {
         ssh_auth_sock: None,
         xdg_runtime_dir: None,
         home: Some(("/h".into(), "/h".into())),
-        supervise: true,
+        supervise: Some(true),
         bound_sockets: vec![],
         layers: None,
     }

@@ -129,20 +129,38 @@ fn push_unique(list: &mut Vec<Step>, s: Step) {
 
 /// Per-user facts the plan depends on: the hidden-socket list, how the
 /// home directory is spelled, and whether the supervisor can work here.
-#[derive(Debug, Clone, Default)]
+/// The default is nobody's: no home, no sockets, no supervisor.
+#[derive(Debug, Clone)]
 pub struct UserFacts {
     pub uid: u32,
     pub ssh_auth_sock: Option<PathBuf>,
     pub xdg_runtime_dir: Option<PathBuf>,
     /// `$HOME` as set, and its real path.
     pub home: Option<(PathBuf, PathBuf)>,
-    /// Whether name-prefix grants can be supervised (`supervise::available`).
-    pub supervise: bool,
+    /// Whether name-prefix grants can be supervised; `None`: asked of this
+    /// machine (`supervise::available`, a forked probe where this process
+    /// already runs under a seccomp filter) only when a plan has such a
+    /// grant, so a launch without one never pays for the probe.
+    pub supervise: Option<bool>,
     /// The pathname sockets bound when the plan is made (`/proc/net/unix`).
     pub bound_sockets: Vec<PathBuf>,
     /// Where shared caches' copy-on-write layers live for this project
     /// (None: the caches are written directly, as on a lower level).
     pub layers: Option<PathBuf>,
+}
+
+impl Default for UserFacts {
+    fn default() -> UserFacts {
+        UserFacts {
+            uid: 0,
+            ssh_auth_sock: None,
+            xdg_runtime_dir: None,
+            home: None,
+            supervise: Some(false),
+            bound_sockets: Vec::new(),
+            layers: None,
+        }
+    }
 }
 
 impl UserFacts {
@@ -170,7 +188,7 @@ impl UserFacts {
             ssh_auth_sock: std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
             xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
             home,
-            supervise: super::supervise::available(),
+            supervise: None,
             bound_sockets: super::listening::bound_sockets(),
             layers: None,
         }
@@ -346,7 +364,8 @@ pub fn build(policy: &Policy, fs: &dyn Fs, facts: &UserFacts) -> Plan {
             }
             Matcher::NamePrefix { dir, prefix } => {
                 // Inside a private tmpfs the directory is not there at all.
-                let supervised = facts.supervise && !private_tmp_holds(dir);
+                let supervised = !private_tmp_holds(dir)
+                    && facts.supervise.unwrap_or_else(super::supervise::available);
                 let mut names = fs.list(dir);
                 names.sort();
                 for name in names.into_iter().filter(|n| n.starts_with(prefix.as_str())) {

@@ -320,7 +320,7 @@ fn supervised_name_prefixes_bind_directories_but_not_files() {
     let facts = UserFacts {
         uid: 1000,
         home: Some(("/users/u".into(), "/home/u".into())),
-        supervise: true,
+        supervise: Some(true),
         ..UserFacts::default()
     };
     let plan = build(&policy(), &fs, &facts);
@@ -347,7 +347,7 @@ fn supervised_name_prefixes_bind_directories_but_not_files() {
         &policy(),
         &fs,
         &UserFacts {
-            supervise: false,
+            supervise: Some(false),
             ..facts
         },
     );
