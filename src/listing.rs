@@ -250,9 +250,83 @@ pub fn now() -> SystemTime {
     now
 }
 
-/// The entries kept for `dir`, if it is the directory `meta` (asked after
+/// What a directory is when a walk comes to it: which one (its device and
+/// inode: a walk meets each once), its owner and mode, and its stamp.
+#[derive(Debug, Clone, Copy)]
+pub struct DirStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub uid: u32,
+    pub mode: u32,
+    stamp: Stamp,
+}
+
+impl DirStat {
+    pub fn of(meta: &std::fs::Metadata) -> DirStat {
+        use std::os::unix::fs::MetadataExt;
+        let stamp = Stamp::of(meta);
+        DirStat {
+            dev: stamp.dev,
+            ino: stamp.ino,
+            uid: meta.uid(),
+            mode: meta.mode(),
+            stamp,
+        }
+    }
+}
+
+/// A walk's top directory, held open: each directory beneath it is asked
+/// about relative to it, so the kernel walks only the components below it
+/// (asked by its whole path, a directory costs a lookup of every component
+/// of that path, most of a walk's time in a large workspace).
+pub struct Anchor {
+    path: PathBuf,
+    fd: rustix::fd::OwnedFd,
+}
+
+impl Anchor {
+    /// `path` opened, following a symlink as the walk does; `None` where it
+    /// cannot be (then every directory is asked about by its whole path).
+    pub fn open(path: &Path) -> Option<Anchor> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        Some(Anchor {
+            path: path.to_path_buf(),
+            fd,
+        })
+    }
+}
+
+/// What `dir` is now, following a symlink as `std::fs::metadata` does:
+/// asked relative to `anchor` where `dir` lies beneath it.
+pub fn stat_dir(anchor: Option<&Anchor>, dir: &Path) -> Option<DirStat> {
+    let below = anchor.and_then(|a| dir.strip_prefix(&a.path).ok().map(|rel| (a, rel)));
+    let st = match below {
+        Some((a, rel)) if rel.as_os_str().is_empty() => rustix::fs::fstat(&a.fd),
+        Some((a, rel)) => rustix::fs::statat(&a.fd, rel, rustix::fs::AtFlags::empty()),
+        None => rustix::fs::stat(dir),
+    }
+    .ok()?;
+    let stamp = Stamp::of_stat(&st);
+    // The fields' types differ between architectures and systems.
+    #[allow(clippy::unnecessary_cast)]
+    Some(DirStat {
+        dev: stamp.dev,
+        ino: stamp.ino,
+        uid: st.st_uid as u32,
+        mode: st.st_mode as u32,
+        stamp,
+    })
+}
+
+/// The entries kept for `dir`, if it is the directory `stat` (asked after
 /// `now`) describes and has not changed since they were read.
-pub fn reuse(dir: &Path, meta: &std::fs::Metadata, now: SystemTime) -> Option<Entries> {
+pub fn reuse(dir: &Path, stat: &DirStat, now: SystemTime) -> Option<Entries> {
     with_kept(|kept| {
         if kept.latest > Some(now + STEP_BACK) {
             // The clock went back: no stamp can be trusted to be old.
@@ -260,7 +334,7 @@ pub fn reuse(dir: &Path, meta: &std::fs::Metadata, now: SystemTime) -> Option<En
             return None;
         }
         let (stamp, entries) = kept.by_dir.get(dir)?;
-        if *stamp != Stamp::of(meta) {
+        if *stamp != stat.stamp {
             return None;
         }
         #[cfg(test)]
@@ -441,7 +515,31 @@ pub(crate) mod tests {
         // Read just now: its ctime is within the margin, so not kept.
         let at = now();
         keep(&dir, &r, at, &entries(&["a"]));
-        let meta = std::fs::metadata(&dir).unwrap();
+        // Asked relative to a walk's top directory (its parent here), as
+        // by its whole path: the same directory, the same stamp.
+        let parent = dir.parent().unwrap();
+        let anchor = Anchor::open(parent).unwrap();
+        let stat = |d: &Path| {
+            let anchored = stat_dir(Some(&anchor), d).unwrap();
+            let whole = stat_dir(None, d).unwrap();
+            assert_eq!(
+                (
+                    anchored.dev,
+                    anchored.ino,
+                    anchored.uid,
+                    anchored.mode,
+                    anchored.stamp
+                ),
+                (whole.dev, whole.ino, whole.uid, whole.mode, whole.stamp)
+            );
+            anchored
+        };
+        let top = stat_dir(Some(&anchor), parent).unwrap();
+        assert_eq!(
+            top.stamp,
+            DirStat::of(&std::fs::metadata(parent).unwrap()).stamp
+        );
+        let meta = stat(&dir);
         assert!(reuse(&dir, &meta, now()).is_none());
         // Read (as the clock says) long after its last change: kept, and
         // the open file's stamp is the path's.
@@ -465,16 +563,16 @@ pub(crate) mod tests {
         for change in changes {
             let (r, _) = read(&dir);
             keep(&dir, &r, later, &entries(&["a"]));
-            let before = std::fs::metadata(&dir).unwrap();
+            let before = stat(&dir);
             assert!(reuse(&dir, &before, later).is_some());
             change(&dir);
-            let after = std::fs::metadata(&dir).unwrap();
+            let after = stat(&dir);
             assert!(reuse(&dir, &after, later).is_none());
         }
         // A clock gone back drops what was kept.
         let (r, _) = read(&dir);
         keep(&dir, &r, later, &entries(&["a"]));
-        let meta = std::fs::metadata(&dir).unwrap();
+        let meta = stat(&dir);
         assert!(reuse(&dir, &meta, later).is_some());
         assert!(reuse(&dir, &meta, later - STEP_BACK * 2).is_none());
         assert!(reuse(&dir, &meta, later).is_none());

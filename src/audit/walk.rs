@@ -273,6 +273,7 @@ pub fn walk(places: &Places) -> Walked {
         let mut seen_dirs = std::collections::HashSet::new();
         let ctx = Ctx {
             root,
+            anchor: crate::listing::Anchor::open(root),
             skip: &places.skip,
             follow: &places.follow,
             euid: nix::unistd::geteuid().as_raw(),
@@ -297,6 +298,7 @@ pub fn walk(places: &Places) -> Walked {
         let mut seen_dirs = std::collections::HashSet::new();
         let ctx = Ctx {
             root: tree,
+            anchor: crate::listing::Anchor::open(tree),
             skip: &[],
             follow: &[],
             euid: nix::unistd::geteuid().as_raw(),
@@ -374,6 +376,8 @@ fn give_back(dir: &Path) -> bool {
 /// What one walk carries down.
 struct Ctx<'a> {
     root: &'a Path,
+    /// The root held open: each directory is asked about relative to it.
+    anchor: Option<crate::listing::Anchor>,
     skip: &'a [PathBuf],
     follow: &'a [PathBuf],
     /// Who walks (asked once, not at every directory).
@@ -392,7 +396,6 @@ fn walk_dir(
     seen_dirs: &mut std::collections::HashSet<(u64, u64, bool)>,
     out: &mut Walked,
 ) -> Option<bool> {
-    use std::os::unix::fs::MetadataExt;
     if depth >= MAX_DEPTH {
         out.cut.push((
             dir.to_path_buf(),
@@ -406,15 +409,15 @@ fn walk_dir(
     // when last listed is still what it holds (`crate::listing`): asked
     // after the time is taken.
     let listed_at = crate::listing::now();
-    let meta = std::fs::metadata(dir).ok();
-    if let Some(m) = &meta {
-        if !seen_dirs.insert((m.dev(), m.ino(), in_hidden)) {
+    let stat = crate::listing::stat_dir(ctx.anchor.as_ref(), dir);
+    if let Some(s) = &stat {
+        if !seen_dirs.insert((s.dev, s.ino, in_hidden)) {
             return None;
         }
     }
-    let kept = meta
+    let kept = stat
         .as_ref()
-        .and_then(|m| crate::listing::reuse(dir, m, listed_at));
+        .and_then(|s| crate::listing::reuse(dir, s, listed_at));
     // The agent may take its own directory's permissions away so that
     // nothing can list it (no `r`) or look at what it lists (no `x`),
     // while direnv and git still open files there by name: given back, as
@@ -451,9 +454,9 @@ fn walk_dir(
     // given back once here, or said. Not asked of a directory its owner
     // walks with its `x` bit set (an ACL's owner entry is those bits): the
     // workspace's every directory, on every walk.
-    let owners_and_searchable = meta
+    let owners_and_searchable = stat
         .as_ref()
-        .is_some_and(|m| m.uid() == ctx.euid && m.mode() & 0o100 != 0);
+        .is_some_and(|s| s.uid == ctx.euid && s.mode & 0o100 != 0);
     if !given_back
         && !owners_and_searchable
         && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK)

@@ -448,7 +448,7 @@ mod tests {
         clock_ahead(RACY * 2);
         load(&file);
         let meta = std::fs::metadata(&dir).unwrap();
-        assert!(reuse(&dir, &meta, now()).is_some());
+        assert!(reuse(&dir, &crate::listing::DirStat::of(&meta), now()).is_some());
         // Nothing new kept since it was loaded: not written again.
         std::fs::remove_file(&file).unwrap();
         save(&file).unwrap();
@@ -466,7 +466,7 @@ mod tests {
         std::fs::write(dir.join("b"), "").unwrap();
         load(&file);
         let meta = std::fs::metadata(&dir).unwrap();
-        assert!(reuse(&dir, &meta, now()).is_none());
+        assert!(reuse(&dir, &crate::listing::DirStat::of(&meta), now()).is_none());
         // A clock behind the file's latest listing: nothing is taken, and
         // the file is gone.
         with_kept(|k| *k = Kept::default());

@@ -51,7 +51,8 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
         repos.push(repo);
     }
     let mut budget = MAX_ENTRIES;
-    if !walk(root, 0, &mut budget, hooks, &mut repos) {
+    let anchor = crate::listing::Anchor::open(root);
+    if !walk(anchor.as_ref(), root, 0, &mut budget, hooks, &mut repos) {
         // Once per root, not once per directory the walk was in.
         tracing::warn!(root = %root.display(), "stopped looking for nested git repositories after {MAX_ENTRIES} entries: one further in has no read-only hooks or config (the audit still looks at what a command leaves there)");
     }
@@ -154,7 +155,15 @@ fn module_git_dirs(dir: &Path, work_tree: &Path, depth: usize, out: &mut Vec<Rep
 /// tree where its own listing holds a `.git` (one call fewer for each of
 /// the workspace's directories than asking for it); where it is not
 /// listed whole, it is asked.
-fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut Vec<Repo>) -> bool {
+/// (`anchor`: the walk's top directory, held open; see `listing::Anchor`.)
+fn walk(
+    anchor: Option<&crate::listing::Anchor>,
+    dir: &Path,
+    depth: usize,
+    budget: &mut usize,
+    hooks: bool,
+    repos: &mut Vec<Repo>,
+) -> bool {
     let ask = |repos: &mut Vec<Repo>| {
         if depth > 0 {
             repos.extend(repo_at(dir, hooks));
@@ -164,7 +173,7 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         ask(repos);
         return true;
     }
-    let Some((entries, listed_whole)) = list(dir, *budget) else {
+    let Some((entries, listed_whole)) = list(anchor, dir, *budget) else {
         ask(repos);
         return true;
     };
@@ -181,7 +190,7 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
         }
         if kind == Kind::Dir
             && !SKIP_DIRS.iter().any(|s| name == *s)
-            && !walk(&dir.join(name), depth + 1, budget, hooks, repos)
+            && !walk(anchor, &dir.join(name), depth + 1, budget, hooks, repos)
         {
             // Not listed whole: asked.
             ask(repos);
@@ -199,10 +208,13 @@ fn walk(dir: &Path, depth: usize, budget: &mut usize, hooks: bool, repos: &mut V
 /// earlier walk where `dir` has not changed since (`crate::listing`), or
 /// else listed now, up to one entry past `budget` (where the walk stops),
 /// and kept for the audit's walk that follows.
-fn list(dir: &Path, budget: usize) -> Option<(Entries, bool)> {
+fn list(
+    anchor: Option<&crate::listing::Anchor>,
+    dir: &Path,
+    budget: usize,
+) -> Option<(Entries, bool)> {
     let listed_at = crate::listing::now();
-    if let Some(kept) = std::fs::metadata(dir)
-        .ok()
+    if let Some(kept) = crate::listing::stat_dir(anchor, dir)
         .and_then(|m| crate::listing::reuse(dir, &m, listed_at))
     {
         return Some((kept, true));
@@ -483,7 +495,7 @@ mod tests {
         let t = std::fs::canonicalize(t.path()).unwrap();
         std::fs::create_dir_all(t.join("r/.git")).unwrap();
         let (mut budget, mut repos) = (1, Vec::new());
-        assert!(!walk(&t, 0, &mut budget, false, &mut repos));
+        assert!(!walk(None, &t, 0, &mut budget, false, &mut repos));
         let found: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
         assert_eq!(found, vec![t.join("r")]);
 
@@ -494,7 +506,7 @@ mod tests {
             MAX_DEPTH + 1
         );
         let (mut budget, mut repos) = (MAX_ENTRIES, Vec::new());
-        assert!(walk(&t, 0, &mut budget, false, &mut repos));
+        assert!(walk(None, &t, 0, &mut budget, false, &mut repos));
         let found: Vec<_> = repos.iter().map(|r| r.work_tree.clone()).collect();
         assert!(
             found.contains(&deep) && found.contains(&t.join("r")),
@@ -515,13 +527,13 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("z/repo/.git")).unwrap();
         let mut budget = MAX_ENTRIES;
         let mut repos = Vec::new();
-        assert!(!walk(dir.path(), 0, &mut budget, false, &mut repos));
+        assert!(!walk(None, dir.path(), 0, &mut budget, false, &mut repos));
         assert_eq!(budget, 0);
         let small = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(small.path().join("x/repo/.git")).unwrap();
         let mut budget = MAX_ENTRIES;
         let mut repos = Vec::new();
-        assert!(walk(small.path(), 0, &mut budget, false, &mut repos));
+        assert!(walk(None, small.path(), 0, &mut budget, false, &mut repos));
         assert_eq!(repos.len(), 1);
     }
 
