@@ -278,7 +278,9 @@ impl DirStat {
 /// A walk's top directory, held open: each directory beneath it is asked
 /// about relative to it, so the kernel walks only the components below it
 /// (asked by its whole path, a directory costs a lookup of every component
-/// of that path, most of a walk's time in a large workspace).
+/// of that path, most of a walk's time in a large workspace). Its answers
+/// are the held directory's: a walk asks [`Anchor::moved`] when it is done
+/// and walks again by whole paths where another directory took its place.
 pub struct Anchor {
     path: PathBuf,
     fd: rustix::fd::OwnedFd,
@@ -289,16 +291,28 @@ impl Anchor {
     /// cannot be (then every directory is asked about by its whole path).
     pub fn open(path: &Path) -> Option<Anchor> {
         use rustix::fs::{Mode, OFlags};
-        let fd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
+        // Only looked up from, never read: a top directory whose read
+        // permission was taken away is still held.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let how = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let how = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(path, how, Mode::empty()).ok()?;
         Some(Anchor {
             path: path.to_path_buf(),
             fd,
         })
+    }
+
+    /// Whether its path no longer leads to the directory held: renamed,
+    /// removed, or another put in its place since it was opened (by the
+    /// agent, between a walk's first look and its last). A walk that
+    /// finds so walks again by whole paths.
+    pub fn moved(&self) -> bool {
+        match (rustix::fs::fstat(&self.fd), rustix::fs::stat(&self.path)) {
+            (Ok(held), Ok(now)) => (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino),
+            _ => true,
+        }
     }
 }
 
@@ -497,12 +511,38 @@ pub(crate) mod tests {
     /// A listing is kept for a directory unchanged since, and never for
     /// one changed after it was read, or changed just before.
     #[test]
+    fn an_anchor_knows_when_another_directory_took_its_place() {
+        let t = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(t.path()).unwrap().join("top");
+        std::fs::create_dir_all(top.join("x")).unwrap();
+        let anchor = Anchor::open(&top).unwrap();
+        assert!(!anchor.moved());
+        let held_x = stat_dir(Some(&anchor), &top.join("x")).unwrap();
+        // Another `top` put in its place: the anchor still answers for the
+        // one it holds, and says it moved.
+        std::fs::rename(&top, t.path().join("top.old")).unwrap();
+        std::fs::create_dir_all(top.join("x")).unwrap();
+        let new_x = stat_dir(None, &top.join("x")).unwrap();
+        assert_eq!(
+            stat_dir(Some(&anchor), &top.join("x")).map(|s| (s.dev, s.ino)),
+            Some((held_x.dev, held_x.ino))
+        );
+        assert_ne!((new_x.dev, new_x.ino), (held_x.dev, held_x.ino));
+        assert!(anchor.moved());
+        // Gone altogether: moved too.
+        std::fs::remove_dir_all(&top).unwrap();
+        assert!(anchor.moved());
+    }
+
+    #[test]
     fn a_listing_is_reused_only_while_the_directory_is_unchanged() {
         let t = tempfile::tempdir().unwrap();
         if !keeps_listings(t.path()) {
             return;
         }
-        let dir = std::fs::canonicalize(t.path()).unwrap();
+        // In a directory of its own, whose stamp nothing else changes.
+        let dir = std::fs::canonicalize(t.path()).unwrap().join("d");
+        std::fs::create_dir(&dir).unwrap();
         std::fs::write(dir.join("a"), "").unwrap();
         // What it holds, read through one open file.
         let read = |d: &Path| {

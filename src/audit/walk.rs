@@ -265,20 +265,11 @@ pub struct Places {
 pub fn walk(places: &Places) -> Walked {
     let mut out = Walked::default();
     for root in &places.roots {
-        let mut budget = MAX_ENTRIES;
         out.dirs.push(root.clone());
         if root.join(".git").symlink_metadata().is_ok() {
             out.work_trees.push(root.clone());
         }
-        let mut seen_dirs = std::collections::HashSet::new();
-        let ctx = Ctx {
-            root,
-            anchor: crate::listing::Anchor::open(root),
-            skip: &places.skip,
-            follow: &places.follow,
-            euid: nix::unistd::geteuid().as_raw(),
-        };
-        walk_dir(&ctx, root, 0, false, &mut budget, &mut seen_dirs, &mut out);
+        let budget = walk_top(root, false, &places.skip, &places.follow, &mut out);
         if budget == 0 {
             out.cut.push((
                 root.clone(),
@@ -293,17 +284,8 @@ pub fn walk(places: &Places) -> Walked {
         if seen.kind != Kind::Dir {
             continue;
         }
-        let mut budget = MAX_ENTRIES;
         out.dirs.push(tree.clone());
-        let mut seen_dirs = std::collections::HashSet::new();
-        let ctx = Ctx {
-            root: tree,
-            anchor: crate::listing::Anchor::open(tree),
-            skip: &[],
-            follow: &[],
-            euid: nix::unistd::geteuid().as_raw(),
-        };
-        walk_dir(&ctx, tree, 0, true, &mut budget, &mut seen_dirs, &mut out);
+        let budget = walk_top(tree, true, &[], &[], &mut out);
         if budget == 0 {
             out.cut.push((
                 tree.clone(),
@@ -317,6 +299,67 @@ pub fn walk(places: &Places) -> Walked {
         }
     }
     out
+}
+
+/// Walks the top directory `top` (a root, or a tree: `in_hidden`) into
+/// `out`; the budget left. Each directory is asked about relative to `top`
+/// held open (`listing::Anchor`). Where `top` is no longer the directory
+/// held once the walk is done (renamed, or another swapped in meanwhile),
+/// what the walk found is dropped and `top` is walked again by whole
+/// paths: a directory put in its place is never judged by the stamps of
+/// the one it replaced.
+fn walk_top(
+    top: &Path,
+    in_hidden: bool,
+    skip: &[PathBuf],
+    follow: &[PathBuf],
+    out: &mut Walked,
+) -> usize {
+    let mut anchor = crate::listing::Anchor::open(top);
+    loop {
+        let mut budget = MAX_ENTRIES;
+        let mut seen_dirs = std::collections::HashSet::new();
+        let mut part = Walked::default();
+        let ctx = Ctx {
+            root: top,
+            anchor,
+            skip,
+            follow,
+            euid: nix::unistd::geteuid().as_raw(),
+        };
+        walk_dir(
+            &ctx,
+            top,
+            0,
+            in_hidden,
+            &mut budget,
+            &mut seen_dirs,
+            &mut part,
+        );
+        if ctx
+            .anchor
+            .as_ref()
+            .is_some_and(crate::listing::Anchor::moved)
+        {
+            anchor = None;
+            continue;
+        }
+        out.absorb(part);
+        return budget;
+    }
+}
+
+impl Walked {
+    /// Adds what another walk found.
+    fn absorb(&mut self, other: Walked) {
+        self.entries.extend(other.entries);
+        self.work_trees.extend(other.work_trees);
+        self.dirs.extend(other.dirs);
+        self.cut.extend(other.cut);
+        self.bare.extend(other.bare);
+        self.dir_links.extend(other.dir_links);
+        self.unreadable.extend(other.unreadable);
+    }
 }
 
 /// Whether `name`, in a directory that is hidden or not (`in_hidden`),

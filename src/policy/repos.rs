@@ -51,8 +51,18 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
         repos.push(repo);
     }
     let mut budget = MAX_ENTRIES;
+    // Asked relative to the root held open; walked again by whole paths
+    // where another directory took the root's place meanwhile (see
+    // `listing::Anchor::moved`).
     let anchor = crate::listing::Anchor::open(root);
-    if !walk(anchor.as_ref(), root, 0, &mut budget, hooks, &mut repos) {
+    let mut nested = Vec::new();
+    let mut whole = walk(anchor.as_ref(), root, 0, &mut budget, hooks, &mut nested);
+    if anchor.as_ref().is_some_and(crate::listing::Anchor::moved) {
+        (budget, nested) = (MAX_ENTRIES, Vec::new());
+        whole = walk(None, root, 0, &mut budget, hooks, &mut nested);
+    }
+    repos.extend(nested);
+    if !whole {
         // Once per root, not once per directory the walk was in.
         tracing::warn!(root = %root.display(), "stopped looking for nested git repositories after {MAX_ENTRIES} entries: one further in has no read-only hooks or config (the audit still looks at what a command leaves there)");
     }
