@@ -14,7 +14,7 @@
 //! says so (`Walked::cut`): what lies past it is not checked, and the user
 //! is told, never left to assume it was.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
@@ -315,37 +315,27 @@ fn walk_top(
     follow: &[PathBuf],
     out: &mut Walked,
 ) -> usize {
+    let euid = nix::unistd::geteuid().as_raw();
     let mut anchor = crate::listing::Anchor::open(top);
     loop {
-        let mut budget = MAX_ENTRIES;
-        let mut seen_dirs = std::collections::HashSet::new();
-        let mut part = Walked::default();
+        let (mut budget, mut seen, mut part) = (MAX_ENTRIES, HashSet::new(), Walked::default());
         let ctx = Ctx {
             root: top,
             anchor,
             skip,
             follow,
-            euid: nix::unistd::geteuid().as_raw(),
+            euid,
         };
-        walk_dir(
-            &ctx,
-            top,
-            0,
-            in_hidden,
-            &mut budget,
-            &mut seen_dirs,
-            &mut part,
-        );
-        if ctx
+        walk_dir(&ctx, top, 0, in_hidden, &mut budget, &mut seen, &mut part);
+        if !ctx
             .anchor
             .as_ref()
             .is_some_and(crate::listing::Anchor::moved)
         {
-            anchor = None;
-            continue;
+            out.absorb(part);
+            return budget;
         }
-        out.absorb(part);
-        return budget;
+        anchor = None;
     }
 }
 
