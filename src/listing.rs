@@ -316,6 +316,18 @@ impl Anchor {
     }
 }
 
+/// Runs `walk` with `top` held open, and once more by whole paths (no
+/// anchor) where another directory took `top`'s place meanwhile (see
+/// [`Anchor::moved`]): the answer of the walk that stands.
+pub fn walk_anchored<T>(top: &Path, mut walk: impl FnMut(Option<&Anchor>) -> T) -> T {
+    let anchor = Anchor::open(top);
+    let walked = walk(anchor.as_ref());
+    if anchor.as_ref().is_some_and(Anchor::moved) {
+        return walk(None);
+    }
+    walked
+}
+
 /// What `dir` is now, following a symlink as `std::fs::metadata` does:
 /// asked relative to `anchor` where `dir` lies beneath it.
 pub fn stat_dir(anchor: Option<&Anchor>, dir: &Path) -> Option<DirStat> {

@@ -303,11 +303,10 @@ pub fn walk(places: &Places) -> Walked {
 
 /// Walks the top directory `top` (a root, or a tree: `in_hidden`) into
 /// `out`; the budget left. Each directory is asked about relative to `top`
-/// held open (`listing::Anchor`). Where `top` is no longer the directory
-/// held once the walk is done (renamed, or another swapped in meanwhile),
-/// what the walk found is dropped and `top` is walked again by whole
-/// paths: a directory put in its place is never judged by the stamps of
-/// the one it replaced.
+/// held open, and the walk is made again by whole paths where another
+/// directory took `top`'s place meanwhile (`listing::walk_anchored`): a
+/// directory put in its place is never judged by the stamps of the one it
+/// replaced.
 fn walk_top(
     top: &Path,
     in_hidden: bool,
@@ -316,8 +315,7 @@ fn walk_top(
     out: &mut Walked,
 ) -> usize {
     let euid = nix::unistd::geteuid().as_raw();
-    let mut anchor = crate::listing::Anchor::open(top);
-    loop {
+    let (budget, part) = crate::listing::walk_anchored(top, |anchor| {
         let (mut budget, mut seen, mut part) = (MAX_ENTRIES, HashSet::new(), Walked::default());
         let ctx = Ctx {
             root: top,
@@ -327,16 +325,10 @@ fn walk_top(
             euid,
         };
         walk_dir(&ctx, top, 0, in_hidden, &mut budget, &mut seen, &mut part);
-        if !ctx
-            .anchor
-            .as_ref()
-            .is_some_and(crate::listing::Anchor::moved)
-        {
-            out.absorb(part);
-            return budget;
-        }
-        anchor = None;
-    }
+        (budget, part)
+    });
+    out.absorb(part);
+    budget
 }
 
 impl Walked {
@@ -410,7 +402,7 @@ fn give_back(dir: &Path) -> bool {
 struct Ctx<'a> {
     root: &'a Path,
     /// The root held open: each directory is asked about relative to it.
-    anchor: Option<crate::listing::Anchor>,
+    anchor: Option<&'a crate::listing::Anchor>,
     skip: &'a [PathBuf],
     follow: &'a [PathBuf],
     /// Who walks (asked once, not at every directory).
@@ -442,7 +434,7 @@ fn walk_dir(
     // when last listed is still what it holds (`crate::listing`): asked
     // after the time is taken.
     let listed_at = crate::listing::now();
-    let stat = crate::listing::stat_dir(ctx.anchor.as_ref(), dir);
+    let stat = crate::listing::stat_dir(ctx.anchor, dir);
     if let Some(s) = &stat {
         if !seen_dirs.insert((s.dev, s.ino, in_hidden)) {
             return None;

@@ -50,17 +50,11 @@ fn find_repos_with(root: &Path, hooks: bool) -> Vec<Repo> {
     if let Some(repo) = enclosing_repo(root, hooks) {
         repos.push(repo);
     }
-    let mut budget = MAX_ENTRIES;
-    // Asked relative to the root held open; walked again by whole paths
-    // where another directory took the root's place meanwhile (see
-    // `listing::Anchor::moved`).
-    let anchor = crate::listing::Anchor::open(root);
-    let mut nested = Vec::new();
-    let mut whole = walk(anchor.as_ref(), root, 0, &mut budget, hooks, &mut nested);
-    if anchor.as_ref().is_some_and(crate::listing::Anchor::moved) {
-        (budget, nested) = (MAX_ENTRIES, Vec::new());
-        whole = walk(None, root, 0, &mut budget, hooks, &mut nested);
-    }
+    let (whole, nested) = crate::listing::walk_anchored(root, |anchor| {
+        let (mut budget, mut nested) = (MAX_ENTRIES, Vec::new());
+        let whole = walk(anchor, root, 0, &mut budget, hooks, &mut nested);
+        (whole, nested)
+    });
     repos.extend(nested);
     if !whole {
         // Once per root, not once per directory the walk was in.
