@@ -295,6 +295,134 @@ fn every_write_operation_in_every_place_as_an_unprivileged_user() {
     );
 }
 
+/// The landlock-only level (a machine that refuses namespaces): no mounts,
+/// so Landlock alone keeps every write of contents and names outside the
+/// writable set out, truncation included. What Landlock does not cover (a
+/// file's mode, times, extended attributes) the level's description says.
+#[test]
+fn landlock_alone_refuses_every_write_outside() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let ops = p.ws.parent().unwrap().join("ops.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
+        &ops,
+    )
+    .unwrap();
+    // The host's own /tmp at this level: a directory of this test's there.
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tmp.path().to_str().unwrap().to_owned();
+    let setup = format!(
+        "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {} {} {} {tmp}",
+        ops.display(),
+        p.ws.display(),
+        p.outside.display()
+    );
+    let argv: Vec<String> = [
+        "env",
+        "ZCODE_ACP_TEST_NO_NAMESPACES=1",
+        BIN,
+        "run",
+        "--workspace",
+        p.ws.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &setup,
+    ]
+    .map(String::from)
+    .to_vec();
+    let (out, _) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("landlock-only"), "{stderr}");
+    let r = results(&out);
+    assert_eq!(
+        r.get("workspace:truncate"),
+        Some(&(true, String::new())),
+        "{stderr}"
+    );
+    let handles_truncation = zcode_acp::linux::landlock_abi() >= 3;
+    if !handles_truncation {
+        skip("truncation: this kernel's Landlock (ABI < 3) has no right for it");
+    }
+    // Landlock has no right for these: see `Level::name`.
+    let uncovered = ["chmod", "utimes", "setxattr"];
+    for (name, (ok, err)) in &r {
+        let (place, op) = name.split_once(':').unwrap();
+        let outside = place == "outside"
+            || (place == "symlink" && op != "unlink")
+            || name.contains("_outside")
+            || name.contains("outside_");
+        if outside && !uncovered.contains(&op) && (op != "truncate" || handles_truncation) {
+            assert!(!ok, "{name}: ok={ok} err={err}");
+        }
+    }
+    if handles_truncation {
+        assert_eq!(content(&p.outside.join("existing")), "original");
+    }
+    assert!(!p.outside.join("file").exists());
+}
+
+/// A file of yours handed in as stdin (`run -- cmd < notes`) was opened on
+/// the host's writable mount, and `/proc/self/fd/0` reopens it past the
+/// read-only ones: at the full level too, Landlock's truncation right is
+/// all that refuses truncating it there (found by review, when leaving
+/// truncation to the mounts was tried).
+#[test]
+fn a_file_handed_in_on_stdin_is_not_truncated_through_proc() {
+    if !require_kernel_features() {
+        return;
+    }
+    if zcode_acp::linux::landlock_abi() < 3 {
+        skip("this kernel's Landlock (ABI < 3) has no right for truncation");
+        return;
+    }
+    let p = places();
+    let notes = p.outside.join("existing");
+    let attempts = r#"
+import os
+for how in ("truncate", "open"):
+    try:
+        if how == "truncate":
+            os.truncate("/proc/self/fd/0", 0)
+        else:
+            os.close(os.open("/proc/self/fd/0", os.O_RDONLY | os.O_TRUNC))
+        print(how, "ok")
+    except OSError as e:
+        print(how, "refused", e.errno)
+"#;
+    let argv: Vec<String> = [
+        "sh",
+        "-c",
+        r#"exec "$@" < "$NOTES""#,
+        "sh",
+        BIN,
+        "run",
+        "--workspace",
+        p.ws.to_str().unwrap(),
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        attempts,
+    ]
+    .map(String::from)
+    .to_vec();
+    let argv: Vec<String> = ["env".to_owned(), format!("NOTES={}", notes.display())]
+        .into_iter()
+        .chain(argv)
+        .collect();
+    let (out, _) = run_argv_in_outer_ns_as(&p.ws, &argv, None, None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("truncate refused") && stdout.contains("open refused"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(content(&notes), "original");
+}
+
 /// The armed bridge in front of the shell agent, run by `user` with its
 /// own copy of the binary, and a session in the user's workspace.
 fn armed_editor_as(user: &TestUser) -> (common::Editor, PathBuf, String) {
