@@ -66,7 +66,7 @@ pub fn project_key(root: &Path) -> String {
 
 /// FNV-1a, 64 bits: stable names, and a check against torn files (not
 /// against forgery).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -31,13 +31,30 @@
 
 use std::io::Write;
 
-// Enough to find a torn or truncated file.
-use crate::config::managed::fnv1a as checksum;
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::*;
 
-const MAGIC: &[u8] = b"zcode-acp listings 2\n";
+const MAGIC: &[u8] = b"zcode-acp listings 3\n";
+
+/// A checksum of `bytes`, eight at a time: enough to find a torn or
+/// truncated file, or a changed byte (against accidents, not forgery; see
+/// the module's header). For a given word each step is a bijection of the
+/// running value, so a change within one word always changes the sum.
+/// (Byte-at-a-time FNV-1a took 0.3 ms of a run's start for a repository
+/// of 20,000 files; this about a sixth of that.)
+fn checksum(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let step = |h: u64, word: u64| (h.rotate_left(23) ^ word).wrapping_mul(K);
+    let mut words = bytes.chunks_exact(8);
+    let mut h = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
+    for w in &mut words {
+        h = step(h, u64::from_le_bytes(w.try_into().unwrap_or_default()));
+    }
+    let mut tail = [0u8; 8];
+    tail[..words.remainder().len()].copy_from_slice(words.remainder());
+    step(h, u64::from_le_bytes(tail))
+}
 
 /// How far the wall clock is ahead of the time since boot, in nanoseconds:
 /// it shrinks when the clock is set back.
@@ -277,6 +294,7 @@ fn read_own(path: &Path) -> Option<Vec<u8>> {
 /// Takes in what a saved file holds, within the bound on what is kept.
 fn take(kept: &mut Kept, latest: SystemTime, listings: Vec<Saved>) {
     kept.latest = kept.latest.max(Some(latest));
+    kept.by_dir.reserve(listings.len());
     for (dir, stamp, listing) in listings {
         let size = dir.as_os_str().len() + listing.size() + PER_DIR;
         if kept.bytes + size > MAX_BYTES {
