@@ -48,6 +48,18 @@ fn alternate(n: usize, mut run: impl FnMut(bool) -> Duration) -> (Duration, Dura
     (median(bare), median(boxed))
 }
 
+/// Lets the disk settle before a row that arms: the rows before it make
+/// and remove trees of 20,000 files, and while the file system's journal
+/// commits that, each directory or file an arming makes (its private
+/// directory, its launch spec) can wait milliseconds for it: the
+/// `initialize` row read +15.9 ms so, against +4 to +5 ms by hand on a
+/// quiet disk. A user's editor does not start in the second after 40,000
+/// unlinks.
+fn settle() {
+    let _ = Command::new("sync").status();
+    std::thread::sleep(Duration::from_secs(1));
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -75,6 +87,7 @@ pub fn spawn_in(n: usize, argv: &[&str], what: &str, files: usize) -> String {
     let at = place();
     if files > 0 {
         fill_as_a_repository(&at.ws, files);
+        settle();
         // As a user's project is when a command runs: its directories not
         // changed in the last seconds (a directory changed within three
         // seconds of a walk is listed afresh by every walk; src/listing.rs).
@@ -228,6 +241,7 @@ fn spawn_row(what: &str, base: Duration, ours: Duration) -> String {
 /// from an armed one rewritten to the sandbox helper, which enters the
 /// running generation's namespaces. Timed: the editor's spawn until the exit.
 pub fn terminal_spawn(n: usize) -> String {
+    settle();
     let at = place();
     let ws = &at.ws;
     let mut times = [Vec::new(), Vec::new()];
@@ -306,6 +320,7 @@ pub fn terminal_spawn(n: usize) -> String {
 /// From starting the bridge to its answer to `initialize`, armed and not
 /// (the same python agent behind both).
 pub fn initialize_answer(n: usize) -> String {
+    settle();
     let at = place();
     let mut times = [Vec::new(), Vec::new()];
     for _ in 0..n {
@@ -522,6 +537,7 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
 pub fn turn_end_in(n: usize, files: usize) -> String {
     let at = place();
     fill_as_a_repository(&at.ws, files);
+    settle();
     // As a user's project is when the agent works in it (see `spawn_in`).
     std::thread::sleep(zcode_acp::listing::RACY + Duration::from_millis(500));
     let mut times = [Vec::new(), Vec::new()];
