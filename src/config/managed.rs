@@ -64,8 +64,8 @@ pub fn project_key(root: &Path) -> String {
     format!("{:016x}", fnv1a(root.as_os_str().as_bytes()))
 }
 
-/// FNV-1a, 64 bits: stable names, and a check against torn files (not
-/// against forgery).
+/// FNV-1a, 64 bits: the stable names of project directories on disk
+/// (changing it would orphan every project's layers and ledgers).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)

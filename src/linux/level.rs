@@ -35,7 +35,7 @@ impl Level {
             Level::Full => "full (namespaces+Landlock)",
             Level::MountsOnly => "mounts-only (no Landlock: device nodes stay writable; install a kernel with Landlock, 5.13 or later, for the full sandbox)",
             Level::LandlockOnly => {
-                "landlock-only (no namespaces: the Unix sockets of your session (D-Bus, ssh-agent, docker, tmux, X11) are NOT closed, so the agent can ask a service to run what it likes; /tmp and your caches are shared with it; protected paths and islands inside the workspace are not enforced by the kernel; Landlock does not cover a file's mode, times or extended attributes, so the agent can change those of your files anywhere (chmod, touch, setfattr; never their contents); there is no PID namespace. Allow unprivileged user namespaces (on Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0; in a container: a seccomp profile that permits them) for the full sandbox)"
+                "landlock-only (no namespaces: the Unix sockets of your session (D-Bus, ssh-agent, docker, tmux, X11) are NOT closed, so the agent can ask a service to run what it likes; /tmp and your caches are shared with it; protected paths and islands inside the workspace are not enforced by the kernel; Landlock does not cover a file's mode, group, times or extended attributes, so the agent can change those of your files anywhere (chmod, chgrp, touch, setfattr; not their contents, nor, with Landlock ABI 3 (Linux 6.2), their length); there is no PID namespace. Allow unprivileged user namespaces (on Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0; in a container: a seccomp profile that permits them) for the full sandbox)"
             }
         }
     }

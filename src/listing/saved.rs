@@ -39,10 +39,13 @@ const MAGIC: &[u8] = b"zcode-acp listings 3\n";
 
 /// A checksum of `bytes`, eight at a time: enough to find a torn or
 /// truncated file, or a changed byte (against accidents, not forgery; see
-/// the module's header). For a given word each step is a bijection of the
-/// running value, so a change within one word always changes the sum.
-/// (Byte-at-a-time FNV-1a took 0.3 ms of a run's start for a repository
-/// of 20,000 files; this about a sixth of that.)
+/// the module's header). Each step is a bijection of the running value for
+/// a given word, and of the word for a given running value (a rotation,
+/// an xor, a multiplication by an odd constant), so a change within one
+/// aligned 8-byte word always changes the sum; one across words is caught
+/// but for one chance in 2^64. The length goes into the seed, so a tail
+/// padded with zeros is not another file's. (Byte-at-a-time FNV-1a took
+/// 0.28 ms of a run's start for a repository of 20,000 files; this 0.045.)
 fn checksum(bytes: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let step = |h: u64, word: u64| (h.rotate_left(23) ^ word).wrapping_mul(K);
