@@ -298,7 +298,9 @@ fn every_write_operation_in_every_place_as_an_unprivileged_user() {
 /// The landlock-only level (a machine that refuses namespaces): no mounts,
 /// so Landlock alone keeps every write of contents and names outside the
 /// writable set out, truncation included. What Landlock does not cover (a
-/// file's mode, times, extended attributes) the level's description says.
+/// file's mode, group, times, extended attributes) the level's description
+/// says; changing the owner or group to another's needs a capability the
+/// sandbox drops, so `chown` is refused here too.
 #[test]
 fn landlock_alone_refuses_every_write_outside() {
     if !require_kernel_features() {
