@@ -261,20 +261,36 @@ fn content(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| format!("<{e}>"))
 }
 
-#[test]
-fn every_write_operation_in_every_place() {
-    if !require_kernel_features() {
-        return;
-    }
-    let p = places();
-    // The script must be visible inside: not in the host's /tmp, where the
-    // repository may have been cloned.
+/// tests/fixtures/ops.py copied beside the places, where the sandbox
+/// shows it (not the host's /tmp, where the repository may have been
+/// cloned).
+fn copy_ops(p: &Places) -> PathBuf {
     let ops = p.ws.parent().unwrap().join("ops.py");
     std::fs::copy(
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
         &ops,
     )
     .unwrap();
+    ops
+}
+
+/// The shell line that lays out `tmp`'s own places and runs the ops
+/// script over the workspace, the outside and `tmp`.
+fn ops_setup(p: &Places, ops: &str, tmp: &str) -> String {
+    format!(
+        "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {ops} {} {} {tmp}",
+        p.ws.display(),
+        p.outside.display()
+    )
+}
+
+#[test]
+fn every_write_operation_in_every_place() {
+    if !require_kernel_features() {
+        return;
+    }
+    let p = places();
+    let ops = copy_ops(&p);
     write_matrix(&p, None, ops.to_str().unwrap());
 }
 
@@ -307,21 +323,11 @@ fn landlock_alone_refuses_every_write_outside() {
         return;
     }
     let p = places();
-    let ops = p.ws.parent().unwrap().join("ops.py");
-    std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops.py"),
-        &ops,
-    )
-    .unwrap();
+    let ops = copy_ops(&p);
     // The host's own /tmp at this level: a directory of this test's there.
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let tmp = tmp.path().to_str().unwrap().to_owned();
-    let setup = format!(
-        "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {} {} {} {tmp}",
-        ops.display(),
-        p.ws.display(),
-        p.outside.display()
-    );
+    let setup = ops_setup(&p, ops.to_str().unwrap(), &tmp);
     let argv: Vec<String> = [
         "env",
         "ZCODE_ACP_TEST_NO_NAMESPACES=1",
@@ -527,11 +533,7 @@ fn refused_connections_are_put_to_an_unprivileged_user() {
 
 fn write_matrix(p: &Places, user: Option<&TestUser>, ops: &str) {
     let tmp = "/tmp/zcode-acp-ops";
-    let setup = format!(
-        "mkdir -p {tmp}/olddir && for f in existing movable; do echo original > {tmp}/$f; done && exec /usr/bin/python3 {ops} {} {} {tmp}",
-        p.ws.display(),
-        p.outside.display()
-    );
+    let setup = ops_setup(p, ops, tmp);
     let ws = p.ws.to_str().unwrap();
     let (out, outer_unchanged) = run_in_outer_ns_as(
         &p.ws,
