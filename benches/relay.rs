@@ -14,6 +14,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_zcode-acp");
 #[cfg(target_os = "linux")]
 #[path = "support/builds.rs"]
 mod builds;
+#[path = "support/goals.rs"]
+mod goals;
 
 #[cfg(target_os = "linux")]
 #[path = "support/network.rs"]
@@ -184,6 +186,11 @@ fn streamed_notifications(n: usize, sessions: usize, slow: bool) -> String {
     b.stop();
     let bound_kib = (15_000_000 + 2 * largest as u64) / 1024;
     let editor = if slow { "a slow" } else { "a fast" };
+    goals::at_most(
+        &format!("the bridge's peak memory, {n} notifications to {editor} editor, vs its bound"),
+        peak as f64 / bound_kib as f64,
+        1.0,
+    );
     format!(
         "| peak RSS of the bridge while the agent streams {n} notifications over {sessions} sessions to {editor} editor (resident half-way {half} KiB, at the end {end} KiB), vs the bound (15 MB + 2 x the largest frame) | {bound_kib} KiB (bound) | {peak} KiB (bridge) | {:.2}x |",
         peak as f64 / bound_kib as f64
@@ -412,6 +419,11 @@ fn stream_vs_cat(n: usize, size: usize, runs: usize) -> String {
     } else {
         format!("{} KiB", size >> 10)
     };
+    goals::at_least(
+        &format!("stream of {label} notifications: the bridge's throughput vs `cat`'s"),
+        mbs(bridge_time) / mbs(cat_time),
+        goal.parse().unwrap(),
+    );
     format!(
         "| stream of {n} notifications of {label}, agent to editor, median of {runs}: `cat` relaying the same bytes vs the bridge (throughput; higher is better; goal: {goal}x at least) | {:.0} MB/s | {:.0} MB/s | {:.2}x |",
         mbs(cat_time),
@@ -545,6 +557,16 @@ fn run_code_call(n: usize, tool_calls: usize) -> String {
         })
         .collect();
     let (bare, via) = (median(bare), median(timed));
+    goals::at_most(
+        "`run_code` call of `pass` vs bare python",
+        via.as_secs_f64() / bare.as_secs_f64(),
+        2.0,
+    );
+    goals::at_most(
+        &format!("{tool_calls} MCP tool calls: one `run_code` call per tool call vs one for all"),
+        in_one.as_secs_f64() / separate.as_secs_f64(),
+        0.1,
+    );
     format!(
         "| `run_code` call of `pass` (python, through `zcode-acp mcp`, sandboxed) vs bare `python3 -c pass` ({n} each; goal: 2x at most) | {:.1} ms | {:.1} ms | {:.2}x |\n\
          | {tool_calls} MCP tool calls (`fs.echo` of the bench's own stdio server): {tool_calls} `run_code` calls of one call each vs one `run_code` call whose python loop makes them all (goal: 0.1x at most, 10x faster) | {:.1} ms | {:.1} ms | {:.3}x |",
@@ -796,6 +818,11 @@ fn supervised_file_work(runs: usize, files: usize) -> Vec<String> {
             supervised.push(run("claude", tmpfs));
         }
         let (p, s) = (median(plain), median(supervised));
+        goals::at_most(
+            &format!("`git clone` + `rm -rf` on {place}: supervised (Claude's profile) vs not"),
+            s.as_secs_f64() / p.as_secs_f64(),
+            1.10,
+        );
         rows.push(format!(
             "| `git clone` + `rm -rf` of {files} files in the workspace on {place}: supervised (Claude's profile) vs not (codex's), {runs} each | {:.0} ms | {:.0} ms | {:.2}x |",
             p.as_secs_f64() * 1e3,
@@ -895,6 +922,12 @@ fn main() {
         let (ds, bs) = (median(direct_small), median(bridged_small));
         let (db, bb) = (median(direct_big), median(bridged_big));
         let added_us = (bs.as_secs_f64() - ds.as_secs_f64()) * 1e6;
+        goals::record(
+            "small request round trip: what the bridge adds",
+            format!("{added_us:.0} µs"),
+            "50 µs at most",
+            added_us <= 50.0,
+        );
         rows.push(format!(
             "| small request round trip, median of {} ({small_n} sequential per round); the bridge adds {added_us:.0} µs (goal: 50 µs at most) | {:.1} µs | {:.1} µs | {:.2}x |",
             small_n as usize * rounds,
@@ -993,6 +1026,11 @@ fn main() {
     #[cfg(target_os = "linux")]
     if full && wants("builds") {
         rows.extend(builds::cache_builds(5));
+    }
+    // The goals first: what a reader looks for.
+    let goals = goals::table();
+    if !goals.is_empty() {
+        println!("{goals}");
     }
     println!("| measurement | baseline (direct) | through zcode-acp | ratio |");
     println!("|---|---|---|---|");

@@ -136,6 +136,27 @@ pub fn spawn_in(n: usize, argv: &[&str], what: &str, files: usize) -> String {
         assert!(status.success(), "bubblewrap failed: {cmd:?}");
     }
     let (b, s, p) = (median(bare), median(ours), median(peer));
+    let name = format!(
+        "`run -- {}`{}",
+        argv.join(" "),
+        if files > 0 {
+            format!(" in a repository of {files} files")
+        } else {
+            String::new()
+        }
+    );
+    crate::goals::at_most(
+        &format!("{name}: vs bubblewrap"),
+        s.as_secs_f64() / p.as_secs_f64(),
+        1.0,
+    );
+    if argv == ["sh", "-c", "true"] && files == 0 {
+        crate::goals::at_most(
+            &format!("{name}: vs bare (the stretch goal)"),
+            s.as_secs_f64() / b.as_secs_f64(),
+            2.0,
+        );
+    }
     format!(
         "| {what} ({n} each, alternating; bubblewrap {:.2} ms, so zcode-acp is {:.2}x bubblewrap, goal: 1x at most) | {:.2} ms | {:.2} ms | {:.1}x |",
         ms(p),
@@ -310,10 +331,16 @@ pub fn terminal_spawn(n: usize) -> String {
         return "| editor terminal (`true`), armed bridge vs unarmed | skipped: the bridge could not arm here (needs Landlock and namespaces) | | |".into();
     }
     let [plain, armed] = times;
+    let (plain, armed) = (median(plain), median(armed));
+    crate::goals::at_most(
+        "editor terminal: armed vs unarmed",
+        armed.as_secs_f64() / plain.as_secs_f64(),
+        1.5,
+    );
     spawn_row(
         &format!("editor terminal (`true`, run by the editor as it is asked): armed bridge (the sandbox helper entering the generation's namespaces) vs unarmed ({n} each, alternating; goal: 1.5x at most)"),
-        median(plain),
-        median(armed),
+        plain,
+        armed,
     )
 }
 
@@ -337,6 +364,12 @@ pub fn initialize_answer(n: usize) -> String {
     }
     let [off, on] = times;
     let (off, on) = (median(off), median(on));
+    crate::goals::record(
+        "start to `initialize`: what the sandbox adds",
+        format!("{:+.1} ms", ms(on) - ms(off)),
+        "+5 ms at most",
+        ms(on) - ms(off) <= 5.0,
+    );
     format!(
         "| start to the `initialize` answer, sandbox on vs off ({n} each, alternating; goal: 5 ms more at most; it is {:+.1} ms) | {:.1} ms | {:.1} ms | {:.2}x |",
         ms(on) - ms(off),
@@ -420,6 +453,12 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
     }
     let (t, a) = (median(total), median(agent));
     let share = t.saturating_sub(a);
+    crate::goals::record(
+        &format!("re-arm with {sessions} sessions: the bridge's share"),
+        format!("{:.1} ms", ms(share)),
+        "20 ms at most",
+        ms(share) <= 20.0,
+    );
     format!(
         "| re-arm with {sessions} live sessions, from the trigger to the first session answering again ({runs} runs): the agent's own start and restores (asked directly) vs the whole; the bridge's share is {:.1} ms (goal: 20 ms at most) | {:.1} ms | {:.1} ms | {:.2}x |",
         ms(share),
@@ -509,6 +548,11 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
             }
         }
         let (b, s) = (median(bare), median(ours));
+        crate::goals::at_most(
+            &format!("file-heavy work on {place}: under `run` vs bare"),
+            s.as_secs_f64() / b.as_secs_f64(),
+            1.05,
+        );
         let peer = if peer.is_empty() {
             String::new()
         } else {

@@ -425,7 +425,13 @@ async fn mirror(judge: &Judge, mut client: TcpStream, port: u16) {
     for host in order {
         match judge.connect(host, port).await {
             Ok(mut upstream) => {
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut client,
+                    &mut upstream,
+                    super::ledger::CHUNK,
+                    super::ledger::CHUNK,
+                )
+                .await;
                 return;
             }
             Err(Refusal::Denied(why) | Refusal::Failed(why)) => {
