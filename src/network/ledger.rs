@@ -557,8 +557,9 @@ impl std::os::fd::AsRawFd for Source {
 
 /// The most a relay moves per read, each way (the mirror's too). tokio's
 /// own copy moves 8 KiB at a time: with 64 KiB, a download through the
-/// mirror went from 0.66x to 0.85x of bare (BENCHMARKS.md, tenth stop).
-/// A connection holds two such buffers.
+/// mirror went from 0.64x-0.68x of bare to 0.83x-0.86x (BENCHMARKS.md,
+/// tenth stop). A connection holds two such buffers, 128 KiB, idle or not,
+/// for as long as it is open (the proxy's connection slots bound how many).
 pub const CHUNK: usize = 64 * 1024;
 
 /// A destination's connection, carried both ways and counted. Before a
