@@ -793,7 +793,8 @@ fn run_command(
 
 /// `zcode-acp run` ends with what the command sent through the proxy, per
 /// destination, with the byte counts the other end received; the exact
-/// count of an upload is the body the host got and the request's head.
+/// count of an upload is the body the host got and the request's head; a
+/// download is counted whole.
 #[test]
 fn run_says_what_the_command_sent_where() {
     if !can_make_the_world() {
@@ -803,6 +804,7 @@ fn run_says_what_the_command_sent_where() {
     let size = 3_000_000;
     let script = format!(
         "head -c {size} /dev/zero > up.bin; curl -sS -m 30 -T up.bin http://198.51.100.2:8080/up; \
+         curl -sS -m 30 -o down.bin http://198.51.100.2:8080/bytes/{size}; wc -c < down.bin; \
          curl -sS -m 30 http://198.51.100.2:8080/; curl -sS -m 30 http://198.51.100.3:8080/; echo done"
     );
     let out = run_in_host(
@@ -825,9 +827,13 @@ fn run_says_what_the_command_sent_where() {
         .find(|l| l.trim_start().starts_with("198.51.100.2:8080"))
         .unwrap_or_else(|| panic!("no line for the host: {stderr}"));
     assert!(
-        line.contains("a large upload") && line.contains("2 connections"),
+        line.contains("a large upload") && line.contains("3 connections"),
         "{line}"
     );
+    // The download, counted whole, though the proxy counts what has come
+    // back in batches.
+    assert!(stdout.contains(&format!("\n{size}\n")), "{stdout}{stderr}");
+    assert!(line.contains("received 3.0 MB"), "{line}");
     let sent: usize = line
         .split(" bytes)")
         .next()
