@@ -126,21 +126,87 @@ pub fn descendants_in(procs: &[ProcInfo], root: i32) -> Vec<ProcInfo> {
 
 /// Descendants of this process, right now.
 pub fn my_descendants() -> Vec<ProcInfo> {
-    descendants_in(&snapshot(), std::process::id() as i32)
+    descendants(std::process::id() as i32)
+}
+
+/// Every descendant of `root`, right now. On Linux each process's own
+/// list of children is read (`/proc/PID/task/TID/children`), so only the
+/// tree is read, not every process of the machine: a scan of `/proc`
+/// costs about 10 µs a process (1.3 ms for this machine's 129, more on a
+/// desktop's), and the bridge looks at each `SIGCHLD` and each stop of a
+/// generation. Like a scan, the lists are made as the kernel walks them:
+/// a process that forks or exits meanwhile can be missed, so callers that
+/// must see every process look again until none is left. Where the lists
+/// do not exist (a kernel without `CONFIG_PROC_CHILDREN`), every process
+/// is read.
+pub fn descendants(root: i32) -> Vec<ProcInfo> {
+    #[cfg(target_os = "linux")]
+    if let Some(first) = children_of(root) {
+        let mut found: Vec<ProcInfo> = Vec::new();
+        let mut frontier = first;
+        while let Some(p) = frontier.pop() {
+            if p.pid == root || found.iter().any(|f| f.pid == p.pid) {
+                continue;
+            }
+            found.push(p);
+            frontier.extend(children_of(p.pid).unwrap_or_default());
+        }
+        return found;
+    }
+    descendants_in(&snapshot(), root)
+}
+
+/// The children of `pid` (zombies included), from the lists of its
+/// threads; `None` where the kernel keeps no such list, or `pid` is gone.
+#[cfg(target_os = "linux")]
+fn children_of(pid: i32) -> Option<Vec<ProcInfo>> {
+    // The main thread's list first: its absence means no lists at all.
+    let main = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    let mut pids: Vec<String> = main.split_ascii_whitespace().map(str::to_owned).collect();
+    // A child belongs to the thread that made it (a thread's that ended
+    // passes to another of the process's threads).
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            if task.file_name().to_str() == Some(pid.to_string().as_str()) {
+                continue;
+            }
+            if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+                pids.extend(list.split_ascii_whitespace().map(str::to_owned));
+            }
+        }
+    }
+    Some(
+        pids.iter()
+            .filter_map(|child| {
+                // A child can exit and be reaped between the list and here.
+                let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+                parse_stat(&stat).filter(|p| p.ppid == pid)
+            })
+            .collect(),
+    )
+}
+
+/// The children of this process, zombies included.
+fn my_children() -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    #[cfg(target_os = "linux")]
+    if let Some(children) = children_of(me) {
+        return children;
+    }
+    snapshot().into_iter().filter(|p| p.ppid == me).collect()
 }
 
 /// Reaps zombie children of this process, except `spare` (a child whose
 /// exit status another owner, such as tokio's child handle, will collect).
 /// Returns how many were reaped.
 pub fn reap_zombie_children(spare: &[i32]) -> usize {
-    let me = std::process::id() as i32;
     // Children a thread of ours waits for itself (`crate::children`) are
     // theirs too.
     crate::children::with_owned(|owned| {
         let mut reaped = 0;
-        for p in snapshot() {
+        for p in my_children() {
             let theirs = spare.contains(&p.pid) || owned.contains(&(p.pid as u32));
-            if p.ppid == me && p.is_zombie() && !theirs {
+            if p.is_zombie() && !theirs {
                 if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
                     if status.pid().is_some() {
                         reaped += 1;
@@ -215,5 +281,37 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(found);
+    }
+
+    /// The tree read from each process's list of children is the tree the
+    /// parent links of every process give: a grandchild too.
+    #[test]
+    fn descendants_are_the_tree_a_scan_finds() {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let grandchild: i32 = line.trim().parse().unwrap();
+        let sh = child.id() as i32;
+        let mut read: Vec<i32> = descendants(sh).iter().map(|p| p.pid).collect();
+        let mut scanned: Vec<i32> = descendants_in(&snapshot(), sh)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let mine = my_descendants();
+        let _ = nix::sys::signal::kill(Pid::from_raw(grandchild), nix::sys::signal::SIGKILL);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        read.sort();
+        scanned.sort();
+        assert_eq!(read, vec![grandchild]);
+        assert_eq!(read, scanned);
+        assert!(mine.iter().any(|p| p.pid == sh) && mine.iter().any(|p| p.pid == grandchild));
     }
 }

@@ -395,7 +395,18 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
     let (home, ws) = (&at.home, &at.ws);
     let (mut total, mut agent) = (Vec::new(), Vec::new());
     for run in 0..runs {
-        let mut b = bridge(&at, true);
+        // The agent offers `session/load`, as the agents a user runs do:
+        // without it every session is lost at the re-arm, and nothing is
+        // restored.
+        let mut b = Bridged::start(
+            home,
+            &[FAKE_AGENT],
+            &[
+                ("FAKE_AGENT_DIR", &at.state),
+                ("FAKE_LOAD", Path::new("1")),
+                ("ZCODE_ACP_SANDBOX", Path::new("1")),
+            ],
+        );
         let mut sids = vec![b.handshake(ws)];
         for i in 1..sessions {
             sids.push(b.new_session(ws, 100 + i as u64));
@@ -418,6 +429,11 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         b.stdin.flush().unwrap();
         super::read_to_answer(&mut b.stdout, &mut b.line, 901);
         total.push(start.elapsed());
+        let answer = String::from_utf8_lossy(&b.line);
+        assert!(
+            answer.contains(r#""result""#),
+            "the restored session's prompt was not answered: {answer}"
+        );
         b.stop();
 
         // The agent alone: started, initialized, every session restored.

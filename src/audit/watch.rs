@@ -65,6 +65,20 @@ impl Drop for Watcher {
     }
 }
 
+impl Watcher {
+    /// Stops the watcher without waiting for its thread to end. The
+    /// thread closes its inotify instance as it ends, and the kernel makes
+    /// that wait for a grace period of its own (fsnotify's SRCU): 0.2 to
+    /// 14 ms here, which a re-arm's loop used to wait out before it asked
+    /// the new agent anything. The thread may still hand over one last
+    /// change while it ends; a look at it is a look too many, never one
+    /// too few.
+    pub fn let_go(mut self) {
+        drop(self.stop.take());
+        drop(self.thread.take());
+    }
+}
+
 /// The watcher thread's end of the stop pipe.
 struct StopSignal(OwnedFd);
 

@@ -428,14 +428,14 @@ async fn kill_all_descendants(main_pid: i32, spare: &[i32]) -> Vec<i32> {
     not_ours.extend_from_slice(spare);
     loop {
         procs::reap_zombie_children(&not_ours);
-        let procs = procs::snapshot();
+        let tree = procs::my_descendants();
         let kept: Vec<i32> = spare
             .iter()
-            .flat_map(|s| procs::descendants_in(&procs, *s))
+            .flat_map(|s| procs::descendants_in(&tree, *s))
             .map(|p| p.pid)
             .chain(spare.iter().copied())
             .collect();
-        let alive: Vec<i32> = procs::descendants_in(&procs, std::process::id() as i32)
+        let alive: Vec<i32> = tree
             .iter()
             .filter(|p| !p.is_zombie() && !kept.contains(&p.pid))
             .map(|p| p.pid)

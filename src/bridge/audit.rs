@@ -17,7 +17,9 @@ impl Bridge {
     pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
         self.audit.looks.outdate();
-        self.audit.watch = None;
+        if let Some(old) = self.audit.watch.take() {
+            old.let_go();
+        }
         if let Some(base) = &baseline {
             for (path, why) in &base.unchecked {
                 warn!(path = %path.display(), "the audit cannot check everything here: {why}; what the agent leaves there is not reverted (open a narrower workspace)");
