@@ -24,6 +24,24 @@ impl ProcInfo {
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, 'Z' | 'X')
     }
+
+    /// Whether nothing of the process runs any more. A process whose main
+    /// thread ended while its other threads run on shows `Z` as well (its
+    /// leader's state), and is not gone: it must still be killed.
+    pub fn is_gone(&self) -> bool {
+        self.is_zombie() && !threads_run_on(self.pid)
+    }
+}
+
+/// Whether a process whose main thread is a zombie still has threads.
+#[cfg(target_os = "linux")]
+fn threads_run_on(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| tasks.count() > 1)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn threads_run_on(_pid: i32) -> bool {
+    false
 }
 
 /// Parses the fields we need from a `/proc/PID/stat` line. The command name
@@ -135,8 +153,10 @@ pub fn my_descendants() -> Vec<ProcInfo> {
 /// costs about 10 µs a process (1.3 ms for this machine's 129, more on a
 /// desktop's), and the bridge looks at each `SIGCHLD` and each stop of a
 /// generation. Like a scan, the lists are made as the kernel walks them:
-/// a process that forks or exits meanwhile can be missed, so callers that
-/// must see every process look again until none is left. Where the lists
+/// a process that forks or exits meanwhile can be missed (a list longer
+/// than one read is resumed by position, where a scan resumes by pid), so
+/// callers that must see every process look again until two looks in a
+/// row find none. Where the lists
 /// do not exist (a kernel without `CONFIG_PROC_CHILDREN`), every process
 /// is read.
 pub fn descendants(root: i32) -> Vec<ProcInfo> {
@@ -161,7 +181,7 @@ pub fn descendants(root: i32) -> Vec<ProcInfo> {
 #[cfg(target_os = "linux")]
 fn children_of(pid: i32) -> Option<Vec<ProcInfo>> {
     // The main thread's list first: its absence means no lists at all.
-    let main = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    let main = read_list(format!("/proc/{pid}/task/{pid}/children")).ok()?;
     let mut pids: Vec<String> = main.split_ascii_whitespace().map(str::to_owned).collect();
     // A child belongs to the thread that made it (a thread's that ended
     // passes to another of the process's threads).
@@ -170,7 +190,7 @@ fn children_of(pid: i32) -> Option<Vec<ProcInfo>> {
             if task.file_name().to_str() == Some(pid.to_string().as_str()) {
                 continue;
             }
-            if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            if let Ok(list) = read_list(task.path().join("children")) {
                 pids.extend(list.split_ascii_whitespace().map(str::to_owned));
             }
         }
@@ -184,6 +204,24 @@ fn children_of(pid: i32) -> Option<Vec<ProcInfo>> {
             })
             .collect(),
     )
+}
+
+/// A list of children in as few reads as it takes (one, for up to some
+/// 600 pids): between two reads the kernel resumes the list by position,
+/// so a child reaped meanwhile would hide the one after it.
+#[cfg(target_os = "linux")]
+fn read_list(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut list = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match file.read(&mut buf)? {
+            0 => break,
+            n => list.extend_from_slice(&buf[..n]),
+        }
+    }
+    Ok(String::from_utf8_lossy(&list).into_owned())
 }
 
 /// The children of this process, zombies included.
@@ -281,6 +319,44 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(found);
+    }
+
+    /// A process whose main thread ended while another runs reads as a
+    /// zombie, and is not gone until it is killed.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_process_whose_main_thread_ended_is_not_gone() {
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, threading, time\n\
+                 threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                 time.sleep(0.1)\n\
+                 ctypes.CDLL(None).syscall(60, 0)",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let info = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !info().is_some_and(|p| p.is_zombie()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the main thread never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let p = info().unwrap();
+        assert!(
+            !p.is_gone(),
+            "a process with a running thread was taken for gone"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// The tree read from each process's list of children is the tree the

@@ -413,6 +413,14 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         }
         let fresh = ws.parent().unwrap().join(format!("root{run}"));
         std::fs::create_dir_all(&fresh).unwrap();
+        let loads = || {
+            std::fs::read_to_string(at.state.join("restores.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("session/load "))
+                .count()
+        };
+        let loads_before = loads();
         let start = Instant::now();
         writeln!(
             b.stdin,
@@ -429,10 +437,15 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         b.stdin.flush().unwrap();
         super::read_to_answer(&mut b.stdout, &mut b.line, 901);
         total.push(start.elapsed());
-        let answer = String::from_utf8_lossy(&b.line);
+        let answer: serde_json::Value = serde_json::from_slice(&b.line).unwrap();
         assert!(
-            answer.contains(r#""result""#),
+            answer["result"]["stopReason"].is_string(),
             "the restored session's prompt was not answered: {answer}"
+        );
+        assert_eq!(
+            loads() - loads_before,
+            sessions,
+            "the re-arm did not restore every session"
         );
         b.stop();
 

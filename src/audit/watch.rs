@@ -66,15 +66,20 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
+    /// Tells the thread to stop, without waiting for it.
+    pub fn stop(&mut self) {
+        drop(self.stop.take());
+    }
+
     /// Stops the watcher without waiting for its thread to end. The
     /// thread closes its inotify instance as it ends, and the kernel makes
     /// that wait for a grace period of its own (fsnotify's SRCU): 0.2 to
     /// 14 ms here, which a re-arm's loop used to wait out before it asked
-    /// the new agent anything. The thread may still hand over one last
-    /// change while it ends; a look at it is a look too many, never one
-    /// too few.
+    /// the new agent anything. The thread may still hand over changes
+    /// while it ends (after a long walk of new directories, later): the
+    /// caller tells them from the next watcher's.
     pub fn let_go(mut self) {
-        drop(self.stop.take());
+        self.stop();
         drop(self.thread.take());
     }
 }

@@ -426,6 +426,9 @@ async fn kill_all_descendants(main_pid: i32, spare: &[i32]) -> Vec<i32> {
     let give_up = Instant::now() + Duration::from_secs(3);
     let mut not_ours = vec![main_pid];
     not_ours.extend_from_slice(spare);
+    // Two looks in a row must find nothing: one can miss a process that a
+    // list moved past as another ended (`procs::descendants`).
+    let mut none_before = false;
     loop {
         procs::reap_zombie_children(&not_ours);
         let tree = procs::my_descendants();
@@ -437,12 +440,17 @@ async fn kill_all_descendants(main_pid: i32, spare: &[i32]) -> Vec<i32> {
             .collect();
         let alive: Vec<i32> = tree
             .iter()
-            .filter(|p| !p.is_zombie() && !kept.contains(&p.pid))
+            .filter(|p| !p.is_gone() && !kept.contains(&p.pid))
             .map(|p| p.pid)
             .collect();
         if alive.is_empty() {
-            return alive;
+            if none_before {
+                return alive;
+            }
+            none_before = true;
+            continue;
         }
+        none_before = false;
         if Instant::now() > give_up {
             return alive;
         }

@@ -117,7 +117,7 @@ fn hold_descendants(agent: i32) -> Result<Held, String> {
             world.push(*me);
         }
         let mut new = 0;
-        for p in world.iter().filter(|p| !p.is_zombie()) {
+        for p in world.iter().filter(|p| !p.is_gone()) {
             if !held.pids.contains(&p.pid) {
                 let stopped = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p.pid),

@@ -165,7 +165,7 @@ fn end_the_tree() {
         let procs = crate::procs::snapshot();
         let alive: Vec<i32> = crate::procs::descendants_in(&procs, me)
             .iter()
-            .filter(|p| !p.is_zombie())
+            .filter(|p| !p.is_gone())
             .map(|p| p.pid)
             .collect();
         if alive.is_empty() || Instant::now() > give_up {

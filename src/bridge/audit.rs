@@ -17,18 +17,20 @@ impl Bridge {
     pub(super) fn take_audit_baseline(&mut self, baseline: Option<audit::Baseline>) {
         // An audit of the last baseline still running is stale from now.
         self.audit.looks.outdate();
+        // Stopped already (`stop_audit_watch`); its thread ends on its own.
         if let Some(old) = self.audit.watch.take() {
             old.let_go();
         }
+        self.audit.watch_serial += 1;
         if let Some(base) = &baseline {
             for (path, why) in &base.unchecked {
                 warn!(path = %path.display(), "the audit cannot check everything here: {why}; what the agent leaves there is not reverted (open a narrower workspace)");
             }
             // Watched for as long as this generation lives: a change by a
             // process the agent left running is looked at within a second.
-            let tx = self.audit.changes_tx.clone();
+            let (tx, serial) = (self.audit.changes_tx.clone(), self.audit.watch_serial);
             let watcher = audit::watch::Watcher::start(base.watch_targets(), move |dirty| {
-                let _ = tx.send(dirty);
+                let _ = tx.send((serial, dirty));
             });
             if let Some(why) = &watcher.degraded {
                 warn!("the audit cannot watch everything for changes ({why}): it also looks every {} s, which costs a walk of the roots each time; raise the limit (sysctl fs.inotify.max_user_watches) to have it act on each change instead", audit::watch::POLL.as_secs());
@@ -36,6 +38,17 @@ impl Bridge {
             self.audit.watch = Some(watcher);
         }
         self.audit.base = baseline;
+    }
+
+    /// The stopped generation was audited: its watcher has nothing left to
+    /// watch for, and is told to stop now, so that its thread closes its
+    /// inotify instance (which waits for the kernel) while the next
+    /// generation is armed, and its watches no longer count against the
+    /// user's limit when the next watcher adds its own.
+    pub(super) fn stop_audit_watch(&mut self) {
+        if let Some(watch) = self.audit.watch.as_mut() {
+            watch.stop();
+        }
     }
 
     /// The watcher saw a change the audit judges: it looks now, whatever

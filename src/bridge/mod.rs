@@ -122,7 +122,8 @@ enum Event {
     Held(hold::HoldEvent),
     /// The audit's watcher saw a change it judges (at these paths; none:
     /// look everywhere).
-    AuditChange(Vec<std::path::PathBuf>),
+    /// `None`: only from a watcher let go.
+    AuditChange(Option<Vec<std::path::PathBuf>>),
 }
 
 /// A frame of a generation's batch, not handled yet.
@@ -255,6 +256,7 @@ impl Bridge {
                 stash,
                 questions: Default::default(),
                 watch: None,
+                watch_serial: 0,
                 changes_tx: audit_changes_tx,
                 changes: audit_changes,
                 dirty: Vec::new(),
@@ -319,12 +321,16 @@ impl Bridge {
             _ = self.asks.ledger.ready() => Event::Ledger,
             call = self.code.tools.next() => Event::CodeTool(call),
             event = self.hold.next() => Event::Held(event),
-            Some(mut dirty) = self.audit.changes.recv() => {
-                // A burst is one look.
-                while let Ok(more) = self.audit.changes.try_recv() {
-                    dirty.extend(more);
+            Some((serial, dirty)) = self.audit.changes.recv() => {
+                // A burst is one look; what a watcher let go said, none.
+                let current = self.audit.watch_serial;
+                let mut seen = (serial == current).then_some(dirty);
+                while let Ok((serial, more)) = self.audit.changes.try_recv() {
+                    if serial == current {
+                        seen.get_or_insert_with(Vec::new).extend(more);
+                    }
                 }
-                Event::AuditChange(dirty)
+                Event::AuditChange(seen)
             }
         }
     }
@@ -440,7 +446,8 @@ impl Bridge {
             Event::Ledger => self.on_ledger(),
             Event::CodeTool(call) => self.on_code_tool(call),
             Event::Held(event) => self.on_hold_event(event),
-            Event::AuditChange(dirty) => self.on_audit_change(dirty),
+            Event::AuditChange(Some(dirty)) => self.on_audit_change(dirty),
+            Event::AuditChange(None) => {}
             Event::Disk(disk::DiskDone::NetworkRecorded {
                 session,
                 what,

@@ -100,10 +100,12 @@ pub(super) struct AuditState {
     /// Paths with a keep question open (asked once until answered).
     pub questions: HashSet<PathBuf>,
     /// The watcher of the running generation, and where it says a change
-    /// was seen.
+    /// was seen, with its number: what a watcher let go still says is
+    /// dropped (its generation was audited as it stopped).
     pub watch: Option<crate::audit::watch::Watcher>,
-    pub changes_tx: mpsc::UnboundedSender<Vec<PathBuf>>,
-    pub changes: mpsc::UnboundedReceiver<Vec<PathBuf>>,
+    pub watch_serial: u64,
+    pub changes_tx: mpsc::UnboundedSender<(u64, Vec<PathBuf>)>,
+    pub changes: mpsc::UnboundedReceiver<(u64, Vec<PathBuf>)>,
     /// The paths the watcher saw change since the last look.
     pub dirty: Vec<PathBuf>,
 }

@@ -163,6 +163,7 @@ impl Bridge {
             // Nobody to put a finding to; what waits on an audit goes out.
             None => self.release_turn_ends(),
         }
+        self.stop_audit_watch();
         let roots = self.roots_to_arm();
         let served = self.served_sockets(&roots);
         let ahead = self.launcher_ahead();

@@ -560,7 +560,8 @@ impl std::os::fd::AsRawFd for Source {
 /// own copy moves 8 KiB at a time: with 64 KiB, a download through the
 /// mirror went from 0.64x-0.68x of bare to 0.83x-0.86x (BENCHMARKS.md,
 /// tenth stop). A connection holds two such buffers, 128 KiB, idle or not,
-/// for as long as it is open (the proxy's connection slots bound how many).
+/// for as long as it is open (the proxy's connection slots bound how many;
+/// a counted one's download buffer can grow to [`BATCH`]).
 pub const CHUNK: usize = 64 * 1024;
 
 /// The most the counted relay passes on to a client per count: what has
@@ -568,8 +569,10 @@ pub const CHUNK: usize = 64 * 1024;
 /// is a datagram the bridge wakes for: one per 64 KiB chunk held a
 /// download through the proxy to 0.61x of bare, batches brought it to
 /// 0.75x-0.83x, the mirror's own (BENCHMARKS.md, eleventh stop; 1 MiB did
-/// no better). The buffer grows to this only while data comes faster
-/// than the client takes it: a connection holds at most CHUNK + BATCH.
+/// no better). The buffer grows toward this only when a read fills it
+/// (data arriving faster than the client takes it), and is kept for the
+/// connection's life: a counted connection holds at most CHUNK (what the
+/// client sends) + BATCH, 320 KiB.
 const BATCH: usize = 256 * 1024;
 
 /// A destination's connection, carried both ways and counted. Before a
@@ -631,7 +634,9 @@ pub async fn relay(
             };
             let mut ended = false;
             while len < BATCH {
-                if buf.len() < len + CHUNK {
+                // Room for more only once a read filled what there is:
+                // a trickle never grows the buffer.
+                if len == buf.len() {
                     buf.resize((len + CHUNK).min(BATCH), 0);
                 }
                 match up_read.try_read(&mut buf[len..]) {

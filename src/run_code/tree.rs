@@ -185,7 +185,7 @@ pub fn end(root: i32) {
     for _ in 0..200 {
         let alive: Vec<i32> = procs::descendants_in(&procs::snapshot(), root)
             .into_iter()
-            .filter(|p| !p.is_zombie())
+            .filter(|p| !p.is_gone())
             .map(|p| p.pid)
             .collect();
         if alive.is_empty() {
