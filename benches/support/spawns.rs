@@ -429,11 +429,7 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         b.stdin.flush().unwrap();
         super::read_to_answer(&mut b.stdout, &mut b.line, 901);
         total.push(start.elapsed());
-        let answer: serde_json::Value = serde_json::from_slice(&b.line).unwrap();
-        assert!(
-            answer["result"]["stopReason"].is_string(),
-            "the restored session's prompt was not answered: {answer}"
-        );
+        assert_answered(&b.line, "the restored session's prompt");
         // The last session restored answers too (untimed): none was lost.
         // (The agent's own files are in its sandbox's private /tmp.)
         writeln!(
@@ -444,11 +440,7 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         .unwrap();
         b.stdin.flush().unwrap();
         super::read_to_answer(&mut b.stdout, &mut b.line, 902);
-        let answer: serde_json::Value = serde_json::from_slice(&b.line).unwrap();
-        assert!(
-            answer["result"]["stopReason"].is_string(),
-            "the last session was not restored: {answer}"
-        );
+        assert_answered(&b.line, "the last restored session's prompt");
         b.stop();
 
         // The agent alone: started, initialized, every session restored.
@@ -502,6 +494,16 @@ pub fn rearm(sessions: usize, runs: usize) -> String {
         ms(t),
         t.as_secs_f64() / a.as_secs_f64()
     )
+}
+
+/// Panics unless `line` is a prompt's answer with its stop reason (a lost
+/// session is answered with an error).
+fn assert_answered(line: &[u8], what: &str) {
+    let answer: serde_json::Value = serde_json::from_slice(line).unwrap();
+    assert!(
+        answer["result"]["stopReason"].is_string(),
+        "{what} was not answered: {answer}"
+    );
 }
 
 /// `files` creates, writes and unlinks, then a `git init`, `add` and
