@@ -211,6 +211,42 @@ fn frames_of_sixteen_mib_and_more_pass_both_ways() {
     assert!(got.len() > size);
 }
 
+/// The agent's frames and the bridge's own run through pipes a 1 MiB frame
+/// fits in whole (a 64 KiB pipe made each such frame sixteen turns of
+/// writer and reader: issue 31's stream row), asked of the pipes the
+/// processes hold.
+#[cfg(target_os = "linux")]
+#[test]
+fn both_streams_of_frames_run_through_pipes_a_large_frame_fits_in() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut ed = Editor::start(fake_agent());
+    ed.initialize();
+    let sid = ed.new_session(&workspace(&ed, "w"));
+    let (_, agent) = ed.prompt(&sid, "pid");
+    let allowed: usize = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let wide = (1usize << 20).min(allowed);
+    for (whose, pid) in [
+        ("the bridge's stdout (to the editor)", ed.pid().to_string()),
+        (
+            "the agent's stdout (to the bridge)",
+            agent.trim().to_owned(),
+        ),
+    ] {
+        // The same pipe, opened anew: nothing is read from it.
+        let pipe = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(format!("/proc/{pid}/fd/1"))
+            .unwrap_or_else(|e| panic!("{whose}: {e}"));
+        let size = nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap() as usize;
+        assert!(size >= wide, "{whose} holds {size} bytes, not {wide}");
+    }
+}
+
 #[test]
 fn oversize_frames_are_refused_with_a_clear_error() {
     let mut ed = Editor::start_with(

@@ -4,6 +4,7 @@ pub mod budget;
 pub mod codes;
 pub mod envelope;
 pub mod framing;
+pub mod pipes;
 #[cfg(target_os = "linux")]
 pub mod polled;
 pub mod splice;
