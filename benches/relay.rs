@@ -293,7 +293,9 @@ impl Bridged {
     /// The baseline: the same agent, its stdout relayed to the editor by
     /// `cat` where the bridge would stand (the editor writes to the agent
     /// directly).
-    fn through_cat(agent: &[&str]) -> Bridged {
+    /// `wide`: both pipes as wide as the bridge makes its own once large
+    /// frames cross them (see `relay::pipes`), from the start.
+    fn through_cat(agent: &[&str], wide: bool) -> Bridged {
         let mut agent = Command::new(python())
             .args(agent)
             .stdin(Stdio::piped())
@@ -305,6 +307,16 @@ impl Bridged {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
+        #[cfg(target_os = "linux")]
+        if wide {
+            // The agent's end is cat's stdin now, still the same pipe.
+            let cat_in = format!("/proc/{}/fd/1", agent.id());
+            let into_cat = std::fs::File::open(cat_in).unwrap();
+            zcode_acp::relay::pipes::widen(&into_cat).unwrap();
+            zcode_acp::relay::pipes::widen(cat.stdout.as_ref().unwrap()).unwrap();
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = wide;
         Bridged {
             stdin: agent.stdin.take().unwrap(),
             stdout: BufReader::with_capacity(1 << 20, cat.stdout.take().unwrap()),
@@ -406,10 +418,10 @@ fn stream_vs_cat(n: usize, size: usize, runs: usize) -> String {
     };
     let (mut cat_times, mut bridge_times) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        cat_times.push(turn(Bridged::through_cat(&[
-            agent,
-            frames.to_str().unwrap(),
-        ])));
+        cat_times.push(turn(Bridged::through_cat(
+            &[agent, frames.to_str().unwrap()],
+            size >= zcode_acp::relay::pipes::LARGE,
+        )));
         bridge_times.push(turn(Bridged::start(
             dir.path(),
             &[agent, frames.to_str().unwrap()],

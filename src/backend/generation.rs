@@ -208,6 +208,8 @@ impl Generation {
         });
 
         let (exited_tx, exited_rx) = watch::channel(false);
+        // Widened for the first large frame (see `relay::pipes`).
+        let widen = crate::relay::pipes::Widen::of(&spawned.stdout);
         let reader = FrameReader::new(
             BufReader::with_capacity(1 << 20, spawned.stdout),
             max_frame_bytes,
@@ -215,6 +217,7 @@ impl Generation {
         tokio::spawn(read_frames(Reading {
             id,
             reader,
+            widen,
             child: spawned.child,
             events,
             to_editor,
@@ -280,6 +283,8 @@ impl Generation {
 struct Reading {
     id: u64,
     reader: FrameReader<BufReader<tokio::process::ChildStdout>>,
+    /// The agent's stdout, widened for its first large frame.
+    widen: crate::relay::pipes::Widen,
     child: tokio::process::Child,
     events: EventSender,
     to_editor: Budget,
@@ -296,6 +301,7 @@ async fn read_frames(r: Reading) {
     let Reading {
         id,
         mut reader,
+        mut widen,
         mut child,
         events,
         to_editor,
@@ -331,6 +337,9 @@ async fn read_frames(r: Reading) {
                 break;
             }
         };
+        if let Some(largest) = frames.iter().map(Vec::len).max() {
+            widen.crossed(largest);
+        }
         if !frames.is_empty() {
             // One share of the bytes in flight for the whole batch. While
             // the editor is behind, the agent waits with its stdout full;

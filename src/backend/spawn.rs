@@ -76,8 +76,6 @@ pub fn spawn(cmd: &PreparedCommand) -> Result<Spawned, SpawnError> {
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     let stdin = child.stdin.take().expect("stdin was piped");
     let stdout = child.stdout.take().expect("stdout was piped");
-    // The agent's frames reach the bridge through it (see `relay::pipes`).
-    crate::relay::pipes::widen(&stdout);
     let stderr = child.stderr.take().expect("stderr was piped");
     Ok(Spawned {
         child,

@@ -26,9 +26,6 @@ const READ_BUFFER: usize = 1 << 20;
 /// Starts the thread that writes frames to stdout.
 pub(super) fn start_writer() -> std::io::Result<(FrameWriter, WriteFailed)> {
     let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
-    // Where the editor started the bridge with a pipe for its stdout, a
-    // large frame then goes out in one write (see `relay::pipes`).
-    crate::relay::pipes::widen(&stdout);
     FrameWriter::spawn_direct("editor-writer", stdout)
 }
 

@@ -160,6 +160,8 @@ pub struct FrameWriter {
     staged: std::cell::RefCell<Queue>,
     /// Where the loop may write itself, never waiting (see `nowait`).
     direct: Option<nowait::Direct>,
+    /// The output, widened for the first large frame (see `pipes`).
+    widen: std::cell::RefCell<super::pipes::Widen>,
 }
 
 /// A flush of at most this many bytes, while the writer has nothing in
@@ -197,24 +199,27 @@ impl FrameWriter {
         name: &str,
         out: W,
     ) -> std::io::Result<(FrameWriter, WriteFailed)> {
-        Self::spawn_with(name, out, None)
+        Self::spawn_with(name, out, None, Default::default())
     }
 
     /// As [`FrameWriter::spawn`], with small flushes written straight to
     /// `out` when the writer is idle and the kernel can take them at once
-    /// (see [`DIRECT_AT_MOST`]).
+    /// (see [`DIRECT_AT_MOST`]). Where `out` is a pipe, the first large
+    /// frame widens it (see `pipes`).
     pub fn spawn_direct(
         name: &str,
         out: std::fs::File,
     ) -> std::io::Result<(FrameWriter, WriteFailed)> {
         let direct = nowait::Direct::new(&out)?;
-        Self::spawn_with(name, out, direct)
+        let widen = super::pipes::Widen::of(&out);
+        Self::spawn_with(name, out, direct, widen)
     }
 
     fn spawn_with<W: Write + Send + 'static>(
         name: &str,
         out: W,
         direct: Option<nowait::Direct>,
+        widen: super::pipes::Widen,
     ) -> std::io::Result<(FrameWriter, WriteFailed)> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
@@ -237,6 +242,7 @@ impl FrameWriter {
                 ended: Some(ended_rx),
                 staged: Default::default(),
                 direct,
+                widen: std::cell::RefCell::new(widen),
             },
             WriteFailed(Some(failed_rx)),
         ))
@@ -251,6 +257,9 @@ impl FrameWriter {
         let mut staged = self.staged.borrow_mut();
         if staged.failed {
             return false;
+        }
+        if frame.len() >= super::pipes::LARGE {
+            self.widen.borrow_mut().crossed(frame.len());
         }
         staged.stage(frame, permit);
         if staged.bytes >= STAGE_AT_MOST {
