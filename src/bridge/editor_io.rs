@@ -3,7 +3,8 @@
 //!
 //! fds 0 and 1 are blocking descriptors whose file descriptions the editor
 //! (or whatever started the bridge) may share, so they are left as they
-//! are: no O_NONBLOCK, nothing to restore on exit. Stdin, when a pipe or a
+//! are: no O_NONBLOCK, nothing to restore on exit (but fd 1's pipe may be
+//! widened for large frames, see `relay::pipes`). Stdin, when a pipe or a
 //! socket, is read on the loop's thread through the reactor with reads
 //! that cannot wait (`relay::polled`), else on a thread of its own. Stdout
 //! is written by a thread of its own in batches; a small answer while that

@@ -115,12 +115,19 @@ mod tests {
         assert_eq!(target(64 << 10, 64 << 10), None);
     }
 
-    /// Whether this user may widen a pipe at all (a user over their pipe
-    /// allowance may not): the tests below say so and skip otherwise.
+    /// Whether this user may widen a pipe as far as `widen` does (a user
+    /// over their pipe allowance may not): the tests below say so and skip
+    /// otherwise.
     #[cfg(target_os = "linux")]
     fn widening_allowed() -> bool {
         let (_r, w) = nix::unistd::pipe().unwrap();
-        let allowed = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(128 << 10)).is_ok();
+        let allowed: usize = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let want = WIDE.min(allowed) as i32;
+        let allowed = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(want)).is_ok();
         if !allowed {
             eprintln!("skipped: this user may not widen a pipe here (over their pipe allowance?)");
         }

@@ -258,9 +258,7 @@ impl FrameWriter {
         if staged.failed {
             return false;
         }
-        if frame.len() >= super::pipes::LARGE {
-            self.widen.borrow_mut().crossed(frame.len());
-        }
+        self.widen.borrow_mut().crossed(frame.len());
         staged.stage(frame, permit);
         if staged.bytes >= STAGE_AT_MOST {
             drop(staged);
