@@ -454,9 +454,6 @@ pub fn run(spec: &LaunchSpec) -> Result<i32, LaunchError> {
                 sys::drop_all_capabilities(is_root),
             )?;
             let noted = supervisor.as_ref().and_then(|s| s.refusals());
-            // From here on (signals blocked, capabilities dropped), a
-            // thread of its own serves the supervisor.
-            let mut supervisor = supervisor.and_then(|s| s.serve_in_background());
             let code = wait_for_init(
                 child,
                 &forwarded,
@@ -530,7 +527,9 @@ fn prepare_supervisor(spec: &LaunchSpec) -> Option<super::supervise::Supervisor>
 }
 
 /// The helper's loop: waits for the init to exit (returning its code),
-/// forwards the signals it gets, and serves the supervisor's calls.
+/// forwards the signals it gets, and serves the supervisor's calls, at
+/// every level: a helper that made a PID namespace for its children can
+/// start no thread (clone(CLONE_THREAD) is EINVAL), so none serves them.
 fn wait_for_init(
     child: Pid,
     forwarded: &SigSet,
@@ -609,8 +608,15 @@ fn wait_for_init(
             None => (false, false),
         };
         if call {
-            if let Some(s) = &supervisor {
-                s.serve_one();
+            if let Some(s) = supervisor.as_mut() {
+                if !s.serve_one() {
+                    // Closing it fails the calls it would have served: none
+                    // waits, and this loop does not spin on it.
+                    if !hung_up {
+                        tracing::error!("the sandbox's supervisor stopped: the names its profile grants (such as ~/.claude.json) cannot be written until the sandbox is started again");
+                    }
+                    s.close();
+                }
             }
         } else if hung_up {
             // Every supervised process is gone.

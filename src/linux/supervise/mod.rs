@@ -128,16 +128,14 @@ pub struct Supervisor {
     listener: Option<OwnedFd>,
     /// `zcode-acp run`: the refused writes seen go by, for its last line.
     refusals: Option<Noted>,
-    /// Each refused write is also said on stderr as it is first seen (an
-    /// agent whose shell shows the editor nothing).
-    announce: bool,
-    /// Where those lines go to be written, by a thread of their own: a
-    /// stderr nobody reads must not hold the calls that wait on us.
-    announcer: Option<std::sync::mpsc::SyncSender<String>>,
+    /// Where each refused write is said as it is first seen (an agent whose
+    /// shell shows the editor nothing): stderr, written without waiting
+    /// (see [`Announcer`]).
+    announcer: Option<Announcer>,
 }
 
-/// The refused writes a supervisor noted, shared with the thread that
-/// serves it.
+/// The refused writes a supervisor noted, shared with `run`, which names
+/// them when the command ends.
 pub type Noted = std::sync::Arc<std::sync::Mutex<crate::policy::refused::Refusals>>;
 
 /// Why the supervisor could not be prepared.
@@ -186,8 +184,7 @@ impl Supervisor {
             policy,
             listener: None,
             refusals: note_refusals.then(Noted::default),
-            announce,
-            announcer: None,
+            announcer: announce.then(Announcer::of_stderr).flatten(),
         })
     }
 
@@ -195,47 +192,6 @@ impl Supervisor {
     /// notes them.
     pub fn refusals(&self) -> Option<Noted> {
         self.refusals.clone()
-    }
-
-    /// Serves every call from a thread of its own, blocked in the kernel's
-    /// receive: with the synchronous wake-up asked for in
-    /// `receive_listener`, a caller's notification then wakes the
-    /// supervisor on the caller's own core, where a `poll` beside other
-    /// descriptors would be woken from anywhere (see BENCHMARKS.md). The
-    /// thread starts with this thread's signal mask and capabilities, so
-    /// it must start after both are set. Gives the supervisor back when no
-    /// thread can be had (the caller's loop then serves it).
-    pub fn serve_in_background(mut self) -> Option<Supervisor> {
-        if self.listener.is_none() {
-            return Some(self);
-        }
-        if self.announce {
-            self.announcer = announcer();
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Supervisor>(1);
-        let spawned = std::thread::Builder::new()
-            .name("supervisor".into())
-            .spawn(move || {
-                let Ok(supervisor) = rx.recv() else {
-                    return;
-                };
-                // Until the process ends: with every supervised process
-                // gone the receive blocks for good, which is harmless.
-                while supervisor.serve_one() {}
-                // The listener failed: closing it (with the supervisor)
-                // fails the calls it would have served, none waits.
-                tracing::error!("the sandbox's supervisor stopped: the names its profile grants (such as ~/.claude.json) cannot be written until the sandbox is started again");
-            });
-        match spawned {
-            Ok(_) => {
-                let _ = tx.send(self);
-                None
-            }
-            Err(e) => {
-                tracing::debug!("serving the supervisor from the helper's loop ({e})");
-                Some(self)
-            }
-        }
     }
 
     /// Notes the names `call` writes that the policy refuses, made
@@ -271,14 +227,9 @@ impl Supervisor {
             if counts {
                 let mut refusals = cell.lock().unwrap_or_else(|e| e.into_inner());
                 let noted = refusals.note(&self.policy, path);
-                if let Some(line) = noted
-                    .filter(|_| self.announce)
-                    .and_then(crate::policy::refused::announcement)
-                {
-                    match &self.announcer {
-                        // Dropped when the writer is that far behind.
-                        Some(queue) => drop(queue.try_send(line)),
-                        None => write_line(&line),
+                if let Some(announcer) = &self.announcer {
+                    if let Some(line) = noted.and_then(crate::policy::refused::announcement) {
+                        announcer.say(&line);
                     }
                 }
             }
@@ -419,30 +370,107 @@ pub fn install_filter(supervisor: Option<BorrowedFd<'_>>) -> Result<(), Errno> {
     }
 }
 
-/// The thread that writes the announcements of refused writes, with the
-/// queue it reads (none when no thread can be had: then they are written
-/// where they are noted).
-fn announcer() -> Option<std::sync::mpsc::SyncSender<String>> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<String>(crate::policy::refused::MAX_NOTED);
-    std::thread::Builder::new()
-        .name("announcer".into())
-        .spawn(move || {
-            for line in rx {
-                write_line(&line);
-            }
-        })
-        .ok()
-        .map(|_| tx)
+/// Says refused writes on stderr without ever waiting for the reader: the
+/// supervisor answers the sandbox's calls from the helper's own loop, at
+/// every level (a helper that made a PID namespace for its children can
+/// start no thread), so a line written into a full pipe would hold every
+/// call behind it until the reader came back. A pipe gets a description of
+/// its own opened non-blocking (the one the agent shares keeps its flags);
+/// a line it has no room for is dropped, and not said again while the
+/// agent runs: the refusal stands all the same.
+struct Announcer {
+    out: std::fs::File,
 }
 
-/// One write of one line (shorter than a pipe's atomic size), so it never
-/// interleaves with the agent's own.
-fn write_line(line: &str) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+impl Announcer {
+    /// Must run while `/proc` is still the host's (see `prepare`).
+    fn of_stderr() -> Option<Announcer> {
+        let announcer = Announcer::of(std::io::stderr().as_fd());
+        if announcer.is_none() {
+            tracing::warn!("the sandbox cannot say the writes it refuses on stderr: they are refused without a question in the editor");
+        }
+        announcer
+    }
+
+    fn of(fd: BorrowedFd<'_>) -> Option<Announcer> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        if file.metadata().ok()?.is_file() {
+            // A file takes a line without waiting for a reader.
+            return Some(Announcer { out: file });
+        }
+        // A pipe (or a terminal) reopened: a description of our own, whose
+        // flags the agent does not share. A socket cannot be reopened so,
+        // and gets no announcer (the bridge hands its agents pipes).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .ok()
+            .map(|out| Announcer { out })
+    }
+
+    /// One write of one line (shorter than a pipe's atomic size), so it
+    /// never interleaves with the agent's own, and never waits: a line the
+    /// pipe has no room for is dropped whole (and not logged, which would
+    /// wait on the same pipe).
+    fn say(&self, line: &str) {
+        use std::io::Write;
+        let _ = (&self.out).write(line.as_bytes());
+    }
 }
 
 /// A name as a C string (names never hold NUL: they came from one).
 fn c_name(name: &std::ffi::OsStr) -> Result<std::ffi::CString, Errno> {
     std::ffi::CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// A pipe nobody reads holds no call: the announcer's lines go through
+    /// a description of its own that never waits, and the one the agent
+    /// shares keeps waiting as it did.
+    #[test]
+    fn a_full_pipe_never_holds_the_announcer() {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let announcer = Announcer::of(write.as_fd()).expect("an announcer for a pipe");
+        let (done, finished) = std::sync::mpsc::channel();
+        let filler = std::thread::spawn(move || {
+            use std::io::Write;
+            // Fills the pipe through the announcer's own description, which
+            // must say "full" (EAGAIN) rather than wait for a reader.
+            let chunk = [b'x'; 4096];
+            let mut written = 0usize;
+            let full = loop {
+                match (&announcer.out).write(&chunk) {
+                    Ok(n) => written += n,
+                    Err(e) => break e.raw_os_error() == Some(libc::EAGAIN),
+                }
+                assert!(written < 64 << 20, "the pipe never filled");
+            };
+            announcer.say("one line more\n");
+            done.send((full, written)).unwrap();
+        });
+        let (full, written) = finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a full pipe held the announcer");
+        filler.join().unwrap();
+        assert!(full, "the pipe filled with an error other than EAGAIN");
+        // Everything went into this very pipe, and the last line not at all.
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int we own.
+        let r = unsafe { libc::ioctl(read.as_raw_fd(), libc::FIONREAD, &mut queued) };
+        assert_eq!(r, 0);
+        assert_eq!(queued as usize, written, "the lines went somewhere else");
+        let shared = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        assert_eq!(
+            shared & libc::O_NONBLOCK,
+            0,
+            "the description the agent shares was made non-blocking"
+        );
+    }
 }
