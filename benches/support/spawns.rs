@@ -189,10 +189,13 @@ fn fill_as_a_repository(ws: &Path, files: usize) {
 }
 
 /// What a file-heavy run runs under.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Under {
     Bare,
     ZcodeAcp,
+    /// `zcode-acp run` with the test knob that takes Landlock away (the
+    /// launch arms at the level below and says so): what Landlock costs.
+    ZcodeAcpWithoutLandlock,
     Bubblewrap,
 }
 
@@ -536,9 +539,12 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
     // Bare, zcode-acp, or bubblewrap (the peer).
     let mut run = |how: Under, tmpfs: bool| -> Duration {
         let mut cmd = match how {
-            Under::ZcodeAcp => {
+            Under::ZcodeAcp | Under::ZcodeAcpWithoutLandlock => {
                 let mut c = Command::new(BIN);
                 c.arg("run").arg("--workspace").arg(ws).arg("--");
+                if how == Under::ZcodeAcpWithoutLandlock {
+                    c.env("ZCODE_ACP_TEST_NO_LANDLOCK", "1");
+                }
                 c
             }
             Under::Bare => Command::new("env"),
@@ -578,9 +584,15 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
             continue;
         }
         let (mut bare, mut ours, mut peer) = (Vec::new(), Vec::new(), Vec::new());
+        // On the tmpfs, where the disk hides nothing, also without Landlock:
+        // the layer's own cost, measured in the same run.
+        let mut unlandlocked = Vec::new();
         for _ in 0..runs {
             bare.push(run(Under::Bare, tmpfs));
             ours.push(run(Under::ZcodeAcp, tmpfs));
+            if tmpfs {
+                unlandlocked.push(run(Under::ZcodeAcpWithoutLandlock, tmpfs));
+            }
             if bwrap.is_some() {
                 peer.push(run(Under::Bubblewrap, tmpfs));
             }
@@ -599,6 +611,16 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
                 "; bubblewrap {:.0} ms, {:.2}x bare",
                 ms(p),
                 p.as_secs_f64() / b.as_secs_f64()
+            )
+        };
+        let peer = if unlandlocked.is_empty() {
+            peer
+        } else {
+            let u = median(unlandlocked);
+            format!(
+                "{peer}; `run` without Landlock {:.0} ms, {:.2}x bare",
+                ms(u),
+                u.as_secs_f64() / b.as_secs_f64()
             )
         };
         rows.push(format!(
