@@ -603,26 +603,24 @@ git init -q . && git add -A && git -c user.email=b@e -c user.name=bench commit -
             s.as_secs_f64() / b.as_secs_f64(),
             1.05,
         );
-        let peer = if peer.is_empty() {
-            String::new()
-        } else {
-            let p = median(peer);
+        // Each other column in the row's text: its median, and how it
+        // stands to bare.
+        let beside = |who: &str, times: Vec<Duration>| {
+            if times.is_empty() {
+                return String::new();
+            }
+            let t = median(times);
             format!(
-                "; bubblewrap {:.0} ms, {:.2}x bare",
-                ms(p),
-                p.as_secs_f64() / b.as_secs_f64()
+                "; {who} {:.0} ms, {:.2}x bare",
+                ms(t),
+                t.as_secs_f64() / b.as_secs_f64()
             )
         };
-        let peer = if unlandlocked.is_empty() {
-            peer
-        } else {
-            let u = median(unlandlocked);
-            format!(
-                "{peer}; `run` without Landlock {:.0} ms, {:.2}x bare",
-                ms(u),
-                u.as_secs_f64() / b.as_secs_f64()
-            )
-        };
+        let peer = format!(
+            "{}{}",
+            beside("bubblewrap", peer),
+            beside("`run` without Landlock", unlandlocked)
+        );
         rows.push(format!(
             "| {files} file creates, appends and unlinks, then `git init` + `add` + `commit` of {files} files, in the workspace on {place}: under `zcode-acp run` vs bare ({runs} each, alternating{peer}; goal: 1.05x at most) | {:.0} ms | {:.0} ms | {:.2}x |",
             ms(b),
